@@ -1,0 +1,23 @@
+//! grove-core: the domain of grove — validation, model, events, projections and ports.
+//!
+//! # Layout
+//! - [`validate`]: untrusted input (repo names, URLs, refs, ids, commands, env).
+//! - [`model`]: workspace modes, capabilities, projection rows.
+//! - [`layout`]: deterministic, hostile-safe paths under `$GROVE_HOME`.
+//! - [`events`]: the event catalogue and its envelope.
+//! - [`projection`]: the pure fold from events to projection rows.
+//! - [`commands`]: the job kinds and their payloads.
+//! - [`ports`]: the traits adapters implement (git, runtimes).
+//! - [`error`]: typed errors of this layer.
+//!
+//! Architecture invariant: this crate does no IO and knows nothing of sqlx, git2,
+//! bollard, reqwest or tokio.
+
+pub mod commands;
+pub mod error;
+pub mod events;
+pub mod layout;
+pub mod model;
+pub mod ports;
+pub mod projection;
+pub mod validate;

@@ -1,0 +1,206 @@
+//! Ports: the traits adapters implement (git, runtimes). No IO here, only contracts.
+//!
+//! API is not stable. Implement these only inside this workspace: adapters live in
+//! their own crates (`grove-git`, `grove-local`, ...), depend on this crate, and are
+//! wired together by `grove-workers`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{GitError, RuntimeError};
+
+/// A secret used for one clone or fetch. Its `Debug` never shows the value.
+#[derive(Clone)]
+pub struct GitToken(String);
+
+impl GitToken {
+    pub fn new(value: String) -> Self {
+        Self(value)
+    }
+    /// The secret itself; call only where it is handed to git's credential callback.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for GitToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GitToken(***)")
+    }
+}
+
+/// What the git adapter reports about a repo cache after ensuring it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CacheReport {
+    /// True when this call cloned (the cache did not exist before).
+    pub cloned: bool,
+    /// True when this call fetched from the remote.
+    pub fetched: bool,
+    pub size_bytes: i64,
+}
+
+/// What the git adapter reports after creating a workspace checkout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckoutReport {
+    /// The commit `base_ref` resolved to.
+    pub base_commit: String,
+    pub size_bytes: i64,
+}
+
+/// The request to create a workspace checkout from a cache.
+#[derive(Debug, Clone)]
+pub struct CheckoutRequest<'a> {
+    pub cache_dir: &'a Path,
+    pub workspace_dir: &'a Path,
+    /// Branch or commit in the cache to start from.
+    pub base_ref: &'a str,
+    /// Branch to create and check out; `None` for a detached checkout (analysis).
+    pub branch: Option<&'a str>,
+    /// The upstream URL recorded as the workspace's `origin` (never with credentials).
+    pub upstream_url: &'a str,
+}
+
+/// Repo caches and workspace checkouts. Blocking: callers run it on a blocking thread.
+///
+/// Implementations must keep credentials out of remote URLs, git config, error
+/// messages and logs, and must make every effect idempotent on its path (a second
+/// `ensure_cache` on a complete cache does not clone; a checkout over a leftover
+/// directory from a crashed attempt replaces it).
+pub trait GitPort: Send + Sync {
+    /// Clones `url` as a bare mirror into `cache_dir` if absent; fetches when `fetch`.
+    fn ensure_cache(
+        &self,
+        url: &str,
+        cache_dir: &Path,
+        token: Option<&GitToken>,
+        fetch: bool,
+    ) -> Result<CacheReport, GitError>;
+    /// Creates a checkout of `base_ref` at `workspace_dir`.
+    fn create_checkout(&self, req: &CheckoutRequest<'_>) -> Result<CheckoutReport, GitError>;
+    /// Whether the checkout has uncommitted changes (tracked or untracked).
+    fn is_dirty(&self, workspace_dir: &Path) -> Result<bool, GitError>;
+    /// Deletes a checkout's directory. Never touches the repo cache.
+    fn remove_checkout(&self, workspace_dir: &Path) -> Result<(), GitError>;
+}
+
+/// Network policy of a runtime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkPolicy {
+    /// Loopback only.
+    #[default]
+    None,
+    /// An allow-list; runtimes that cannot enforce it refuse it.
+    Limited,
+    /// The host's network.
+    Default,
+}
+
+/// A path made visible inside a runtime.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mount {
+    pub source: PathBuf,
+    pub target: PathBuf,
+    pub writable: bool,
+}
+
+/// Resource limits; `None` means the runtime's documented default.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct ResourceHints {
+    pub cpu: Option<f64>,
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+}
+
+/// How to build a runtime for one workspace.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RuntimeSpec {
+    pub image: Option<String>,
+    /// The workspace root (host path); commands run here unless `cwd` says otherwise.
+    pub workdir: PathBuf,
+    pub mounts: Vec<Mount>,
+    pub env: BTreeMap<String, String>,
+    pub resources: ResourceHints,
+    pub network: NetworkPolicy,
+    pub labels: BTreeMap<String, String>,
+}
+
+/// One command to run.
+#[derive(Debug, Clone, Default)]
+pub struct ExecRequest {
+    pub argv: Vec<String>,
+    /// Relative to the workspace root; must stay inside it.
+    pub cwd: Option<PathBuf>,
+    pub env: BTreeMap<String, String>,
+    pub timeout: Option<Duration>,
+    pub stdin: Option<Vec<u8>>,
+    /// Cap on stdout + stderr bytes kept; the rest is drained and dropped.
+    pub max_output_bytes: Option<usize>,
+    /// Whether the command may write (decides whether a read-only runtime accepts it).
+    pub mutating: bool,
+}
+
+/// What a finished command produced.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub timed_out: bool,
+    pub truncated: bool,
+}
+
+/// Which stream a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StreamKind {
+    Stdout,
+    Stderr,
+}
+
+/// A piece of output delivered while the command runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecChunk {
+    Output { stream: StreamKind, data: Vec<u8> },
+    /// The last item: the command's result (stdout/stderr left empty; they were streamed).
+    Finished(ExecResult),
+}
+
+/// What a runtime provider can honestly promise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RuntimeCapabilities {
+    /// It can run commands that change the workspace.
+    pub writable: bool,
+    /// Its isolation is enforced by the operating system or a VM, not by a flag.
+    pub isolated: bool,
+    pub network_none: bool,
+    pub network_limited: bool,
+    pub snapshot: bool,
+    pub preview_url: bool,
+    pub interactive_session: bool,
+}
+
+/// A running or stopped runtime attached to one workspace.
+pub trait Runtime: Send + Sync {
+    /// Runs a command to completion.
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>>;
+    /// Runs a command, yielding output as it is produced and the result last.
+    fn exec_stream(
+        &self,
+        req: ExecRequest,
+    ) -> BoxFuture<'_, Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError>>;
+}
+
+/// A family of runtimes (local processes, Docker, a remote provider).
+pub trait RuntimeProvider: Send + Sync {
+    /// The name recorded as `backend_kind` (`local`, `docker`, ...).
+    fn kind(&self) -> &'static str;
+    fn capabilities(&self) -> RuntimeCapabilities;
+    /// Creates (or re-attaches to) the runtime for `spec`.
+    fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>>;
+}
