@@ -1,1 +1,226 @@
-//! placeholder
+//! The job kinds (commands) callers enqueue, their validation and their results.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::model::{ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow};
+use crate::validate::{
+    validate_branch_scope_id, validate_command, validate_env, validate_owner_id, validate_ref,
+    RepoName, RepoUrl, ValidationError,
+};
+
+/// Largest stdin a command may carry through the queue.
+pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
+/// Default and largest output cap of an exec.
+pub const DEFAULT_MAX_OUTPUT_BYTES: u64 = 1024 * 1024;
+pub const MAX_OUTPUT_BYTES: u64 = 16 * 1024 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EnsureRepoCache {
+    pub repo_name: String,
+    pub repo_url: String,
+    /// Fetch even when the cache is fresh.
+    #[serde(default)]
+    pub fetch: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AcquireWorkspace {
+    pub user_id: String,
+    pub project_id: String,
+    pub repo_name: String,
+    pub repo_url: String,
+    pub base_ref: String,
+    pub mode: WorkspaceMode,
+    pub conversation_id: Option<String>,
+    pub task_id: Option<String>,
+}
+
+impl AcquireWorkspace {
+    /// The scope part of the uniqueness key.
+    pub fn scope(&self) -> &str {
+        match self.mode {
+            WorkspaceMode::Analysis => &self.base_ref,
+            WorkspaceMode::Edit => self.conversation_id.as_deref().unwrap_or(""),
+            WorkspaceMode::Task => self.task_id.as_deref().unwrap_or(""),
+        }
+    }
+    pub fn key(&self, node: &str) -> WorkspaceKey {
+        WorkspaceKey {
+            node: node.to_string(),
+            user_id: self.user_id.clone(),
+            project_id: self.project_id.clone(),
+            mode: self.mode,
+            scope: self.scope().to_string(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Exec {
+    pub workspace_id: Uuid,
+    /// Runtime provider name (`local`).
+    pub runtime: String,
+    pub argv: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub stdin: Option<Vec<u8>>,
+    pub timeout_ms: Option<u64>,
+    pub max_output_bytes: Option<u64>,
+    pub kind: ExecKind,
+}
+
+/// A command, as stored in the job payload and the ledger.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Command {
+    EnsureRepoCache(EnsureRepoCache),
+    AcquireWorkspace(AcquireWorkspace),
+    Exec(Exec),
+    ReleaseSession { workspace_id: Uuid, destroy_runtime: bool },
+    HibernateRuntime { workspace_id: Uuid },
+    DestroyRuntime { workspace_id: Uuid },
+    DestroyWorkspace { workspace_id: Uuid },
+}
+
+impl Command {
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::EnsureRepoCache(_) => "ensure_repo_cache",
+            Self::AcquireWorkspace(_) => "acquire_workspace",
+            Self::Exec(_) => "exec",
+            Self::ReleaseSession { .. } => "release_session",
+            Self::HibernateRuntime { .. } => "hibernate_runtime",
+            Self::DestroyRuntime { .. } => "destroy_runtime",
+            Self::DestroyWorkspace { .. } => "destroy_workspace",
+        }
+    }
+
+    /// Whether running the command twice is safe, so a job whose worker died is retried.
+    /// An exec is not: it ends as `worker_lost` instead of running behind the caller's back.
+    pub fn is_idempotent(&self) -> bool {
+        !matches!(self, Self::Exec(_))
+    }
+
+    /// The workspace this command acts on, if it names one.
+    pub fn workspace_id(&self) -> Option<Uuid> {
+        match self {
+            Self::Exec(e) => Some(e.workspace_id),
+            Self::ReleaseSession { workspace_id, .. }
+            | Self::HibernateRuntime { workspace_id }
+            | Self::DestroyRuntime { workspace_id }
+            | Self::DestroyWorkspace { workspace_id } => Some(*workspace_id),
+            _ => None,
+        }
+    }
+
+    /// Checks every untrusted field. Called by callers before enqueue and by the worker
+    /// again on receipt (a job row may have been written by other means).
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        match self {
+            Self::EnsureRepoCache(c) => {
+                RepoName::parse(&c.repo_name)?;
+                RepoUrl::parse(&c.repo_url)?;
+            }
+            Self::AcquireWorkspace(c) => {
+                validate_owner_id("user", &c.user_id)?;
+                validate_owner_id("project", &c.project_id)?;
+                RepoName::parse(&c.repo_name)?;
+                RepoUrl::parse(&c.repo_url)?;
+                validate_ref(&c.base_ref)?;
+                match c.mode {
+                    WorkspaceMode::Analysis => {}
+                    WorkspaceMode::Edit => validate_branch_scope_id(
+                        "conversation",
+                        c.conversation_id.as_deref().ok_or_else(|| {
+                            ValidationError::Request("edit mode needs --conversation".into())
+                        })?,
+                    )?,
+                    WorkspaceMode::Task => validate_branch_scope_id(
+                        "task",
+                        c.task_id.as_deref().ok_or_else(|| {
+                            ValidationError::Request("task mode needs --task".into())
+                        })?,
+                    )?,
+                }
+            }
+            Self::Exec(e) => {
+                validate_command(&e.argv)?;
+                for (k, v) in &e.env {
+                    validate_env(k, v)?;
+                }
+                if e.runtime != "local" {
+                    return Err(ValidationError::Request(format!(
+                        "unknown runtime {:?}: this build offers local",
+                        e.runtime.chars().take(40).collect::<String>()
+                    )));
+                }
+                if let Some(cwd) = &e.cwd {
+                    if cwd.contains('\0') || cwd.starts_with('/') || cwd.split('/').any(|s| s == "..") {
+                        return Err(ValidationError::Request(
+                            "cwd must be a relative path inside the workspace".into(),
+                        ));
+                    }
+                }
+                if e.stdin.as_ref().is_some_and(|s| s.len() > MAX_STDIN_BYTES) {
+                    return Err(ValidationError::Request("stdin exceeds 1 MiB".into()));
+                }
+                if e.max_output_bytes.is_some_and(|m| m > MAX_OUTPUT_BYTES) {
+                    return Err(ValidationError::Request("max output exceeds 16 MiB".into()));
+                }
+            }
+            Self::ReleaseSession { .. }
+            | Self::HibernateRuntime { .. }
+            | Self::DestroyRuntime { .. }
+            | Self::DestroyWorkspace { .. } => {}
+        }
+        Ok(())
+    }
+}
+
+/// What a successful command returns to its caller.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CommandResult {
+    RepoCache(RepoCacheRow),
+    Workspace(WorkspaceRow),
+    Exec(ExecOutcome),
+    Done,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acquire(mode: WorkspaceMode) -> AcquireWorkspace {
+        AcquireWorkspace {
+            user_id: "u".into(),
+            project_id: "p".into(),
+            repo_name: "o/r".into(),
+            repo_url: "file:///tmp/r".into(),
+            base_ref: "main".into(),
+            mode,
+            conversation_id: Some("c1".into()),
+            task_id: None,
+        }
+    }
+
+    #[test]
+    fn a_task_acquire_without_a_task_id_is_refused() {
+        assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Task)).validate().is_err());
+        assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Edit)).validate().is_ok());
+    }
+
+    #[test]
+    fn commands_round_trip_through_json_with_their_kind() {
+        let cmd = Command::DestroyWorkspace { workspace_id: Uuid::nil() };
+        let json = serde_json::to_value(&cmd).unwrap();
+        assert_eq!(json["kind"], "destroy_workspace");
+        assert_eq!(serde_json::from_value::<Command>(json).unwrap(), cmd);
+    }
+}

@@ -1,1 +1,332 @@
-//! placeholder
+//! The pure fold from events to projection rows, shared by live writes and replay.
+//!
+//! Live handlers load the rows an event touches, fold the new events over them and
+//! write the result back in the same transaction; `grove replay` folds the whole log
+//! over empty state. Because both use [`Projections::apply`], a replay can only differ
+//! from the live tables if a row was changed outside the event log.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use uuid::Uuid;
+
+use crate::events::Event;
+use crate::model::{RepoCacheRow, RuntimeRow, WorkspaceRow};
+
+/// Rows of the three projections, keyed by id, plus the ids an `apply` touched.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Projections {
+    pub repo_caches: BTreeMap<Uuid, RepoCacheRow>,
+    pub workspaces: BTreeMap<Uuid, WorkspaceRow>,
+    pub runtimes: BTreeMap<Uuid, RuntimeRow>,
+    /// Ids whose row was inserted, updated or deleted since the last [`Projections::take_touched`].
+    pub touched: Touched,
+}
+
+/// The ids an apply changed, per table.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    pub repo_caches: BTreeSet<Uuid>,
+    pub workspaces: BTreeSet<Uuid>,
+    pub runtimes: BTreeSet<Uuid>,
+}
+
+/// The ids of rows an event reads or writes, so a live handler knows what to load.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Reads {
+    pub repo_caches: Vec<Uuid>,
+    pub workspaces: Vec<Uuid>,
+    pub runtimes: Vec<Uuid>,
+}
+
+impl Reads {
+    pub fn of(events: &[Event]) -> Self {
+        let mut reads = Self::default();
+        for event in events {
+            match event {
+                Event::RepoCacheCreated { repo_cache_id, .. }
+                | Event::RepoCacheFetched { repo_cache_id, .. }
+                | Event::RepoCacheUsed { repo_cache_id } => reads.repo_caches.push(*repo_cache_id),
+                Event::WorkspaceCreated { workspace_id, .. }
+                | Event::WorkspaceAcquired { workspace_id }
+                | Event::WorkspaceReleased { workspace_id }
+                | Event::WorkspaceDirtyChanged { workspace_id, .. }
+                | Event::WorkspaceDestroyed { workspace_id } => reads.workspaces.push(*workspace_id),
+                Event::ExecStarted {
+                    workspace_id,
+                    runtime_id,
+                    ..
+                }
+                | Event::ExecFinished {
+                    workspace_id,
+                    runtime_id,
+                    ..
+                } => {
+                    reads.workspaces.push(*workspace_id);
+                    reads.runtimes.push(*runtime_id);
+                }
+                Event::RuntimeStarted { runtime_id, .. }
+                | Event::RuntimeStopped { runtime_id, .. }
+                | Event::RuntimeDestroyed { runtime_id, .. } => reads.runtimes.push(*runtime_id),
+            }
+        }
+        reads
+    }
+}
+
+impl Projections {
+    /// Takes the set of touched ids, leaving it empty.
+    pub fn take_touched(&mut self) -> Touched {
+        std::mem::take(&mut self.touched)
+    }
+
+    /// Folds one event recorded at `at` into the rows.
+    pub fn apply(&mut self, event: &Event, at: DateTime<Utc>) {
+        match event.clone() {
+            Event::RepoCacheCreated {
+                repo_cache_id,
+                node,
+                identity,
+                repo_name,
+                repo_url,
+                provider,
+                provider_host,
+                local_path,
+                auth_scope_hash,
+                size_bytes,
+            } => {
+                self.repo_caches.insert(
+                    repo_cache_id,
+                    RepoCacheRow {
+                        id: repo_cache_id,
+                        node,
+                        identity,
+                        repo_name,
+                        repo_url,
+                        provider,
+                        provider_host,
+                        local_path,
+                        auth_scope_hash,
+                        last_fetched_at: Some(at),
+                        last_used_at: at,
+                        size_bytes,
+                        state: "ready".into(),
+                        created_at: at,
+                        updated_at: at,
+                    },
+                );
+                self.touched.repo_caches.insert(repo_cache_id);
+            }
+            Event::RepoCacheFetched {
+                repo_cache_id,
+                size_bytes,
+            } => {
+                if let Some(row) = self.repo_caches.get_mut(&repo_cache_id) {
+                    row.last_fetched_at = Some(at);
+                    row.last_used_at = at;
+                    row.size_bytes = size_bytes;
+                    row.updated_at = at;
+                    self.touched.repo_caches.insert(repo_cache_id);
+                }
+            }
+            Event::RepoCacheUsed { repo_cache_id } => {
+                if let Some(row) = self.repo_caches.get_mut(&repo_cache_id) {
+                    row.last_used_at = at;
+                    row.updated_at = at;
+                    self.touched.repo_caches.insert(repo_cache_id);
+                }
+            }
+            Event::WorkspaceCreated {
+                workspace_id,
+                repo_cache_id,
+                node,
+                user_id,
+                project_id,
+                mode,
+                conversation_id,
+                task_id,
+                base_ref,
+                base_commit,
+                branch_name,
+                local_path,
+                capabilities,
+                size_bytes,
+            } => {
+                self.workspaces.insert(
+                    workspace_id,
+                    WorkspaceRow {
+                        id: workspace_id,
+                        repo_cache_id,
+                        node,
+                        project_id,
+                        user_id,
+                        mode,
+                        conversation_id,
+                        task_id,
+                        base_ref,
+                        base_commit,
+                        branch_name,
+                        local_path,
+                        state: "ready".into(),
+                        dirty: false,
+                        pinned_until: None,
+                        last_used_at: at,
+                        size_bytes,
+                        capabilities,
+                        created_at: at,
+                        updated_at: at,
+                    },
+                );
+                self.touched.workspaces.insert(workspace_id);
+            }
+            Event::WorkspaceAcquired { workspace_id } => {
+                self.update_workspace(workspace_id, at, |row| row.state = "ready".into());
+            }
+            Event::WorkspaceReleased { workspace_id } => {
+                self.update_workspace(workspace_id, at, |row| row.state = "released".into());
+            }
+            Event::WorkspaceDirtyChanged {
+                workspace_id,
+                dirty,
+            } => {
+                self.update_workspace(workspace_id, at, |row| row.dirty = dirty);
+            }
+            Event::WorkspaceDestroyed { workspace_id } => {
+                self.workspaces.remove(&workspace_id);
+                self.touched.workspaces.insert(workspace_id);
+            }
+            Event::ExecStarted {
+                workspace_id,
+                runtime_id,
+                ..
+            }
+            | Event::ExecFinished {
+                workspace_id,
+                runtime_id,
+                ..
+            } => {
+                self.update_workspace(workspace_id, at, |_| {});
+                if let Some(row) = self.runtimes.get_mut(&runtime_id) {
+                    row.last_used_at = at;
+                    row.updated_at = at;
+                    self.touched.runtimes.insert(runtime_id);
+                }
+            }
+            Event::RuntimeStarted {
+                runtime_id,
+                workspace_id,
+                backend_kind,
+                backend_runtime_id,
+                image,
+            } => {
+                let created_at = self
+                    .runtimes
+                    .get(&runtime_id)
+                    .map(|r| r.created_at)
+                    .unwrap_or(at);
+                self.runtimes.insert(
+                    runtime_id,
+                    RuntimeRow {
+                        id: runtime_id,
+                        workspace_id,
+                        backend_kind,
+                        backend_runtime_id,
+                        image,
+                        state: "running".into(),
+                        last_started_at: Some(at),
+                        last_used_at: at,
+                        expires_at: None,
+                        created_at,
+                        updated_at: at,
+                    },
+                );
+                self.touched.runtimes.insert(runtime_id);
+            }
+            Event::RuntimeStopped { runtime_id, .. } => {
+                if let Some(row) = self.runtimes.get_mut(&runtime_id) {
+                    row.state = "stopped".into();
+                    row.updated_at = at;
+                    self.touched.runtimes.insert(runtime_id);
+                }
+            }
+            Event::RuntimeDestroyed { runtime_id, .. } => {
+                self.runtimes.remove(&runtime_id);
+                self.touched.runtimes.insert(runtime_id);
+            }
+        }
+    }
+
+    fn update_workspace(&mut self, id: Uuid, at: DateTime<Utc>, f: impl FnOnce(&mut WorkspaceRow)) {
+        if let Some(row) = self.workspaces.get_mut(&id) {
+            f(row);
+            row.last_used_at = at;
+            row.updated_at = at;
+            self.touched.workspaces.insert(id);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Capabilities, WorkspaceMode};
+
+    fn at(secs: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp(secs, 0).unwrap()
+    }
+
+    fn created(id: Uuid) -> Event {
+        Event::WorkspaceCreated {
+            workspace_id: id,
+            repo_cache_id: Uuid::nil(),
+            node: "local".into(),
+            user_id: "u".into(),
+            project_id: "p".into(),
+            mode: WorkspaceMode::Edit,
+            conversation_id: Some("c".into()),
+            task_id: None,
+            base_ref: "main".into(),
+            base_commit: "abc".into(),
+            branch_name: Some("agent/edits-c".into()),
+            local_path: "/g/w".into(),
+            capabilities: Capabilities::from_mode(WorkspaceMode::Edit),
+            size_bytes: 10,
+        }
+    }
+
+    #[test]
+    fn given_a_created_workspace_when_dirtied_then_the_row_is_dirty_and_used() {
+        let id = Uuid::from_u128(1);
+        let mut p = Projections::default();
+        p.apply(&created(id), at(1));
+        p.apply(&Event::WorkspaceDirtyChanged { workspace_id: id, dirty: true }, at(2));
+        let row = &p.workspaces[&id];
+        assert!(row.dirty);
+        assert_eq!(row.created_at, at(1));
+        assert_eq!(row.last_used_at, at(2));
+        assert_eq!(p.take_touched().workspaces.into_iter().collect::<Vec<_>>(), vec![id]);
+    }
+
+    #[test]
+    fn destroying_a_workspace_removes_its_row_but_not_its_runtime_history() {
+        let id = Uuid::from_u128(1);
+        let rt = Uuid::from_u128(2);
+        let mut p = Projections::default();
+        p.apply(&created(id), at(1));
+        p.apply(
+            &Event::RuntimeStarted {
+                runtime_id: rt,
+                workspace_id: id,
+                backend_kind: "local".into(),
+                backend_runtime_id: "local".into(),
+                image: None,
+            },
+            at(2),
+        );
+        p.apply(&Event::RuntimeStopped { runtime_id: rt, reason: "release".into() }, at(3));
+        assert_eq!(p.runtimes[&rt].state, "stopped");
+        p.apply(&Event::WorkspaceDestroyed { workspace_id: id }, at(4));
+        assert!(p.workspaces.is_empty());
+        assert_eq!(Reads::of(&[created(id)]).workspaces, vec![id]);
+    }
+}
