@@ -1,0 +1,130 @@
+//! Advisory locks shared across every worker: repo cache creation, workspace creation,
+//! and commands on a workspace (shared for reads, exclusive for writes).
+//!
+//! A lock lives on one pooled connection for the length of an effect. That connection is
+//! idle (not in a transaction) while git or a command runs, so it stalls neither vacuum
+//! nor readers; if the worker dies, the connection drops and Postgres frees the lock.
+
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use sqlx::pool::PoolConnection;
+use sqlx::{PgPool, Postgres};
+
+use crate::{trusted, StoreError};
+
+/// What a lock protects; part of the key so namespaces never collide.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockScope {
+    /// Creation of the repo cache of one normalized identity on one node.
+    RepoCache,
+    /// Creation of the workspace of one uniqueness key.
+    WorkspaceKey,
+    /// Commands (and lifecycle changes) on one workspace.
+    WorkspaceCommands,
+}
+
+impl LockScope {
+    fn tag(self) -> &'static str {
+        match self {
+            Self::RepoCache => "repo_cache",
+            Self::WorkspaceKey => "workspace_key",
+            Self::WorkspaceCommands => "workspace_commands",
+        }
+    }
+}
+
+/// The 64-bit advisory lock key of a scope and value.
+pub fn lock_key(scope: LockScope, value: &str) -> i64 {
+    let mut h = Sha256::new();
+    h.update(scope.tag().as_bytes());
+    h.update([0u8]);
+    h.update(value.as_bytes());
+    let d = h.finalize();
+    i64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
+}
+
+/// A held advisory lock. Release it with [`AdvisoryLock::release`]; dropping it closes
+/// the connection instead, which also frees the lock.
+pub struct AdvisoryLock {
+    conn: Option<PoolConnection<Postgres>>,
+    key: i64,
+    shared: bool,
+}
+
+impl AdvisoryLock {
+    /// Waits up to `timeout` for the lock; [`StoreError::Locked`] when it stays taken.
+    pub async fn acquire(
+        pool: &PgPool,
+        scope: LockScope,
+        value: &str,
+        shared: bool,
+        timeout: Duration,
+    ) -> Result<Self, StoreError> {
+        let key = lock_key(scope, value);
+        let conn = pool.acquire().await?;
+        // From here the guard owns the connection: on any early return its Drop detaches
+        // and closes it, so a lock taken just as the wait timed out cannot stay behind.
+        let mut guard = Self {
+            conn: Some(conn),
+            key,
+            shared,
+        };
+        let conn = guard.conn.as_mut().expect("connection present");
+        sqlx::query(trusted(format!("SET lock_timeout = {}", timeout.as_millis().max(1))))
+            .execute(&mut **conn)
+            .await?;
+        let sql = if shared {
+            "SELECT pg_advisory_lock_shared($1)"
+        } else {
+            "SELECT pg_advisory_lock($1)"
+        };
+        match sqlx::query(sql).bind(key).execute(&mut **conn).await {
+            Ok(_) => Ok(guard),
+            Err(e) => match StoreError::from(e) {
+                StoreError::Locked(_) => Err(StoreError::Locked(format!(
+                    "{} is busy (waited {} ms)",
+                    scope.tag(),
+                    timeout.as_millis()
+                ))),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// Frees the lock and returns the connection to the pool.
+    pub async fn release(mut self) -> Result<(), StoreError> {
+        let Some(mut conn) = self.conn.take() else {
+            return Ok(());
+        };
+        let sql = if self.shared {
+            "SELECT pg_advisory_unlock_shared($1)"
+        } else {
+            "SELECT pg_advisory_unlock($1)"
+        };
+        let unlocked = async {
+            sqlx::query(sql).bind(self.key).execute(&mut *conn).await?;
+            sqlx::query("RESET lock_timeout").execute(&mut *conn).await?;
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        match unlocked {
+            // Unlocked cleanly: dropping the pooled connection returns it to the pool.
+            Ok(()) => Ok(()),
+            Err(e) => {
+                // The lock may still be held: close the session rather than pool it.
+                drop(conn.detach());
+                Err(e)
+            }
+        }
+    }
+}
+
+impl Drop for AdvisoryLock {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            // Not released: close the session so Postgres frees the lock with it.
+            drop(conn.detach());
+        }
+    }
+}

@@ -1,0 +1,444 @@
+//! The command queue: grove's ledger on top of apalis-postgres' job table.
+//!
+//! apalis-postgres owns `apalis.jobs` / `apalis.workers`, the claim function
+//! (`apalis.get_jobs`, `FOR UPDATE SKIP LOCKED`) and the insert notification. grove adds,
+//! in `grove.commands`: idempotent enqueue by command_id, outcome recording in the same
+//! transaction as the command's events, retry with a backoff stored in the job's
+//! `run_at` (so it survives restarts), recovery of jobs whose worker stopped
+//! heart-beating, and pruning. See docs/adr/01-queue.md.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use grove_core::commands::{Command, CommandResult};
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::events::{Event, Metadata};
+use serde::{Deserialize, Serialize};
+use sqlx::{PgConnection, PgPool, Row};
+use uuid::Uuid;
+
+use crate::{store, StoreError};
+
+/// The notification channel a command's outcome is announced on (payload: command_id).
+pub const DONE_CHANNEL: &str = "grove_command_done";
+/// The channel apalis-postgres notifies on when a job row is inserted.
+pub const JOB_INSERT_CHANNEL: &str = "apalis::job::insert";
+/// `apalis.workers.worker_type` of grove workers.
+pub const WORKER_TYPE: &str = "grove";
+
+/// The queue for jobs that any worker may take (placing new caches and workspaces).
+pub fn shared_queue() -> String {
+    "grove:shared".to_string()
+}
+/// The queue of one node: jobs on workspaces whose files live there.
+pub fn node_queue(node: &str) -> String {
+    format!("grove:node:{node}")
+}
+
+/// How many times a kind of command is tried before it fails for good.
+pub fn max_attempts(command: &Command) -> i32 {
+    if command.is_idempotent() {
+        5
+    } else {
+        1
+    }
+}
+
+/// The wait before attempt `attempt + 1`: 1 s, 2 s, 4 s, ... capped at 60 s.
+pub fn backoff(attempt: i32) -> Duration {
+    let exp = attempt.clamp(1, 7) - 1;
+    Duration::from_secs((1u64 << exp).min(60))
+}
+
+/// A command's state as its caller sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommandStatus {
+    pub command_id: Uuid,
+    pub kind: String,
+    pub status: String,
+    pub attempts: i32,
+    pub job_status: Option<String>,
+    pub result: Option<CommandResult>,
+    pub error: Option<CommandError>,
+}
+
+impl CommandStatus {
+    pub fn is_finished(&self) -> bool {
+        self.status == "succeeded" || self.status == "failed"
+    }
+}
+
+/// Enqueues a command (idempotent by `command_id`). A `token` is kept in the unlogged
+/// secrets table for this command only, never in the job or ledger payload.
+pub async fn enqueue(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+    command: &Command,
+    queue: &str,
+    token: Option<&str>,
+) -> Result<(String, bool), StoreError> {
+    let payload = serde_json::to_value(command)?;
+    let row = sqlx::query("SELECT job_id, inserted FROM grove.enqueue($1, $2, $3, $4)")
+        .bind(command_id)
+        .bind(payload)
+        .bind(queue)
+        .bind(max_attempts(command))
+        .fetch_one(&mut *conn)
+        .await?;
+    let job_id: String = row.try_get("job_id")?;
+    let inserted: bool = row.try_get("inserted")?;
+    if inserted {
+        if let Some(token) = token {
+            sqlx::query("INSERT INTO grove.command_secrets (command_id, token) VALUES ($1, $2)")
+                .bind(command_id)
+                .bind(token)
+                .execute(&mut *conn)
+                .await?;
+        }
+    }
+    Ok((job_id, inserted))
+}
+
+/// Reads a command's status from the ledger.
+pub async fn status(conn: &mut PgConnection, command_id: Uuid) -> Result<Option<CommandStatus>, StoreError> {
+    let row = sqlx::query(
+        "SELECT c.command_id, c.kind, c.status, c.attempts, c.result, c.error, j.status AS job_status
+         FROM grove.commands c LEFT JOIN apalis.jobs j ON j.id = c.job_id
+         WHERE c.command_id = $1",
+    )
+    .bind(command_id)
+    .fetch_optional(conn)
+    .await?;
+    let Some(row) = row else { return Ok(None) };
+    let result: Option<serde_json::Value> = row.try_get("result")?;
+    let error: Option<serde_json::Value> = row.try_get("error")?;
+    Ok(Some(CommandStatus {
+        command_id: row.try_get("command_id")?,
+        kind: row.try_get("kind")?,
+        status: row.try_get("status")?,
+        attempts: row.try_get("attempts")?,
+        job_status: row.try_get("job_status")?,
+        result: result.map(serde_json::from_value).transpose()?,
+        error: error.map(serde_json::from_value).transpose()?,
+    }))
+}
+
+/// Withdraws a command that no worker has claimed yet. Returns false if a worker has it.
+pub async fn cancel_unclaimed(pool: &PgPool, command_id: Uuid, reason: &str) -> Result<bool, StoreError> {
+    let mut tx = pool.begin().await?;
+    let deleted = sqlx::query(
+        "DELETE FROM apalis.jobs j USING grove.commands c
+         WHERE c.command_id = $1 AND j.id = c.job_id AND j.status = 'Pending' AND c.status = 'queued' AND c.attempts = 0",
+    )
+    .bind(command_id)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if deleted == 0 {
+        return Ok(false);
+    }
+    let error = CommandError::new(ErrorKind::Unavailable, reason);
+    finish_ledger(&mut tx, command_id, None, Some(&error)).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Registers (or re-registers) a worker in `apalis.workers`.
+pub async fn register_worker(pool: &PgPool, worker_id: &str, queues: &[String]) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO apalis.workers (id, worker_type, storage_name, layers, last_seen)
+         VALUES ($1, $2, $3, '', now())
+         ON CONFLICT (id) DO UPDATE SET last_seen = now(), storage_name = EXCLUDED.storage_name",
+    )
+    .bind(worker_id)
+    .bind(WORKER_TYPE)
+    .bind(queues.join(","))
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Records that a worker is alive.
+pub async fn heartbeat(pool: &PgPool, worker_id: &str) -> Result<(), StoreError> {
+    sqlx::query("UPDATE apalis.workers SET last_seen = now() WHERE id = $1")
+        .bind(worker_id)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
+/// Whether any grove worker heart-beat within `within`.
+pub async fn live_workers(pool: &PgPool, within: Duration) -> Result<i64, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT count(*) FROM apalis.workers WHERE worker_type = $1 AND last_seen > now() - make_interval(secs => $2)",
+    )
+    .bind(WORKER_TYPE)
+    .bind(within.as_secs_f64())
+    .fetch_one(pool)
+    .await?)
+}
+
+/// Puts back in the queue every job held by a worker silent for longer than `stale`.
+/// Returns how many jobs were recovered. Idempotent jobs run again; an exec's next
+/// delivery finds its ledger row `running` and ends it as `worker_lost`.
+pub async fn recover_orphans(pool: &PgPool, stale: Duration) -> Result<u64, StoreError> {
+    let n = sqlx::query(
+        "UPDATE apalis.jobs j
+         SET status = 'Pending', lock_by = NULL, lock_at = NULL,
+             last_result = '{\"Err\": \"worker stopped heart-beating\"}'::jsonb
+         FROM apalis.workers w
+         WHERE j.lock_by = w.id AND j.status IN ('Queued', 'Running')
+           AND w.last_seen < now() - make_interval(secs => $1)",
+    )
+    .bind(stale.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if n > 0 {
+        // Wake idle workers: the recovered jobs are not new inserts, so apalis' trigger
+        // does not announce them.
+        sqlx::query("SELECT pg_notify($1, '')")
+            .bind(JOB_INSERT_CHANNEL)
+            .execute(pool)
+            .await?;
+    }
+    Ok(n)
+}
+
+/// Deletes finished jobs and ledger rows older than `older_than`, and workers not seen
+/// for as long. The ledger's dedupe window is therefore `older_than`.
+pub async fn prune(pool: &PgPool, older_than: Duration) -> Result<u64, StoreError> {
+    let secs = older_than.as_secs_f64();
+    let jobs = sqlx::query(
+        "DELETE FROM apalis.jobs WHERE status IN ('Done', 'Killed') AND done_at < now() - make_interval(secs => $1)",
+    )
+    .bind(secs)
+    .execute(pool)
+    .await?
+    .rows_affected();
+    sqlx::query(
+        "DELETE FROM grove.commands WHERE status IN ('succeeded', 'failed') AND finished_at < now() - make_interval(secs => $1)",
+    )
+    .bind(secs)
+    .execute(pool)
+    .await?;
+    sqlx::query(
+        "DELETE FROM apalis.workers w WHERE last_seen < now() - make_interval(secs => $1)
+         AND NOT EXISTS (SELECT 1 FROM apalis.jobs j WHERE j.lock_by = w.id)",
+    )
+    .bind(secs)
+    .execute(pool)
+    .await?;
+    Ok(jobs)
+}
+
+/// A job claimed by this worker.
+#[derive(Debug, Clone)]
+pub struct ClaimedJob {
+    pub job_id: String,
+    pub queue: String,
+    pub command_id: Uuid,
+}
+
+/// Claims up to `limit` due jobs of `queue` for `worker_id`.
+pub async fn claim(pool: &PgPool, worker_id: &str, queue: &str, limit: i32) -> Result<Vec<ClaimedJob>, StoreError> {
+    let rows = sqlx::query("SELECT id, job_type, job FROM apalis.get_jobs($1, $2, $3)")
+        .bind(worker_id)
+        .bind(queue)
+        .bind(limit)
+        .fetch_all(pool)
+        .await?;
+    let mut jobs = Vec::with_capacity(rows.len());
+    for row in rows {
+        let body: Vec<u8> = row.try_get("job")?;
+        #[derive(Deserialize)]
+        struct Body {
+            command_id: Uuid,
+        }
+        let body: Body = serde_json::from_slice(&body)?;
+        jobs.push(ClaimedJob {
+            job_id: row.try_get("id")?,
+            queue: row.try_get("job_type")?,
+            command_id: body.command_id,
+        });
+    }
+    Ok(jobs)
+}
+
+/// What a worker should do with a claimed job.
+#[derive(Debug)]
+pub enum Start {
+    /// Run the command. `resumed` is true when an earlier attempt started and never
+    /// finished (its worker died).
+    Run {
+        command: Command,
+        attempt: i32,
+        max_attempts: i32,
+        resumed: bool,
+        token: Option<String>,
+    },
+    /// The command already has its outcome (a duplicate delivery): just close the job.
+    AlreadyFinished,
+}
+
+/// Marks a claimed command running (and its job `Running`) in one short transaction.
+pub async fn start(
+    pool: &PgPool,
+    job: &ClaimedJob,
+    worker_id: &str,
+    first_events: impl FnOnce(&Command) -> Vec<Event>,
+    metadata: impl FnOnce(&Command) -> Metadata,
+    at: DateTime<Utc>,
+) -> Result<Start, StoreError> {
+    let mut tx = pool.begin().await?;
+    let row = sqlx::query(
+        "SELECT payload, status, attempts, max_attempts FROM grove.commands WHERE command_id = $1 FOR UPDATE",
+    )
+    .bind(job.command_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(row) = row else {
+        sqlx::query("UPDATE apalis.jobs SET status = 'Killed', done_at = now(), last_result = '{\"Err\": \"no ledger row\"}'::jsonb WHERE id = $1")
+            .bind(&job.job_id)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        return Ok(Start::AlreadyFinished);
+    };
+    let status: String = row.try_get("status")?;
+    if status == "succeeded" || status == "failed" {
+        close_job(&mut tx, &job.job_id, status == "succeeded").await?;
+        tx.commit().await?;
+        return Ok(Start::AlreadyFinished);
+    }
+    let command: Command = serde_json::from_value(row.try_get("payload")?)?;
+    let attempts: i32 = row.try_get("attempts")?;
+    let max_attempts: i32 = row.try_get("max_attempts")?;
+    let resumed = status == "running";
+    sqlx::query(
+        "UPDATE grove.commands SET status = 'running', attempts = attempts + 1, worker_id = $2, started_at = now() WHERE command_id = $1",
+    )
+    .bind(job.command_id)
+    .bind(worker_id)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("UPDATE apalis.jobs SET status = 'Running', attempts = $2 WHERE id = $1")
+        .bind(&job.job_id)
+        .bind(attempts + 1)
+        .execute(&mut *tx)
+        .await?;
+    if !resumed {
+        let events = first_events(&command);
+        if !events.is_empty() {
+            store::append(&mut tx, &events, &metadata(&command), at).await?;
+        }
+    }
+    let token: Option<String> = sqlx::query_scalar("SELECT token FROM grove.command_secrets WHERE command_id = $1")
+        .bind(job.command_id)
+        .fetch_optional(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Start::Run {
+        command,
+        attempt: attempts + 1,
+        max_attempts,
+        resumed,
+        token,
+    })
+}
+
+async fn close_job(conn: &mut PgConnection, job_id: &str, succeeded: bool) -> Result<(), StoreError> {
+    sqlx::query("UPDATE apalis.jobs SET status = $2, done_at = now(), lock_by = NULL WHERE id = $1")
+        .bind(job_id)
+        .bind(if succeeded { "Done" } else { "Killed" })
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+async fn finish_ledger(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+    result: Option<&CommandResult>,
+    error: Option<&CommandError>,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE grove.commands SET status = $2, result = $3, error = $4, finished_at = now() WHERE command_id = $1",
+    )
+    .bind(command_id)
+    .bind(if error.is_none() { "succeeded" } else { "failed" })
+    .bind(result.map(serde_json::to_value).transpose()?)
+    .bind(error.map(serde_json::to_value).transpose()?)
+    .execute(&mut *conn)
+    .await?;
+    sqlx::query("DELETE FROM grove.command_secrets WHERE command_id = $1")
+        .bind(command_id)
+        .execute(&mut *conn)
+        .await?;
+    sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(DONE_CHANNEL)
+        .bind(command_id.to_string())
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Records a command's outcome: its events, projections, ledger row and job, in one
+/// transaction. Retries the transaction once on a stream-version conflict.
+pub async fn finish(
+    pool: &PgPool,
+    job: &ClaimedJob,
+    outcome: &Result<CommandResult, CommandError>,
+    events: &[Event],
+    metadata: &Metadata,
+    at: DateTime<Utc>,
+) -> Result<(), StoreError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        let mut tx = pool.begin().await?;
+        let attempt = async {
+            store::append(&mut tx, events, metadata, at).await?;
+            finish_ledger(&mut tx, job.command_id, outcome.as_ref().ok(), outcome.as_ref().err()).await?;
+            close_job(&mut tx, &job.job_id, outcome.is_ok()).await?;
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        match attempt {
+            Ok(()) => {
+                tx.commit().await?;
+                return Ok(());
+            }
+            Err(StoreError::Conflict(_)) if tries < 3 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Puts a failed attempt back in the queue, due after `delay` (stored in the job row,
+/// so the backoff holds across restarts).
+pub async fn retry_later(
+    pool: &PgPool,
+    job: &ClaimedJob,
+    error: &CommandError,
+    delay: Duration,
+) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("UPDATE grove.commands SET status = 'queued', error = $2, worker_id = NULL WHERE command_id = $1")
+        .bind(job.command_id)
+        .bind(serde_json::to_value(error)?)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "UPDATE apalis.jobs SET status = 'Pending', lock_by = NULL, lock_at = NULL,
+             run_at = now() + make_interval(secs => $2), last_result = $3
+         WHERE id = $1",
+    )
+    .bind(&job.job_id)
+    .bind(delay.as_secs_f64())
+    .bind(serde_json::json!({ "Err": error.message }))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}

@@ -1,0 +1,97 @@
+//! Reading and following the event log in an order that never skips a late commit.
+//!
+//! Positions come from a sequence drawn at insert time, so a transaction can commit
+//! events with a smaller position after a reader has moved past it. Readers therefore
+//! order by `(tx_id, position)` and read only events of transactions older than the
+//! current snapshot's `xmin`: every such transaction has committed or aborted, and every
+//! transaction still to commit has a larger `tx_id` than the cursor can have reached.
+
+use grove_core::events::{Event, Metadata, RecordedEvent};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+
+use crate::{trusted, StoreError};
+
+/// Where a reader stands: the `(tx_id, position)` of the last event it has seen.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Cursor {
+    pub tx_id: i64,
+    pub position: i64,
+}
+
+impl Cursor {
+    pub fn after(event: &RecordedEvent) -> Self {
+        Self {
+            tx_id: event.tx_id,
+            position: event.position,
+        }
+    }
+}
+
+const EVENT_COLUMNS: &str = "position, tx_id::text::bigint AS tx_id, stream_id, stream_version, event_type, event_version, payload, metadata, recorded_at";
+
+pub fn event_from_row(row: &PgRow) -> Result<RecordedEvent, StoreError> {
+    let event_type: String = row.try_get("event_type")?;
+    let payload: serde_json::Value = row.try_get("payload")?;
+    let metadata: serde_json::Value = row.try_get("metadata")?;
+    Ok(RecordedEvent {
+        position: row.try_get("position")?,
+        tx_id: row.try_get("tx_id")?,
+        stream_id: row.try_get("stream_id")?,
+        stream_version: row.try_get("stream_version")?,
+        event: Event::from_stored(&event_type, payload)?,
+        event_type,
+        event_version: row.try_get("event_version")?,
+        metadata: serde_json::from_value::<Metadata>(metadata)?,
+        recorded_at: row.try_get("recorded_at")?,
+    })
+}
+
+/// The cursor just before the event at `position` (for `--after POSITION`: the events
+/// after it in commit-safe order). Unknown positions start from the beginning.
+pub async fn cursor_at(conn: &mut PgConnection, position: i64) -> Result<Cursor, StoreError> {
+    let tx: Option<i64> = sqlx::query_scalar("SELECT tx_id::text::bigint FROM grove.events WHERE position = $1")
+        .bind(position)
+        .fetch_optional(conn)
+        .await?;
+    Ok(tx.map(|tx_id| Cursor { tx_id, position }).unwrap_or_default())
+}
+
+/// Reads up to `limit` events after `cursor`, optionally of one stream.
+pub async fn read_after(
+    conn: &mut PgConnection,
+    cursor: Cursor,
+    stream: Option<&str>,
+    limit: i64,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let sql = format!(
+        "SELECT {EVENT_COLUMNS} FROM grove.events
+         WHERE (tx_id, position) > ($1::text::xid8, $2)
+           AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
+           AND ($3::text IS NULL OR stream_id = $3)
+         ORDER BY tx_id, position
+         LIMIT $4"
+    );
+    sqlx::query(trusted(sql))
+        .bind(cursor.tx_id.to_string())
+        .bind(cursor.position)
+        .bind(stream)
+        .bind(limit)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(event_from_row)
+        .collect()
+}
+
+/// The events a command produced, in order.
+pub async fn events_of_command(conn: &mut PgConnection, command_id: uuid::Uuid) -> Result<Vec<RecordedEvent>, StoreError> {
+    let sql = format!("SELECT {EVENT_COLUMNS} FROM grove.events WHERE command_id = $1 ORDER BY position");
+    sqlx::query(trusted(sql))
+        .bind(command_id)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(event_from_row)
+        .collect()
+}

@@ -1,0 +1,317 @@
+//! Reading and writing projection rows, in the live `grove` schema or a replay scratch schema.
+//!
+//! The same write functions serve live handlers and `grove replay`, so a rebuilt row is
+//! written exactly as a live one would be.
+
+use grove_core::model::{Capabilities, RepoCacheRow, RuntimeRow, WorkspaceMode, WorkspaceRow};
+use grove_core::projection::{Projections, Reads, Touched};
+use sqlx::postgres::PgRow;
+use sqlx::{PgConnection, Row};
+use uuid::Uuid;
+
+use crate::{trusted, StoreError};
+
+/// The live schema.
+pub const LIVE: &str = "grove";
+
+pub const REPO_CACHE_COLUMNS: &str = "id, node, identity, repo_name, repo_url, provider, provider_host, local_path, auth_scope_hash, last_fetched_at, last_used_at, size_bytes, state, created_at, updated_at";
+pub const WORKSPACE_COLUMNS: &str = "id, repo_cache_id, node, project_id, user_id, mode, conversation_id, task_id, base_ref, base_commit, branch_name, local_path, state, dirty, pinned_until, last_used_at, size_bytes, writable, isolated, persistent, created_at, updated_at";
+pub const RUNTIME_COLUMNS: &str = "id, workspace_id, backend_kind, backend_runtime_id, image, state, last_started_at, last_used_at, expires_at, created_at, updated_at";
+
+pub fn repo_cache_from_row(r: &PgRow) -> Result<RepoCacheRow, StoreError> {
+    Ok(RepoCacheRow {
+        id: r.try_get("id")?,
+        node: r.try_get("node")?,
+        identity: r.try_get("identity")?,
+        repo_name: r.try_get("repo_name")?,
+        repo_url: r.try_get("repo_url")?,
+        provider: r.try_get("provider")?,
+        provider_host: r.try_get("provider_host")?,
+        local_path: r.try_get("local_path")?,
+        auth_scope_hash: r.try_get("auth_scope_hash")?,
+        last_fetched_at: r.try_get("last_fetched_at")?,
+        last_used_at: r.try_get("last_used_at")?,
+        size_bytes: r.try_get("size_bytes")?,
+        state: r.try_get("state")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+pub fn workspace_from_row(r: &PgRow) -> Result<WorkspaceRow, StoreError> {
+    let mode: String = r.try_get("mode")?;
+    Ok(WorkspaceRow {
+        id: r.try_get("id")?,
+        repo_cache_id: r.try_get("repo_cache_id")?,
+        node: r.try_get("node")?,
+        project_id: r.try_get("project_id")?,
+        user_id: r.try_get("user_id")?,
+        mode: WorkspaceMode::parse(&mode).map_err(|e| StoreError::Corrupt(e.to_string()))?,
+        conversation_id: r.try_get("conversation_id")?,
+        task_id: r.try_get("task_id")?,
+        base_ref: r.try_get("base_ref")?,
+        base_commit: r.try_get("base_commit")?,
+        branch_name: r.try_get("branch_name")?,
+        local_path: r.try_get("local_path")?,
+        state: r.try_get("state")?,
+        dirty: r.try_get("dirty")?,
+        pinned_until: r.try_get("pinned_until")?,
+        last_used_at: r.try_get("last_used_at")?,
+        size_bytes: r.try_get("size_bytes")?,
+        capabilities: Capabilities {
+            writable: r.try_get("writable")?,
+            isolated: r.try_get("isolated")?,
+            persistent: r.try_get("persistent")?,
+        },
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+pub fn runtime_from_row(r: &PgRow) -> Result<RuntimeRow, StoreError> {
+    Ok(RuntimeRow {
+        id: r.try_get("id")?,
+        workspace_id: r.try_get("workspace_id")?,
+        backend_kind: r.try_get("backend_kind")?,
+        backend_runtime_id: r.try_get("backend_runtime_id")?,
+        image: r.try_get("image")?,
+        state: r.try_get("state")?,
+        last_started_at: r.try_get("last_started_at")?,
+        last_used_at: r.try_get("last_used_at")?,
+        expires_at: r.try_get("expires_at")?,
+        created_at: r.try_get("created_at")?,
+        updated_at: r.try_get("updated_at")?,
+    })
+}
+
+/// Loads the rows `reads` names into a fresh [`Projections`], locking them for update.
+pub async fn load_for_update(conn: &mut PgConnection, reads: &Reads) -> Result<Projections, StoreError> {
+    let mut p = Projections::default();
+    if !reads.repo_caches.is_empty() {
+        let sql = format!("SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE id = ANY($1) FOR UPDATE");
+        for r in sqlx::query(trusted(sql)).bind(&reads.repo_caches).fetch_all(&mut *conn).await? {
+            let row = repo_cache_from_row(&r)?;
+            p.repo_caches.insert(row.id, row);
+        }
+    }
+    if !reads.workspaces.is_empty() {
+        let sql = format!("SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE id = ANY($1) FOR UPDATE");
+        for r in sqlx::query(trusted(sql)).bind(&reads.workspaces).fetch_all(&mut *conn).await? {
+            let row = workspace_from_row(&r)?;
+            p.workspaces.insert(row.id, row);
+        }
+    }
+    if !reads.runtimes.is_empty() {
+        let sql = format!("SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE id = ANY($1) FOR UPDATE");
+        for r in sqlx::query(trusted(sql)).bind(&reads.runtimes).fetch_all(&mut *conn).await? {
+            let row = runtime_from_row(&r)?;
+            p.runtimes.insert(row.id, row);
+        }
+    }
+    Ok(p)
+}
+
+/// Writes the touched rows of `p` into `schema`: present rows are upserted, absent deleted.
+pub async fn write_touched(
+    conn: &mut PgConnection,
+    schema: &str,
+    p: &Projections,
+    touched: &Touched,
+) -> Result<(), StoreError> {
+    for id in &touched.repo_caches {
+        match p.repo_caches.get(id) {
+            Some(row) => upsert_repo_cache(conn, schema, row).await?,
+            None => delete(conn, schema, "sandbox_repo_caches", *id).await?,
+        }
+    }
+    for id in &touched.workspaces {
+        match p.workspaces.get(id) {
+            Some(row) => upsert_workspace(conn, schema, row).await?,
+            None => delete(conn, schema, "sandbox_workspaces", *id).await?,
+        }
+    }
+    for id in &touched.runtimes {
+        match p.runtimes.get(id) {
+            Some(row) => upsert_runtime(conn, schema, row).await?,
+            None => delete(conn, schema, "sandbox_runtimes", *id).await?,
+        }
+    }
+    Ok(())
+}
+
+async fn delete(conn: &mut PgConnection, schema: &str, table: &str, id: Uuid) -> Result<(), StoreError> {
+    sqlx::query(trusted(format!("DELETE FROM {schema}.{table} WHERE id = $1")))
+        .bind(id)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// `INSERT ... ON CONFLICT (id) DO UPDATE SET` every column but id.
+fn upsert_sql(schema: &str, table: &str, columns: &str) -> String {
+    let cols: Vec<&str> = columns.split(", ").collect();
+    let params: Vec<String> = (1..=cols.len()).map(|i| format!("${i}")).collect();
+    let sets: Vec<String> = cols[1..].iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
+    format!(
+        "INSERT INTO {schema}.{table} ({columns}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET {}",
+        params.join(", "),
+        sets.join(", ")
+    )
+}
+
+pub async fn upsert_repo_cache(conn: &mut PgConnection, schema: &str, r: &RepoCacheRow) -> Result<(), StoreError> {
+    sqlx::query(trusted(upsert_sql(schema, "sandbox_repo_caches", REPO_CACHE_COLUMNS)))
+        .bind(r.id)
+        .bind(&r.node)
+        .bind(&r.identity)
+        .bind(&r.repo_name)
+        .bind(&r.repo_url)
+        .bind(&r.provider)
+        .bind(&r.provider_host)
+        .bind(&r.local_path)
+        .bind(&r.auth_scope_hash)
+        .bind(r.last_fetched_at)
+        .bind(r.last_used_at)
+        .bind(r.size_bytes)
+        .bind(&r.state)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn upsert_workspace(conn: &mut PgConnection, schema: &str, r: &WorkspaceRow) -> Result<(), StoreError> {
+    sqlx::query(trusted(upsert_sql(schema, "sandbox_workspaces", WORKSPACE_COLUMNS)))
+        .bind(r.id)
+        .bind(r.repo_cache_id)
+        .bind(&r.node)
+        .bind(&r.project_id)
+        .bind(&r.user_id)
+        .bind(r.mode.as_str())
+        .bind(&r.conversation_id)
+        .bind(&r.task_id)
+        .bind(&r.base_ref)
+        .bind(&r.base_commit)
+        .bind(&r.branch_name)
+        .bind(&r.local_path)
+        .bind(&r.state)
+        .bind(r.dirty)
+        .bind(r.pinned_until)
+        .bind(r.last_used_at)
+        .bind(r.size_bytes)
+        .bind(r.capabilities.writable)
+        .bind(r.capabilities.isolated)
+        .bind(r.capabilities.persistent)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+pub async fn upsert_runtime(conn: &mut PgConnection, schema: &str, r: &RuntimeRow) -> Result<(), StoreError> {
+    sqlx::query(trusted(upsert_sql(schema, "sandbox_runtimes", RUNTIME_COLUMNS)))
+        .bind(r.id)
+        .bind(r.workspace_id)
+        .bind(&r.backend_kind)
+        .bind(&r.backend_runtime_id)
+        .bind(&r.image)
+        .bind(&r.state)
+        .bind(r.last_started_at)
+        .bind(r.last_used_at)
+        .bind(r.expires_at)
+        .bind(r.created_at)
+        .bind(r.updated_at)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// Reads one workspace row from the live schema.
+pub async fn workspace(conn: &mut PgConnection, id: Uuid) -> Result<Option<WorkspaceRow>, StoreError> {
+    let sql = format!("SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE id = $1");
+    sqlx::query(trusted(sql))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| workspace_from_row(&r))
+        .transpose()
+}
+
+/// Lists workspaces, optionally of one user, most recently used first.
+pub async fn workspaces(conn: &mut PgConnection, user: Option<&str>) -> Result<Vec<WorkspaceRow>, StoreError> {
+    let sql = format!(
+        "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE $1::text IS NULL OR user_id = $1 ORDER BY last_used_at DESC, id"
+    );
+    sqlx::query(trusted(sql))
+        .bind(user)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(workspace_from_row)
+        .collect()
+}
+
+/// Finds the live workspace with a uniqueness key.
+pub async fn workspace_by_key(
+    conn: &mut PgConnection,
+    key: &grove_core::model::WorkspaceKey,
+) -> Result<Option<WorkspaceRow>, StoreError> {
+    let scope_col = match key.mode {
+        WorkspaceMode::Analysis => "base_ref",
+        WorkspaceMode::Edit => "conversation_id",
+        WorkspaceMode::Task => "task_id",
+    };
+    let sql = format!(
+        "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE node = $1 AND user_id = $2 AND project_id = $3 AND mode = $4 AND {scope_col} = $5"
+    );
+    sqlx::query(trusted(sql))
+        .bind(&key.node)
+        .bind(&key.user_id)
+        .bind(&key.project_id)
+        .bind(key.mode.as_str())
+        .bind(&key.scope)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| workspace_from_row(&r))
+        .transpose()
+}
+
+/// Finds the live repo cache of an identity on a node.
+pub async fn repo_cache_by_identity(
+    conn: &mut PgConnection,
+    node: &str,
+    identity: &str,
+) -> Result<Option<RepoCacheRow>, StoreError> {
+    let sql = format!("SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE node = $1 AND identity = $2");
+    sqlx::query(trusted(sql))
+        .bind(node)
+        .bind(identity)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| repo_cache_from_row(&r))
+        .transpose()
+}
+
+pub async fn repo_cache(conn: &mut PgConnection, id: Uuid) -> Result<Option<RepoCacheRow>, StoreError> {
+    let sql = format!("SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE id = $1");
+    sqlx::query(trusted(sql))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| repo_cache_from_row(&r))
+        .transpose()
+}
+
+/// The runtimes attached to a workspace.
+pub async fn runtimes_of(conn: &mut PgConnection, workspace_id: Uuid) -> Result<Vec<RuntimeRow>, StoreError> {
+    let sql = format!("SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE workspace_id = $1 ORDER BY id");
+    sqlx::query(trusted(sql))
+        .bind(workspace_id)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(runtime_from_row)
+        .collect()
+}
