@@ -1,1 +1,34 @@
-//! placeholder
+//! grove-workers: the job handlers and the worker loop that runs them.
+//!
+//! # Layout
+//! - [`config`]: worker settings and their defaults.
+//! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
+//! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
+//!
+//! Architecture invariant: handlers reach git and runtimes only through the ports of
+//! `grove-core`; the concrete adapters are chosen in [`build_deps`].
+
+pub mod config;
+pub mod handlers;
+pub mod runner;
+
+use std::sync::Arc;
+
+use grove_core::layout::Layout;
+use sqlx::PgPool;
+
+pub use config::WorkerConfig;
+pub use runner::{Outcome, Worker};
+
+/// Wires the production adapters: git2 for git, bubblewrap-isolated local processes.
+pub fn build_deps(pool: PgPool, config: WorkerConfig) -> handlers::Deps {
+    let layout = Layout::new(config.home.clone());
+    let local = grove_local::LocalRuntimeProvider::detect(vec![config.home.clone()]);
+    handlers::Deps {
+        pool,
+        layout,
+        git: Arc::new(grove_git::Git2Adapter::new()),
+        local: Arc::new(local),
+        config,
+    }
+}

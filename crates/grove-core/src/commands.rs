@@ -71,7 +71,8 @@ pub struct Exec {
     pub stdin: Option<Vec<u8>>,
     pub timeout_ms: Option<u64>,
     pub max_output_bytes: Option<u64>,
-    pub kind: ExecKind,
+    /// `None`: `write` on a writable workspace, `read` on a read-only one.
+    pub kind: Option<ExecKind>,
 }
 
 /// A command, as stored in the job payload and the ledger.

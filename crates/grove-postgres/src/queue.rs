@@ -282,14 +282,7 @@ pub enum Start {
 }
 
 /// Marks a claimed command running (and its job `Running`) in one short transaction.
-pub async fn start(
-    pool: &PgPool,
-    job: &ClaimedJob,
-    worker_id: &str,
-    first_events: impl FnOnce(&Command) -> Vec<Event>,
-    metadata: impl FnOnce(&Command) -> Metadata,
-    at: DateTime<Utc>,
-) -> Result<Start, StoreError> {
+pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<Start, StoreError> {
     let mut tx = pool.begin().await?;
     let row = sqlx::query(
         "SELECT payload, status, attempts, max_attempts FROM grove.commands WHERE command_id = $1 FOR UPDATE",
@@ -327,12 +320,6 @@ pub async fn start(
         .bind(attempts + 1)
         .execute(&mut *tx)
         .await?;
-    if !resumed {
-        let events = first_events(&command);
-        if !events.is_empty() {
-            store::append(&mut tx, &events, &metadata(&command), at).await?;
-        }
-    }
     let token: Option<String> = sqlx::query_scalar("SELECT token FROM grove.command_secrets WHERE command_id = $1")
         .bind(job.command_id)
         .fetch_optional(&mut *tx)

@@ -1,0 +1,535 @@
+//! Job handlers: load state, take locks, perform the effect through a port, and return
+//! the events (committed by the runner together with the outcome, locks still held).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use grove_core::commands::{AcquireWorkspace, CommandResult, EnsureRepoCache, Exec, DEFAULT_MAX_OUTPUT_BYTES};
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::events::{Correlation, Event, Metadata};
+use grove_core::layout::{short_hash, Layout};
+use grove_core::model::{
+    branch_for, to_db_precision, Capabilities, ExecKind, ExecOutcome, RepoCacheRow, WorkspaceMode, WorkspaceRow,
+};
+use grove_core::ports::{ExecRequest, GitPort, GitToken, Mount, NetworkPolicy, ResourceHints, RuntimeProvider, RuntimeSpec};
+use grove_core::projection::Projections;
+use grove_core::validate::RepoUrl;
+use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::{rows, store, StoreError};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::config::WorkerConfig;
+
+/// What a handler produced: the caller's result, the events to commit with it, and the
+/// locks to release only after that commit.
+pub struct Handled {
+    pub result: CommandResult,
+    pub events: Vec<Event>,
+    pub locks: Vec<AdvisoryLock>,
+    pub correlation: Correlation,
+}
+
+/// The ports and settings every handler uses.
+pub struct Deps {
+    pub pool: PgPool,
+    pub config: WorkerConfig,
+    pub layout: Layout,
+    pub git: Arc<dyn GitPort>,
+    pub local: Arc<dyn RuntimeProvider>,
+}
+
+/// Converts a store failure into the command-level error (transient: worth a retry).
+pub fn store_error(e: StoreError) -> CommandError {
+    match e {
+        StoreError::Locked(m) => CommandError::new(ErrorKind::Conflict, m),
+        StoreError::NotFound(m) => CommandError::new(ErrorKind::NotFound, m),
+        StoreError::Conflict(m) => CommandError::new(ErrorKind::Conflict, m).transient(),
+        other => CommandError::new(ErrorKind::Unavailable, format!("database: {other}")).transient(),
+    }
+}
+
+fn internal(msg: impl std::fmt::Display) -> CommandError {
+    CommandError::new(ErrorKind::Internal, msg.to_string())
+}
+
+/// Runs a blocking git call off the async threads.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, grove_core::error::GitError> + Send + 'static,
+) -> Result<T, CommandError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| internal(format!("git task failed: {e}")))?
+        .map_err(CommandError::from)
+}
+
+/// Now, at the precision Postgres stores (so replayed rows compare equal).
+pub fn now() -> DateTime<Utc> {
+    to_db_precision(Utc::now())
+}
+
+impl Deps {
+    async fn lock(&self, scope: LockScope, value: &str, shared: bool) -> Result<AdvisoryLock, CommandError> {
+        AdvisoryLock::acquire(&self.pool, scope, value, shared, self.config.lock_timeout)
+            .await
+            .map_err(store_error)
+    }
+
+    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, CommandError> {
+        self.pool.acquire().await.map_err(|e| store_error(e.into()))
+    }
+
+    async fn workspace(&self, id: Uuid) -> Result<WorkspaceRow, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::workspace(&mut conn, id)
+            .await
+            .map_err(store_error)?
+            .ok_or_else(|| CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found")))
+    }
+
+    async fn cache_by_identity(&self, identity: &str) -> Result<Option<RepoCacheRow>, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::repo_cache_by_identity(&mut conn, &self.config.node, identity)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Ensures the repo cache on this node: clones if absent, fetches if asked or stale.
+    /// Returns the row as it will be after `events` commit, and the lock (if one was
+    /// needed) that must be held until then.
+    async fn ensure_cache(
+        &self,
+        repo_name: &str,
+        repo_url: &str,
+        fetch: bool,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+    ) -> Result<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>), CommandError> {
+        let url = RepoUrl::parse(repo_url)?;
+        let node = &self.config.node;
+        let existing = self.cache_by_identity(url.identity()).await?;
+        let stale = |row: &RepoCacheRow| {
+            row.last_fetched_at
+                .is_none_or(|t| (at - t).to_std().unwrap_or_default() > self.config.cache_freshness)
+        };
+        if let Some(row) = &existing {
+            if !fetch && !stale(row) && PathBuf::from(&row.local_path).is_dir() {
+                let events = vec![Event::RepoCacheUsed { repo_cache_id: row.id }];
+                return Ok((fold_cache(Some(row.clone()), &events, at), events, None));
+            }
+        }
+        let lock = self
+            .lock(LockScope::RepoCache, &format!("{node}\u{0}{}", url.identity()), false)
+            .await?;
+        // Another worker may have created or fetched it while we waited.
+        let existing = self.cache_by_identity(url.identity()).await?;
+        let cache_dir = self.layout.repo_cache_dir(url.identity());
+        let must_fetch = match &existing {
+            Some(row) => fetch || stale(row),
+            None => false,
+        };
+        let git = self.git.clone();
+        let (u, d, t) = (repo_url.to_string(), cache_dir.clone(), token.cloned());
+        let report = blocking(move || git.ensure_cache(&u, &d, t.as_ref(), must_fetch)).await?;
+        let events = match &existing {
+            Some(row) if report.fetched => vec![Event::RepoCacheFetched {
+                repo_cache_id: row.id,
+                size_bytes: report.size_bytes,
+            }],
+            Some(row) => vec![Event::RepoCacheUsed { repo_cache_id: row.id }],
+            None => vec![Event::RepoCacheCreated {
+                repo_cache_id: Uuid::now_v7(),
+                node: node.clone(),
+                identity: url.identity().to_string(),
+                repo_name: repo_name.to_string(),
+                repo_url: url.as_str().to_string(),
+                provider: if url.is_local() { "local".into() } else { "git".into() },
+                provider_host: url.host().to_string(),
+                local_path: cache_dir.to_string_lossy().into_owned(),
+                auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
+                size_bytes: report.size_bytes,
+            }],
+        };
+        Ok((fold_cache(existing, &events, at), events, Some(lock)))
+    }
+
+    pub async fn ensure_repo_cache(
+        &self,
+        c: &EnsureRepoCache,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+    ) -> Result<Handled, CommandError> {
+        let (row, events, lock) = self.ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at).await?;
+        Ok(Handled {
+            result: CommandResult::RepoCache(row),
+            events,
+            locks: lock.into_iter().collect(),
+            correlation: Correlation::default(),
+        })
+    }
+
+    pub async fn acquire_workspace(
+        &self,
+        c: &AcquireWorkspace,
+        command_id: Uuid,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+    ) -> Result<Handled, CommandError> {
+        let correlation = Correlation {
+            user_id: Some(c.user_id.clone()),
+            project_id: Some(c.project_id.clone()),
+            conversation_id: c.conversation_id.clone(),
+            task_id: c.task_id.clone(),
+        };
+        let key = c.key(&self.config.node);
+        let key_lock = self.lock(LockScope::WorkspaceKey, &key.lock_string(), false).await?;
+        let existing = {
+            let mut conn = self.conn().await?;
+            rows::workspace_by_key(&mut conn, &key).await.map_err(store_error)?
+        };
+        if let Some(row) = existing {
+            if !PathBuf::from(&row.local_path).is_dir() {
+                return Err(internal(format!(
+                    "workspace {} has a record but its directory is missing; destroy it and acquire again",
+                    row.id
+                )));
+            }
+            let events = vec![Event::WorkspaceAcquired { workspace_id: row.id }];
+            let row = fold_workspace(Some(row), &events, at).ok_or_else(|| internal("fold lost the row"))?;
+            return Ok(Handled {
+                result: CommandResult::Workspace(row),
+                events,
+                locks: vec![key_lock],
+                correlation,
+            });
+        }
+        let (cache, mut events, cache_lock) = self.ensure_cache(&c.repo_name, &c.repo_url, false, token, at).await?;
+        let workspace_dir = self.layout.workspace_dir(&key);
+        let branch = branch_for(c.mode, c.scope());
+        let git = self.git.clone();
+        let (cache_dir, ws_dir, base, br, upstream) = (
+            PathBuf::from(&cache.local_path),
+            workspace_dir.clone(),
+            c.base_ref.clone(),
+            branch.clone(),
+            c.repo_url.clone(),
+        );
+        let report = blocking(move || {
+            git.create_checkout(&grove_core::ports::CheckoutRequest {
+                cache_dir: &cache_dir,
+                workspace_dir: &ws_dir,
+                base_ref: &base,
+                branch: br.as_deref(),
+                upstream_url: &upstream,
+            })
+        })
+        .await?;
+        // Derived from the command id so a retried attempt names the same workspace.
+        let workspace_id = Uuid::new_v5(&command_id, b"workspace");
+        events.push(Event::WorkspaceCreated {
+            workspace_id,
+            repo_cache_id: cache.id,
+            node: self.config.node.clone(),
+            user_id: c.user_id.clone(),
+            project_id: c.project_id.clone(),
+            mode: c.mode,
+            conversation_id: (c.mode == WorkspaceMode::Edit).then(|| c.conversation_id.clone()).flatten(),
+            task_id: (c.mode == WorkspaceMode::Task).then(|| c.task_id.clone()).flatten(),
+            base_ref: c.base_ref.clone(),
+            base_commit: report.base_commit,
+            branch_name: branch,
+            local_path: workspace_dir.to_string_lossy().into_owned(),
+            capabilities: Capabilities::from_mode(c.mode),
+            size_bytes: report.size_bytes,
+        });
+        let row = fold_workspace(None, &events, at).ok_or_else(|| internal("fold lost the row"))?;
+        let mut locks = vec![key_lock];
+        locks.extend(cache_lock);
+        Ok(Handled {
+            result: CommandResult::Workspace(row),
+            events,
+            locks,
+            correlation,
+        })
+    }
+
+    pub async fn exec(&self, e: &Exec, command_id: Uuid, metadata: &Metadata) -> Result<Handled, CommandError> {
+        let ws = self.workspace(e.workspace_id).await?;
+        let correlation = correlation_of(&ws);
+        let metadata = &Metadata {
+            correlation: correlation.clone(),
+            ..metadata.clone()
+        };
+        let kind = e
+            .kind
+            .unwrap_or(if ws.capabilities.writable { ExecKind::Write } else { ExecKind::Read });
+        if kind.is_mutating() && !ws.capabilities.writable {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!("workspace {} is read-only ({} mode): {:?} commands are refused", ws.id, ws.mode.as_str(), kind),
+            ));
+        }
+        let provider = self.local.clone();
+        let lock = self
+            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), !kind.is_mutating())
+            .await?;
+        let (runtime_id, mut start_events) = {
+            let mut conn = self.conn().await?;
+            let existing = rows::runtimes_of(&mut conn, ws.id)
+                .await
+                .map_err(store_error)?
+                .into_iter()
+                .find(|r| r.backend_kind == provider.kind());
+            let runtime_id = existing
+                .as_ref()
+                .map(|r| r.id)
+                .unwrap_or_else(|| Uuid::new_v5(&ws.id, provider.kind().as_bytes()));
+            let events = match &existing {
+                Some(r) if r.state == "running" => vec![],
+                _ => vec![Event::RuntimeStarted {
+                    runtime_id,
+                    workspace_id: ws.id,
+                    backend_kind: provider.kind().to_string(),
+                    backend_runtime_id: format!("local:{}", ws.id),
+                    image: None,
+                }],
+            };
+            (runtime_id, events)
+        };
+        let ws_dir = PathBuf::from(&ws.local_path);
+        let cache_dir = {
+            let mut conn = self.conn().await?;
+            rows::repo_cache(&mut conn, ws.repo_cache_id)
+                .await
+                .map_err(store_error)?
+                .map(|c| PathBuf::from(c.local_path))
+        };
+        let mut mounts = vec![Mount {
+            source: ws_dir.clone(),
+            target: ws_dir.clone(),
+            writable: ws.capabilities.writable && kind.is_mutating(),
+        }];
+        if let Some(cache_dir) = cache_dir {
+            // git inside the workspace reads the cache's objects through alternates.
+            mounts.push(Mount {
+                source: cache_dir.clone(),
+                target: cache_dir,
+                writable: false,
+            });
+        }
+        let spec = RuntimeSpec {
+            image: None,
+            workdir: ws_dir.clone(),
+            mounts,
+            env: Default::default(),
+            resources: ResourceHints::default(),
+            network: NetworkPolicy::None,
+            labels: [
+                ("grove.workspace".to_string(), ws.id.to_string()),
+                ("grove.runtime".to_string(), runtime_id.to_string()),
+            ]
+            .into(),
+        };
+        let runtime = provider.create(spec).await.map_err(CommandError::from)?;
+        start_events.push(Event::ExecStarted {
+            exec_id: command_id,
+            workspace_id: ws.id,
+            runtime_id,
+            kind,
+            argv: e.argv.clone(),
+            env_keys: e.env.keys().cloned().collect(),
+            timeout_ms: e.timeout_ms,
+        });
+        {
+            let mut tx = self.pool.begin().await.map_err(|e| store_error(e.into()))?;
+            store::append(&mut tx, &start_events, metadata, now())
+                .await
+                .map_err(store_error)?;
+            tx.commit().await.map_err(|e| store_error(e.into()))?;
+        }
+        let started = Instant::now();
+        let request = ExecRequest {
+            argv: e.argv.clone(),
+            cwd: e.cwd.as_ref().map(PathBuf::from),
+            env: e.env.clone(),
+            timeout: e.timeout_ms.map(Duration::from_millis),
+            stdin: e.stdin.clone(),
+            max_output_bytes: Some(e.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES) as usize),
+            mutating: kind.is_mutating(),
+        };
+        let outcome = runtime.exec(request).await;
+        let duration_ms = started.elapsed().as_millis() as u64;
+        let mut events = Vec::new();
+        let result = match outcome {
+            Ok(r) => {
+                events.push(Event::ExecFinished {
+                    exec_id: command_id,
+                    workspace_id: ws.id,
+                    runtime_id,
+                    outcome: "completed".into(),
+                    exit_code: Some(r.exit_code),
+                    timed_out: r.timed_out,
+                    truncated: r.truncated,
+                    duration_ms,
+                    stdout_bytes: r.stdout.len() as u64,
+                    stderr_bytes: r.stderr.len() as u64,
+                });
+                Ok(ExecOutcome {
+                    exit_code: r.exit_code,
+                    stdout: String::from_utf8_lossy(&r.stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&r.stderr).into_owned(),
+                    timed_out: r.timed_out,
+                    truncated: r.truncated,
+                    duration_ms,
+                })
+            }
+            Err(err) => {
+                events.push(Event::ExecFinished {
+                    exec_id: command_id,
+                    workspace_id: ws.id,
+                    runtime_id,
+                    outcome: "rejected".into(),
+                    exit_code: None,
+                    timed_out: false,
+                    truncated: false,
+                    duration_ms,
+                    stdout_bytes: 0,
+                    stderr_bytes: 0,
+                });
+                Err(CommandError::from(err))
+            }
+        };
+        if kind.is_mutating() {
+            let git = self.git.clone();
+            let dir = ws_dir.clone();
+            if let Ok(dirty) = blocking(move || git.is_dirty(&dir)).await {
+                if dirty != ws.dirty {
+                    events.push(Event::WorkspaceDirtyChanged { workspace_id: ws.id, dirty });
+                }
+            }
+        }
+        match result {
+            Ok(outcome) => Ok(Handled {
+                result: CommandResult::Exec(outcome),
+                events,
+                locks: vec![lock],
+                correlation,
+            }),
+            Err(err) => {
+                // The rejection is still recorded: commit the finish event, then fail.
+                let mut tx = self.pool.begin().await.map_err(|e| store_error(e.into()))?;
+                store::append(&mut tx, &events, metadata, now()).await.map_err(store_error)?;
+                tx.commit().await.map_err(|e| store_error(e.into()))?;
+                lock.release().await.ok();
+                Err(err)
+            }
+        }
+    }
+
+    /// Stops (or destroys) the runtimes of a workspace and marks it released.
+    pub async fn release(&self, workspace_id: Uuid, destroy_runtime: bool) -> Result<Handled, CommandError> {
+        let ws = self.workspace(workspace_id).await?;
+        let lock = self.lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false).await?;
+        let mut events = self.runtime_events(ws.id, destroy_runtime, "session released").await?;
+        events.push(Event::WorkspaceReleased { workspace_id: ws.id });
+        Ok(Handled {
+            result: CommandResult::Done,
+            events,
+            locks: vec![lock],
+            correlation: correlation_of(&ws),
+        })
+    }
+
+    /// Stops or destroys the runtimes of a workspace; the workspace itself is untouched.
+    pub async fn runtimes_down(&self, workspace_id: Uuid, destroy: bool) -> Result<Handled, CommandError> {
+        let ws = self.workspace(workspace_id).await?;
+        let lock = self.lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false).await?;
+        let reason = if destroy { "destroy requested" } else { "hibernate requested" };
+        let events = self.runtime_events(ws.id, destroy, reason).await?;
+        Ok(Handled {
+            result: CommandResult::Done,
+            events,
+            locks: vec![lock],
+            correlation: correlation_of(&ws),
+        })
+    }
+
+    /// The local runtime runs one process tree per exec, so stopping it has no process to
+    /// stop: the record's state is what changes. Other runtimes act here.
+    async fn runtime_events(&self, workspace_id: Uuid, destroy: bool, reason: &str) -> Result<Vec<Event>, CommandError> {
+        let mut conn = self.conn().await?;
+        let runtimes = rows::runtimes_of(&mut conn, workspace_id).await.map_err(store_error)?;
+        Ok(runtimes
+            .into_iter()
+            .filter_map(|r| {
+                if destroy {
+                    Some(Event::RuntimeDestroyed { runtime_id: r.id, reason: reason.into() })
+                } else if r.state == "running" {
+                    Some(Event::RuntimeStopped { runtime_id: r.id, reason: reason.into() })
+                } else {
+                    None
+                }
+            })
+            .collect())
+    }
+
+    pub async fn destroy_workspace(&self, workspace_id: Uuid) -> Result<Handled, CommandError> {
+        let ws = self.workspace(workspace_id).await?;
+        let lock = self.lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false).await?;
+        let mut events = self.runtime_events(ws.id, true, "workspace destroyed").await?;
+        let git = self.git.clone();
+        let dir = PathBuf::from(&ws.local_path);
+        blocking(move || git.remove_checkout(&dir)).await?;
+        events.push(Event::WorkspaceDestroyed { workspace_id: ws.id });
+        Ok(Handled {
+            result: CommandResult::Done,
+            events,
+            locks: vec![lock],
+            correlation: correlation_of(&ws),
+        })
+    }
+}
+
+pub fn correlation_of(ws: &WorkspaceRow) -> Correlation {
+    Correlation {
+        user_id: Some(ws.user_id.clone()),
+        project_id: Some(ws.project_id.clone()),
+        conversation_id: ws.conversation_id.clone(),
+        task_id: ws.task_id.clone(),
+    }
+}
+
+fn fold_cache(existing: Option<RepoCacheRow>, events: &[Event], at: DateTime<Utc>) -> RepoCacheRow {
+    let mut p = Projections::default();
+    let mut id = None;
+    if let Some(row) = existing {
+        id = Some(row.id);
+        p.repo_caches.insert(row.id, row);
+    }
+    for e in events {
+        if let Event::RepoCacheCreated { repo_cache_id, .. } = e {
+            id = Some(*repo_cache_id);
+        }
+        p.apply(e, at);
+    }
+    id.and_then(|id| p.repo_caches.remove(&id))
+        .expect("a cache event always names the cache")
+}
+
+fn fold_workspace(existing: Option<WorkspaceRow>, events: &[Event], at: DateTime<Utc>) -> Option<WorkspaceRow> {
+    let mut p = Projections::default();
+    let mut id = None;
+    if let Some(row) = existing {
+        id = Some(row.id);
+        p.workspaces.insert(row.id, row);
+    }
+    for e in events {
+        if let Event::WorkspaceCreated { workspace_id, .. } = e {
+            id = Some(*workspace_id);
+        }
+        p.apply(e, at);
+    }
+    id.and_then(|id| p.workspaces.remove(&id))
+}

@@ -1,0 +1,311 @@
+//! The worker loop: claim jobs, run handlers, record outcomes, heartbeat, recover orphans.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use grove_core::commands::Command;
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::events::{Correlation, Event, Metadata};
+use grove_core::ports::GitToken;
+use grove_postgres::queue::{self, ClaimedJob, Start};
+use grove_postgres::StoreError;
+use sqlx::postgres::PgListener;
+use tokio::sync::{Notify, Semaphore};
+use tracing::{debug, info, warn};
+
+use crate::handlers::{correlation_of, now, Deps, Handled};
+
+/// What one step of the worker did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// A job was claimed and carried through to its recorded outcome.
+    Done,
+    /// No job was due.
+    EmptyQueue,
+}
+
+/// A worker process's engine.
+pub struct Worker {
+    deps: Arc<Deps>,
+    queues: Vec<String>,
+}
+
+impl Worker {
+    pub fn new(deps: Deps) -> Self {
+        let queues = vec![queue::node_queue(&deps.config.node), queue::shared_queue()];
+        Self {
+            deps: Arc::new(deps),
+            queues,
+        }
+    }
+
+    pub fn deps(&self) -> &Deps {
+        &self.deps
+    }
+
+    /// Registers this worker so it may lock jobs (`apalis.jobs.lock_by` references it).
+    pub async fn register(&self) -> Result<(), StoreError> {
+        queue::register_worker(&self.deps.pool, &self.deps.config.worker_id, &self.queues).await
+    }
+
+    /// Claims and runs at most one job, to completion. Tests drive the queue with it.
+    pub async fn try_execute_job(&self) -> Result<Outcome, StoreError> {
+        for q in &self.queues {
+            let jobs = queue::claim(&self.deps.pool, &self.deps.config.worker_id, q, 1).await?;
+            if let Some(job) = jobs.into_iter().next() {
+                run_job(self.deps.clone(), job).await;
+                return Ok(Outcome::Done);
+            }
+        }
+        Ok(Outcome::EmptyQueue)
+    }
+
+    /// Runs until `shutdown` resolves, then stops claiming and waits for jobs in flight.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> Result<(), StoreError> {
+        let deps = self.deps.clone();
+        let cfg = deps.config.clone();
+        self.register().await?;
+        info!(worker = %cfg.worker_id, node = %cfg.node, concurrency = cfg.concurrency, "worker started");
+
+        let wake = Arc::new(Notify::new());
+        let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone()));
+        let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
+
+        let permits = Arc::new(Semaphore::new(cfg.concurrency));
+        tokio::pin!(shutdown);
+        loop {
+            // Claim as many jobs as there are free slots, queue by queue.
+            let mut claimed_any = false;
+            for q in &self.queues {
+                let free = permits.available_permits();
+                if free == 0 {
+                    break;
+                }
+                match queue::claim(&deps.pool, &cfg.worker_id, q, free as i32).await {
+                    Ok(jobs) => {
+                        for job in jobs {
+                            claimed_any = true;
+                            let permit = permits.clone().acquire_owned().await.expect("semaphore open");
+                            let deps = deps.clone();
+                            let wake = wake.clone();
+                            tokio::spawn(async move {
+                                run_job(deps, job).await;
+                                drop(permit);
+                                // A slot is free: look for more work at once.
+                                wake.notify_one();
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "claiming jobs failed; retrying");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+            if claimed_any && permits.available_permits() > 0 {
+                continue;
+            }
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(cfg.poll_every) => {}
+            }
+        }
+        info!("worker stopping: waiting for jobs in flight");
+        let _ = permits.acquire_many(cfg.concurrency as u32).await;
+        maintenance.abort();
+        listener.abort();
+        Ok(())
+    }
+}
+
+/// Wakes the claim loop on every job insert; reconnects by itself when Postgres restarts.
+async fn listen(pool: sqlx::PgPool, wake: Arc<Notify>) {
+    loop {
+        let mut listener = match PgListener::connect_with(&pool).await {
+            Ok(l) => l,
+            Err(e) => {
+                debug!(error = %e, "listener connect failed");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                continue;
+            }
+        };
+        if let Err(e) = listener.listen(queue::JOB_INSERT_CHANNEL).await {
+            debug!(error = %e, "LISTEN failed");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            continue;
+        }
+        // A fresh subscription may have missed notifications: look once.
+        wake.notify_one();
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(_)) => wake.notify_one(),
+                // The connection dropped; try_recv reconnects on the next call, but the
+                // channel subscription is re-established explicitly to be safe.
+                Ok(None) => break,
+                Err(e) => {
+                    debug!(error = %e, "listener failed");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Heartbeats, orphan recovery and pruning, on their schedules.
+async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>) {
+    let cfg = &deps.config;
+    let mut tick = tokio::time::interval(cfg.heartbeat_every);
+    let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
+    loop {
+        tick.tick().await;
+        if let Err(e) = queue::heartbeat(&deps.pool, &cfg.worker_id).await {
+            warn!(error = %e, "heartbeat failed");
+            continue;
+        }
+        // A heartbeat after a database restart may find our row gone (pruned): re-register.
+        let _ = queue::register_worker(&deps.pool, &cfg.worker_id, &[]).await;
+        match queue::recover_orphans(&deps.pool, cfg.worker_lost_after).await {
+            Ok(0) => {}
+            Ok(n) => {
+                info!(jobs = n, "recovered jobs of a lost worker");
+                wake.notify_one();
+            }
+            Err(e) => warn!(error = %e, "orphan recovery failed"),
+        }
+        if last_prune.elapsed() > Duration::from_secs(3600) {
+            last_prune = std::time::Instant::now();
+            if let Err(e) = queue::prune(&deps.pool, cfg.prune_after).await {
+                warn!(error = %e, "pruning failed");
+            }
+        }
+    }
+}
+
+fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata {
+    Metadata {
+        command_id: job.command_id,
+        correlation,
+        worker_id: deps.config.worker_id.clone(),
+        node: deps.config.node.clone(),
+    }
+}
+
+/// Carries one claimed job to its recorded outcome. Database failures on the way leave
+/// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
+/// the retry the next delivery makes.
+async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
+    if let Err(e) = run_job_inner(&deps, &job).await {
+        warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
+        // Put the job back so another attempt can record it.
+        let err = CommandError::new(ErrorKind::Unavailable, "database unavailable while recording outcome").transient();
+        let _ = queue::retry_later(&deps.pool, &job, &err, Duration::from_secs(1)).await;
+    }
+}
+
+async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> {
+    let start = queue::start(&deps.pool, job, &deps.config.worker_id).await?;
+    let Start::Run {
+        command,
+        attempt,
+        max_attempts,
+        resumed,
+        token,
+    } = start
+    else {
+        return Ok(());
+    };
+    let at = now();
+    if resumed && !command.is_idempotent() {
+        return finish_worker_lost(deps, job, &command).await;
+    }
+    let outcome = match command.validate() {
+        Err(e) => Err(CommandError::from(e)),
+        Ok(()) => handle(deps, job, &command, token.map(GitToken::new)).await,
+    };
+    match outcome {
+        Ok(handled) => {
+            let md = metadata(deps, job, handled.correlation);
+            let at = if handled.events.is_empty() { at } else { now() };
+            let res = queue::finish(&deps.pool, job, &Ok(handled.result), &handled.events, &md, at).await;
+            for lock in handled.locks {
+                let _ = lock.release().await;
+            }
+            res
+        }
+        Err(e) if e.transient && attempt < max_attempts => {
+            let delay = queue::backoff(attempt);
+            info!(command = %job.command_id, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "retrying later");
+            queue::retry_later(&deps.pool, job, &e, delay).await
+        }
+        Err(e) => {
+            let md = metadata(deps, job, Correlation::default());
+            queue::finish(&deps.pool, job, &Err(e), &[], &md, at).await
+        }
+    }
+}
+
+/// An exec whose earlier attempt's worker died is not run again: a command may not be
+/// safe to run twice. It ends as failed with `worker_lost`, which the caller can retry.
+async fn finish_worker_lost(deps: &Deps, job: &ClaimedJob, command: &Command) -> Result<(), StoreError> {
+    let Command::Exec(exec) = command else {
+        return Ok(());
+    };
+    let mut conn = deps.pool.acquire().await?;
+    let ws = grove_postgres::rows::workspace(&mut conn, exec.workspace_id).await?;
+    let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
+    drop(conn);
+    let mut events = Vec::new();
+    for e in &started {
+        if let Event::ExecStarted {
+            workspace_id,
+            runtime_id,
+            ..
+        } = &e.event
+        {
+            events.push(Event::ExecFinished {
+                exec_id: job.command_id,
+                workspace_id: *workspace_id,
+                runtime_id: *runtime_id,
+                outcome: "worker_lost".into(),
+                exit_code: None,
+                timed_out: false,
+                truncated: false,
+                duration_ms: 0,
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            });
+        }
+    }
+    if ws.is_none() {
+        events.clear();
+    }
+    let correlation = ws.as_ref().map(correlation_of).unwrap_or_default();
+    let md = metadata(deps, job, correlation);
+    let err = CommandError::new(
+        ErrorKind::WorkerLost,
+        "the worker running this command stopped before it finished; the command was not re-run",
+    );
+    queue::finish(&deps.pool, job, &Err(err), &events, &md, now()).await
+}
+
+async fn handle(deps: &Deps, job: &ClaimedJob, command: &Command, token: Option<GitToken>) -> Result<Handled, CommandError> {
+    let at = now();
+    match command {
+        Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
+        Command::AcquireWorkspace(c) => deps.acquire_workspace(c, job.command_id, token.as_ref(), at).await,
+        Command::Exec(e) => {
+            let md = metadata(deps, job, Correlation::default());
+            deps.exec(e, job.command_id, &md).await
+        }
+        Command::ReleaseSession {
+            workspace_id,
+            destroy_runtime,
+        } => deps.release(*workspace_id, *destroy_runtime).await,
+        Command::HibernateRuntime { workspace_id } => deps.runtimes_down(*workspace_id, false).await,
+        Command::DestroyRuntime { workspace_id } => deps.runtimes_down(*workspace_id, true).await,
+        Command::DestroyWorkspace { workspace_id } => deps.destroy_workspace(*workspace_id).await,
+        _ => Err(CommandError::new(ErrorKind::Rejected, "unknown command kind")),
+    }
+}
