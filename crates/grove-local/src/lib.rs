@@ -1,1 +1,438 @@
-//! placeholder
+//! grove-local: the local process runtime, isolated by bubblewrap (bwrap) when it works.
+//!
+//! With a working bwrap every command runs in fresh pid/ipc/uts (and, for network
+//! `none`, net) namespaces, sees the host root read-only with `/tmp`, `/root`, `/home`,
+//! `/run` and the caller's hidden dirs replaced by empty tmpfs, and sees grove's data
+//! only through the spec's mounts; a read-only workspace is a `--ro-bind`, enforced by
+//! the kernel. Without bwrap the runtime still runs read-class commands directly on
+//! the host, but reports `isolated: false` and refuses mutating ones: a write-capable
+//! request never falls back silently to a host subprocess.
+//!
+//! Every command starts from an empty environment plus [`BASE_ENV`](sandbox::BASE_ENV),
+//! the spec's env and the request's env (the request wins).
+
+mod process;
+mod sandbox;
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::Read;
+use std::path::{Component, Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use grove_core::error::RuntimeError;
+use grove_core::ports::{
+    ExecChunk, ExecRequest, ExecResult, Mount, NetworkPolicy, Runtime, RuntimeCapabilities,
+    RuntimeProvider, RuntimeSpec,
+};
+use grove_core::validate::{validate_command, validate_env};
+
+/// Output kept per command (stdout + stderr combined) when the request names no cap.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
+/// Environment variable naming the bwrap binary, overriding the `PATH` lookup.
+pub const BWRAP_ENV: &str = "GROVE_BWRAP";
+
+/// How long `detect` waits for the probe before declaring bwrap unusable.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone)]
+enum Isolation {
+    Bwrap(PathBuf),
+    /// Why there is none; shown in logs and to tests.
+    Unavailable(String),
+}
+
+/// Runs commands as local processes; see the crate docs for what it isolates.
+#[derive(Debug, Clone)]
+pub struct LocalRuntimeProvider {
+    isolation: Isolation,
+    hidden: Vec<PathBuf>,
+}
+
+impl LocalRuntimeProvider {
+    /// Finds bwrap (`$GROVE_BWRAP`, else `bwrap` on `PATH`) and checks once that it
+    /// works here. `hidden` are host dirs commands must not see (the worker passes
+    /// `$GROVE_HOME`); the spec's mounts inside them are bound back on top.
+    pub fn detect(hidden: Vec<PathBuf>) -> Self {
+        let isolation = match find_bwrap() {
+            None => Isolation::Unavailable(format!(
+                "bwrap not found (install bubblewrap or set {BWRAP_ENV})"
+            )),
+            Some(path) => match probe(&path) {
+                Ok(()) => Isolation::Bwrap(path),
+                Err(why) => Isolation::Unavailable(format!(
+                    "bwrap at {} does not work here: {why}",
+                    path.display()
+                )),
+            },
+        };
+        if let Isolation::Unavailable(why) = &isolation {
+            tracing::warn!(
+                reason = %why,
+                "local runtime without OS isolation: only non-mutating commands will run"
+            );
+        }
+        Self { isolation, hidden }
+    }
+
+    /// A provider that never uses bwrap (tests of the refusal path).
+    pub fn without_isolation(hidden: Vec<PathBuf>) -> Self {
+        Self {
+            isolation: Isolation::Unavailable("isolation disabled by configuration".into()),
+            hidden,
+        }
+    }
+
+    /// The bwrap binary in use, if isolation works.
+    pub fn bwrap(&self) -> Option<&Path> {
+        match &self.isolation {
+            Isolation::Bwrap(p) => Some(p),
+            Isolation::Unavailable(_) => None,
+        }
+    }
+
+    /// Why commands are not isolated, if they are not.
+    pub fn isolation_unavailable_reason(&self) -> Option<&str> {
+        match &self.isolation {
+            Isolation::Bwrap(_) => None,
+            Isolation::Unavailable(why) => Some(why),
+        }
+    }
+
+    /// [`RuntimeProvider::create`] with the concrete type.
+    pub fn create_local(&self, spec: RuntimeSpec) -> Result<LocalRuntime, RuntimeError> {
+        if spec.network == NetworkPolicy::Limited {
+            // Never widened to `default` nor narrowed to `none` behind the caller's back.
+            return Err(RuntimeError::CommandRejected(
+                "network policy 'limited' is not enforceable by the local runtime".into(),
+            ));
+        }
+        for (k, v) in &spec.env {
+            validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        }
+        let workdir = std::fs::canonicalize(&spec.workdir).map_err(|_| {
+            RuntimeError::NotFound(format!(
+                "workspace directory {} does not exist",
+                spec.workdir.display()
+            ))
+        })?;
+        if !workdir.is_dir() {
+            return Err(RuntimeError::NotFound(format!(
+                "workspace {} is not a directory",
+                spec.workdir.display()
+            )));
+        }
+
+        let mut mounts = Vec::with_capacity(spec.mounts.len() + 1);
+        for m in &spec.mounts {
+            if !m.target.is_absolute() || m.target.components().any(|c| c == Component::ParentDir) {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "mount target {} must be an absolute path without '..'",
+                    m.target.display()
+                )));
+            }
+            let source = std::fs::canonicalize(&m.source).map_err(|_| {
+                RuntimeError::NotFound(format!(
+                    "mount source {} does not exist",
+                    m.source.display()
+                ))
+            })?;
+            mounts.push(Mount {
+                source,
+                target: m.target.clone(),
+                writable: m.writable,
+            });
+        }
+
+        // Where the workspace appears inside: through the deepest mount whose source
+        // contains it. A spec that mounts no part of it gets it read-only, never more.
+        let (inside_workdir, workdir_writable) = match mounts
+            .iter()
+            .filter(|m| workdir.starts_with(&m.source))
+            .max_by_key(|m| m.source.components().count())
+        {
+            Some(m) => (
+                m.target.join(
+                    workdir
+                        .strip_prefix(&m.source)
+                        .expect("checked by starts_with"),
+                ),
+                m.writable,
+            ),
+            None => {
+                mounts.push(Mount {
+                    source: workdir.clone(),
+                    target: workdir.clone(),
+                    writable: false,
+                });
+                (workdir.clone(), false)
+            }
+        };
+
+        let mode = match &self.isolation {
+            Isolation::Bwrap(path) => Mode::Bwrap {
+                program: path.clone().into_os_string(),
+                prefix: sandbox::runtime_prefix(&self.hidden, &mounts, spec.network),
+            },
+            Isolation::Unavailable(why) => Mode::Direct { why: why.clone() },
+        };
+        let mut env: BTreeMap<String, String> = sandbox::BASE_ENV
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.extend(spec.env.clone());
+
+        Ok(LocalRuntime {
+            mode,
+            workdir,
+            inside_workdir,
+            workdir_writable,
+            env,
+        })
+    }
+}
+
+impl RuntimeProvider for LocalRuntimeProvider {
+    fn kind(&self) -> &'static str {
+        "local"
+    }
+
+    fn capabilities(&self) -> RuntimeCapabilities {
+        let isolated = matches!(self.isolation, Isolation::Bwrap(_));
+        RuntimeCapabilities {
+            writable: isolated,
+            isolated,
+            network_none: isolated,
+            network_limited: false,
+            snapshot: false,
+            preview_url: false,
+            interactive_session: false,
+        }
+    }
+
+    fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
+        Box::pin(async move {
+            let runtime = self.create_local(spec)?;
+            Ok(Box::new(runtime) as Box<dyn Runtime>)
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Mode {
+    Bwrap {
+        program: OsString,
+        /// Everything up to the per-command `--setenv`s.
+        prefix: Vec<OsString>,
+    },
+    Direct {
+        why: String,
+    },
+}
+
+/// The runtime of one workspace. Cheap: it is a prepared command line, and every
+/// exec is its own sandbox (nothing survives between commands but the workspace).
+#[derive(Debug, Clone)]
+pub struct LocalRuntime {
+    mode: Mode,
+    /// Canonical host path of the workspace root.
+    workdir: PathBuf,
+    /// The same directory as the command sees it.
+    inside_workdir: PathBuf,
+    workdir_writable: bool,
+    /// Base env plus the spec's env.
+    env: BTreeMap<String, String>,
+}
+
+impl LocalRuntime {
+    /// Whether commands run under OS isolation (bwrap).
+    pub fn is_isolated(&self) -> bool {
+        matches!(self.mode, Mode::Bwrap { .. })
+    }
+
+    /// The bwrap argv (without the program) a request would run with; for
+    /// inspection and diagnostics. Errors as `exec` would refuse the request.
+    pub fn sandbox_argv(&self, req: &ExecRequest) -> Result<Vec<OsString>, RuntimeError> {
+        Ok(self.prepare(req.clone())?.args)
+    }
+
+    fn prepare(&self, req: ExecRequest) -> Result<process::Launch, RuntimeError> {
+        validate_command(&req.argv).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        let mut env = self.env.clone();
+        for (k, v) in &req.env {
+            validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        }
+        env.extend(req.env);
+        let (host_cwd, inside_cwd) = self.resolve_cwd(req.cwd.as_deref())?;
+        let max_output = req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
+        let shown_name = req.argv[0].clone();
+
+        match &self.mode {
+            Mode::Bwrap { program, prefix } => {
+                if req.mutating && !self.workdir_writable {
+                    return Err(RuntimeError::CommandRejected(
+                        "the workspace is mounted read-only; mutating commands are refused".into(),
+                    ));
+                }
+                let mut args = prefix.clone();
+                sandbox::push_env(&mut args, env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+                args.push("--chdir".into());
+                args.push(inside_cwd.into());
+                args.push("--".into());
+                args.extend(req.argv.into_iter().map(OsString::from));
+                Ok(process::Launch {
+                    program: program.clone(),
+                    args,
+                    env: Vec::new(),
+                    // bwrap's own cwd is irrelevant inside; "/" avoids pinning the
+                    // worker's cwd.
+                    cwd: PathBuf::from("/"),
+                    stdin: req.stdin,
+                    timeout: req.timeout,
+                    max_output,
+                    sandboxed: true,
+                    shown_name,
+                })
+            }
+            Mode::Direct { why } => {
+                if req.mutating {
+                    return Err(RuntimeError::CommandRejected(format!(
+                        "OS isolation is unavailable on this host ({why}); the local runtime \
+                         refuses mutating commands rather than run them unsandboxed"
+                    )));
+                }
+                let mut argv = req.argv.into_iter();
+                let program = argv.next().expect("validated non-empty").into();
+                Ok(process::Launch {
+                    program,
+                    args: argv.map(OsString::from).collect(),
+                    env: env.into_iter().collect(),
+                    cwd: host_cwd,
+                    stdin: req.stdin,
+                    timeout: req.timeout,
+                    max_output,
+                    sandboxed: false,
+                    shown_name,
+                })
+            }
+        }
+    }
+
+    /// Resolves a request's cwd to (host path, path inside the sandbox), refusing
+    /// anything that is not a directory inside the workspace after resolving symlinks.
+    fn resolve_cwd(&self, cwd: Option<&Path>) -> Result<(PathBuf, PathBuf), RuntimeError> {
+        let Some(rel) = cwd else {
+            return Ok((self.workdir.clone(), self.inside_workdir.clone()));
+        };
+        if rel.is_absolute() {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cwd {} must be relative to the workspace root",
+                rel.display()
+            )));
+        }
+        if rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cwd {} must not contain '..'",
+                rel.display()
+            )));
+        }
+        let host = std::fs::canonicalize(self.workdir.join(rel)).map_err(|_| {
+            RuntimeError::CommandRejected(format!(
+                "cwd {} does not exist in the workspace",
+                rel.display()
+            ))
+        })?;
+        let inner = host.strip_prefix(&self.workdir).map_err(|_| {
+            RuntimeError::CommandRejected(format!(
+                "cwd {} resolves outside the workspace",
+                rel.display()
+            ))
+        })?;
+        if !host.is_dir() {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cwd {} is not a directory",
+                rel.display()
+            )));
+        }
+        let inside = self.inside_workdir.join(inner);
+        Ok((host, inside))
+    }
+}
+
+impl Runtime for LocalRuntime {
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
+        Box::pin(async move {
+            let launch = self.prepare(req)?;
+            process::collect(process::start(launch)?).await
+        })
+    }
+
+    fn exec_stream(
+        &self,
+        req: ExecRequest,
+    ) -> BoxFuture<'_, Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError>>
+    {
+        Box::pin(async move {
+            let launch = self.prepare(req)?;
+            process::start(launch)
+        })
+    }
+}
+
+fn find_bwrap() -> Option<PathBuf> {
+    if let Some(p) = std::env::var_os(BWRAP_ENV).filter(|p| !p.is_empty()) {
+        return Some(PathBuf::from(p));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join("bwrap"))
+        .find(|candidate| is_executable(candidate))
+}
+
+fn is_executable(p: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Runs `true` under the same setup a command gets; blocking, once per `detect`.
+fn probe(bwrap: &Path) -> Result<(), String> {
+    let mut child = std::process::Command::new(bwrap)
+        .args(sandbox::probe_args())
+        .env_clear()
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start it: {e}"))?;
+    let deadline = Instant::now() + PROBE_TIMEOUT;
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+            Ok(None) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err("the probe did not finish in time".into());
+            }
+            Err(e) => return Err(format!("waiting for the probe failed: {e}")),
+        }
+    };
+    if status.success() {
+        return Ok(());
+    }
+    let mut stderr = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        let _ = pipe.read_to_string(&mut stderr);
+    }
+    Err(format!(
+        "probe exited with {status}: {}",
+        stderr.lines().next().unwrap_or("").trim()
+    ))
+}

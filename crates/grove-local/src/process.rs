@@ -1,0 +1,437 @@
+//! Running one command: spawn, feed stdin, stream capped output, enforce the timeout,
+//! and kill the whole process group on timeout, on drop and at the end.
+//!
+//! There is one implementation, streaming; `exec` collects the stream. A driver task
+//! owns the child so the timeout holds even when the consumer stops polling; the
+//! stream and the driver both hold a [`KillOnDrop`] so dropping either before the
+//! command ends kills it.
+
+use std::ffi::OsString;
+use std::os::unix::process::ExitStatusExt;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::process::{ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::stream::{BoxStream, Stream, StreamExt};
+use grove_core::error::RuntimeError;
+use grove_core::ports::{ExecChunk, ExecResult, StreamKind};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+
+/// After the command ended (or was killed), how long we keep reading its pipes. A
+/// leaked descriptor held by some process we could not kill must not hang the caller.
+const DRAIN_DEADLINE: Duration = Duration::from_millis(500);
+
+/// How much of stderr is remembered for telling bwrap's own failures apart.
+const STDERR_PREFIX: usize = 1024;
+
+const READ_BUF: usize = 64 * 1024;
+
+/// Everything needed to start one process.
+pub(crate) struct Launch {
+    pub program: OsString,
+    pub args: Vec<OsString>,
+    /// The complete environment of the spawned process (it starts from empty).
+    pub env: Vec<(String, String)>,
+    pub cwd: PathBuf,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+    pub max_output: usize,
+    /// Whether `program` is bwrap (its setup failures become `Unavailable`).
+    pub sandboxed: bool,
+    /// The user's program name, for "command not found" messages.
+    pub shown_name: String,
+}
+
+type Item = Result<ExecChunk, RuntimeError>;
+
+/// Starts the process; must be called inside a tokio runtime.
+pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeError> {
+    let mut cmd = tokio::process::Command::new(&launch.program);
+    cmd.args(&launch.args)
+        // No host variable may reach the command; bwrap itself needs none.
+        .env_clear()
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
+        .current_dir(&launch.cwd)
+        .stdin(if launch.stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own group, so one killpg reaches every process the command forks
+        // (with bwrap: bwrap itself, whose death tears down the pid namespace).
+        .process_group(0)
+        .kill_on_drop(true);
+
+    let mut child = match cmd.spawn() {
+        Ok(child) => child,
+        Err(e) if launch.sandboxed => {
+            return Err(RuntimeError::Unavailable(format!(
+                "cannot start bwrap: {e}"
+            )));
+        }
+        Err(e) => return Ok(spawn_failure(&launch, &e)),
+    };
+    let Some(pid) = child.id() else {
+        return Err(RuntimeError::Unavailable(
+            "the process exited before it could be tracked".into(),
+        ));
+    };
+    let group = Arc::new(Group {
+        pgid: pid as libc::pid_t,
+        exited: Mutex::new(false),
+    });
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let budget = Arc::new(Budget {
+        remaining: AtomicUsize::new(launch.max_output),
+        truncated: AtomicBool::new(false),
+    });
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let stderr = child.stderr.take().expect("stderr is piped");
+    let out_reader = tokio::spawn(pump(stdout, StreamKind::Stdout, tx.clone(), budget.clone()));
+    let err_reader = tokio::spawn(pump(stderr, StreamKind::Stderr, tx.clone(), budget.clone()));
+    // A separate task: a command that never reads its stdin must not stall the rest.
+    let writer = match (child.stdin.take(), launch.stdin) {
+        (Some(mut pipe), Some(bytes)) => Some(tokio::spawn(async move {
+            // EPIPE when the command exits without reading is expected and harmless.
+            let _ = pipe.write_all(&bytes).await;
+            let _ = pipe.shutdown().await;
+        })),
+        _ => None,
+    };
+
+    let driver_guard = KillOnDrop(group.clone());
+    let stream_guard = KillOnDrop(group.clone());
+    let timeout = launch.timeout;
+    let sandboxed = launch.sandboxed;
+    tokio::spawn(async move {
+        let _guard = driver_guard;
+        let (status, timed_out) = wait(&mut child, &group, timeout).await;
+        // Stragglers left in the group (a backgrounded grandchild without bwrap) go
+        // too: a command's processes do not outlive it, as inside a pid namespace.
+        group.finish();
+        if let Some(w) = writer {
+            w.abort();
+        }
+        let out = drain(out_reader).await;
+        let err = drain(err_reader).await;
+
+        let status = match status {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = tx.send(Err(RuntimeError::Unavailable(format!(
+                    "waiting for the command failed: {e}"
+                ))));
+                return;
+            }
+        };
+        let mut result = ExecResult {
+            exit_code: exit_code(status),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            timed_out,
+            truncated: budget.truncated.load(Ordering::SeqCst),
+        };
+        if sandboxed && !timed_out && result.exit_code == 1 && out.total == 0 {
+            match classify_bwrap_failure(&err.prefix) {
+                BwrapFailure::None => {}
+                BwrapFailure::Exec(code) => result.exit_code = code,
+                BwrapFailure::Setup(msg) => {
+                    let _ = tx.send(Err(RuntimeError::Unavailable(msg)));
+                    return;
+                }
+            }
+        }
+        let _ = tx.send(Ok(ExecChunk::Finished(result)));
+    });
+
+    Ok(ExecStream {
+        rx,
+        _guard: stream_guard,
+    }
+    .boxed())
+}
+
+/// Waits for the child, killing its group when the timeout passes first.
+async fn wait(
+    child: &mut tokio::process::Child,
+    group: &Group,
+    timeout: Option<Duration>,
+) -> (std::io::Result<ExitStatus>, bool) {
+    let Some(timeout) = timeout else {
+        return (child.wait().await, false);
+    };
+    tokio::select! {
+        status = child.wait() => (status, false),
+        _ = tokio::time::sleep(timeout) => {
+            group.kill();
+            (child.wait().await, true)
+        }
+    }
+}
+
+/// The exit status as a shell reports it: the code, or 128 + the killing signal.
+fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// What a reader saw of one pipe.
+#[derive(Default)]
+struct PipeSummary {
+    /// Bytes read, kept or not.
+    total: u64,
+    /// The first bytes read, kept or not.
+    prefix: Vec<u8>,
+}
+
+/// The output cap, shared by stdout and stderr (the cap is on both combined).
+struct Budget {
+    remaining: AtomicUsize,
+    truncated: AtomicBool,
+}
+
+impl Budget {
+    /// Reserves up to `n` bytes; returns how many may be kept.
+    fn take(&self, n: usize) -> usize {
+        let mut granted = 0;
+        let _ = self
+            .remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |rem| {
+                granted = rem.min(n);
+                Some(rem - granted)
+            });
+        if granted < n {
+            self.truncated.store(true, Ordering::SeqCst);
+        }
+        granted
+    }
+}
+
+/// Reads a pipe to its end, forwarding what fits in the budget and dropping the rest:
+/// reading on past the cap keeps the command from blocking on a full pipe.
+async fn pump<R: AsyncRead + Unpin>(
+    mut pipe: R,
+    stream: StreamKind,
+    tx: mpsc::UnboundedSender<Item>,
+    budget: Arc<Budget>,
+) -> PipeSummary {
+    let mut summary = PipeSummary::default();
+    let mut buf = vec![0u8; READ_BUF];
+    loop {
+        let n = match pipe.read(&mut buf).await {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        summary.total += n as u64;
+        if summary.prefix.len() < STDERR_PREFIX {
+            let room = STDERR_PREFIX - summary.prefix.len();
+            summary.prefix.extend_from_slice(&buf[..n.min(room)]);
+        }
+        let keep = budget.take(n);
+        if keep > 0 {
+            // A dropped receiver only means nobody listens any more; keep draining.
+            let _ = tx.send(Ok(ExecChunk::Output {
+                stream,
+                data: buf[..keep].to_vec(),
+            }));
+        }
+    }
+    summary
+}
+
+/// Waits for a reader, giving up after [`DRAIN_DEADLINE`].
+async fn drain(reader: JoinHandle<PipeSummary>) -> PipeSummary {
+    let abort = reader.abort_handle();
+    match tokio::time::timeout(DRAIN_DEADLINE, reader).await {
+        Ok(Ok(summary)) => summary,
+        Ok(Err(_)) => PipeSummary::default(),
+        Err(_) => {
+            abort.abort();
+            tracing::warn!("command output still open after the command ended; stopped reading");
+            PipeSummary::default()
+        }
+    }
+}
+
+enum BwrapFailure {
+    /// Not bwrap's doing: a normal exit 1 of the command.
+    None,
+    /// bwrap could not exec the program: report it as a shell would (127 not found,
+    /// 126 otherwise), a failed command rather than a broken runtime.
+    Exec(i32),
+    /// bwrap failed to set the sandbox up.
+    Setup(String),
+}
+
+/// Best effort: bwrap reports its own errors as `bwrap: ...` on stderr with exit 1,
+/// before the command ran (so nothing reached stdout). A command that itself exits 1
+/// with such a stderr would be misread; that is the accepted cost.
+fn classify_bwrap_failure(stderr_prefix: &[u8]) -> BwrapFailure {
+    if !stderr_prefix.starts_with(b"bwrap:") {
+        return BwrapFailure::None;
+    }
+    let text = String::from_utf8_lossy(stderr_prefix);
+    let line = text.lines().next().unwrap_or("").trim().to_string();
+    if line.starts_with("bwrap: execvp ") {
+        let not_found = line.ends_with("No such file or directory");
+        return BwrapFailure::Exec(if not_found { 127 } else { 126 });
+    }
+    BwrapFailure::Setup(format!("sandbox setup failed: {line}"))
+}
+
+/// A direct spawn that failed: reported like a shell would, as a failed command.
+fn spawn_failure(launch: &Launch, e: &std::io::Error) -> BoxStream<'static, Item> {
+    let (code, what) = match e.kind() {
+        std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
+        _ => (126, e.to_string()),
+    };
+    let mut msg = format!("grove: {}: {what}\n", launch.shown_name).into_bytes();
+    let truncated = msg.len() > launch.max_output;
+    msg.truncate(launch.max_output);
+    let mut items = Vec::new();
+    if !msg.is_empty() {
+        items.push(Ok(ExecChunk::Output {
+            stream: StreamKind::Stderr,
+            data: msg,
+        }));
+    }
+    items.push(Ok(ExecChunk::Finished(ExecResult {
+        exit_code: code,
+        truncated,
+        ..ExecResult::default()
+    })));
+    futures::stream::iter(items).boxed()
+}
+
+/// Collects a stream into one result (how `exec` is built on `exec_stream`).
+pub(crate) async fn collect(
+    mut stream: BoxStream<'static, Item>,
+) -> Result<ExecResult, RuntimeError> {
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item? {
+            ExecChunk::Output {
+                stream: StreamKind::Stdout,
+                data,
+            } => stdout.extend_from_slice(&data),
+            ExecChunk::Output {
+                stream: StreamKind::Stderr,
+                data,
+            } => stderr.extend_from_slice(&data),
+            ExecChunk::Finished(mut result) => {
+                result.stdout = stdout;
+                result.stderr = stderr;
+                return Ok(result);
+            }
+        }
+    }
+    Err(RuntimeError::Unavailable(
+        "the command's output ended without a result".into(),
+    ))
+}
+
+/// The process group of one command.
+struct Group {
+    pgid: libc::pid_t,
+    /// Set once the leader was reaped and the group killed; after that the pgid may
+    /// be reused by an unrelated process, so it is never signalled again.
+    exited: Mutex<bool>,
+}
+
+impl Group {
+    fn kill(&self) {
+        let exited = self.exited.lock().unwrap_or_else(|e| e.into_inner());
+        if !*exited {
+            self.signal();
+        }
+    }
+
+    /// Kills what is left of the group and retires the pgid.
+    fn finish(&self) {
+        let mut exited = self.exited.lock().unwrap_or_else(|e| e.into_inner());
+        if !*exited {
+            // Right after reaping, the pgid is still pinned by any surviving member,
+            // so this reaches only our stragglers (or nobody, ESRCH).
+            self.signal();
+            *exited = true;
+        }
+    }
+
+    fn signal(&self) {
+        // SAFETY: killpg has no memory-safety preconditions; an error (ESRCH when the
+        // group is already gone) is the expected outcome of a late kill.
+        unsafe {
+            libc::killpg(self.pgid, libc::SIGKILL);
+        }
+    }
+}
+
+/// Kills the group when dropped before the command ended.
+struct KillOnDrop(Arc<Group>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.0.kill();
+    }
+}
+
+/// The consumer's end: chunks as the readers produce them, then the result.
+struct ExecStream {
+    rx: mpsc::UnboundedReceiver<Item>,
+    _guard: KillOnDrop,
+}
+
+impl Stream for ExecStream {
+    type Item = Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_shared_and_marks_truncation() {
+        let b = Budget {
+            remaining: AtomicUsize::new(10),
+            truncated: AtomicBool::new(false),
+        };
+        assert_eq!(b.take(6), 6);
+        assert!(!b.truncated.load(Ordering::SeqCst));
+        assert_eq!(b.take(6), 4);
+        assert_eq!(b.take(1), 0);
+        assert!(b.truncated.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn bwrap_messages_are_told_apart_from_exec_failures_and_command_output() {
+        assert!(matches!(
+            classify_bwrap_failure(b"bwrap: execvp nope: No such file or directory\n"),
+            BwrapFailure::Exec(127)
+        ));
+        assert!(matches!(
+            classify_bwrap_failure(b"bwrap: Can't find source path /x: No such file\n"),
+            BwrapFailure::Setup(_)
+        ));
+        assert!(matches!(
+            classify_bwrap_failure(b"error: nope\n"),
+            BwrapFailure::None
+        ));
+    }
+}
