@@ -1,1 +1,60 @@
-//! placeholder
+//! git2 adapter of grove: bare mirror repo caches and workspace checkouts that borrow
+//! the cache's objects through `alternates`, behind `grove_core::ports::GitPort`.
+//!
+//! Layout on disk:
+//! - cache: a bare repo with remote `origin` = the upstream URL and refspecs
+//!   `+refs/heads/*:refs/heads/*`, `+refs/tags/*:refs/tags/*` (branches mirrored as
+//!   local branches, so a base ref `main` is `refs/heads/main` in the cache);
+//! - workspace: a normal repo (`.git` directory) whose
+//!   `.git/objects/info/alternates` names the cache's `objects` directory by absolute
+//!   path. A runtime that mounts the workspace must mount the cache's object directory
+//!   at the same path (read-only suffices), or git inside it cannot read history.
+//!
+//! Both are built in a `.<name>.partial-<random>` sibling and renamed into place, so a
+//! crash never leaves a half-built cache or checkout at the final path.
+
+mod cache;
+mod checkout;
+mod errors;
+mod fsutil;
+
+use std::path::Path;
+
+use grove_core::error::GitError;
+use grove_core::ports::{CacheReport, CheckoutReport, CheckoutRequest, GitPort, GitToken};
+
+pub use fsutil::dir_size_bytes;
+
+/// The git2 implementation of [`GitPort`]. Stateless: every call opens what it needs.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Git2Adapter;
+
+impl Git2Adapter {
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl GitPort for Git2Adapter {
+    fn ensure_cache(
+        &self,
+        url: &str,
+        cache_dir: &Path,
+        token: Option<&GitToken>,
+        fetch: bool,
+    ) -> Result<CacheReport, GitError> {
+        cache::ensure_cache(url, cache_dir, token, fetch)
+    }
+
+    fn create_checkout(&self, req: &CheckoutRequest<'_>) -> Result<CheckoutReport, GitError> {
+        checkout::create_checkout(req)
+    }
+
+    fn is_dirty(&self, workspace_dir: &Path) -> Result<bool, GitError> {
+        checkout::is_dirty(workspace_dir)
+    }
+
+    fn remove_checkout(&self, workspace_dir: &Path) -> Result<(), GitError> {
+        checkout::remove_checkout(workspace_dir)
+    }
+}

@@ -1,0 +1,248 @@
+//! The repo cache: a bare mirror of the upstream's branches and tags, cloned once into
+//! a partial sibling directory and renamed into place, then fetched on demand.
+
+use std::cell::Cell;
+use std::path::Path;
+
+use git2::{
+    AutotagOption, Cred, CredentialType, Direction, ErrorClass, ErrorCode, FetchOptions,
+    FetchPrune, RemoteCallbacks, Repository, RepositoryInitOptions,
+};
+use grove_core::error::GitError;
+use grove_core::ports::{CacheReport, GitToken};
+
+use crate::errors::{map_git2, map_io, scrub, Phase};
+use crate::fsutil::{
+    dir_size_bytes, ensure_parent, partial_sibling, remove_path, remove_stale_partials, PartialDir,
+};
+
+/// The cache mirrors local branches and tags of the upstream under the same names, so
+/// `refs/heads/<base>` in the cache is the upstream's `<base>`.
+pub(crate) const HEADS_REFSPEC: &str = "+refs/heads/*:refs/heads/*";
+pub(crate) const TAGS_REFSPEC: &str = "+refs/tags/*:refs/tags/*";
+const REMOTE: &str = "origin";
+
+/// libgit2 calls the credentials callback again each time the server rejects what it
+/// got; past this many calls the credentials are wrong and asking again only loops.
+const MAX_CREDENTIAL_CALLS: u32 = 3;
+
+pub(crate) fn ensure_cache(
+    url: &str,
+    cache_dir: &Path,
+    token: Option<&GitToken>,
+    fetch: bool,
+) -> Result<CacheReport, GitError> {
+    if let Some(repo) = open_complete(cache_dir)? {
+        let fetched = if fetch {
+            tracing::info!(url = %redact_url(url), path = %cache_dir.display(), "fetching repo cache");
+            sync_remote(&repo, url, token)?;
+            true
+        } else {
+            false
+        };
+        drop(repo);
+        return Ok(CacheReport {
+            cloned: false,
+            fetched,
+            size_bytes: size_of(cache_dir)?,
+        });
+    }
+
+    tracing::info!(url = %redact_url(url), path = %cache_dir.display(), "cloning repo cache");
+    ensure_parent(cache_dir).map_err(|e| map_io("cannot create the cache's parent", &e))?;
+    remove_stale_partials(cache_dir)
+        .map_err(|e| map_io("cannot remove a stale partial cache", &e))?;
+    // Whatever is at cache_dir is not a complete cache (open_complete said so): a
+    // leftover from an older layout or a foreign directory. Clone replaces it.
+    remove_path(cache_dir).map_err(|e| map_io("cannot remove a leftover cache directory", &e))?;
+
+    let partial = PartialDir::new(
+        partial_sibling(cache_dir).map_err(|e| map_io("cannot name a partial cache", &e))?,
+    );
+    {
+        let repo = init_mirror(partial.path(), url)?;
+        sync_remote(&repo, url, token)?;
+    }
+    partial
+        .commit_to(cache_dir)
+        .map_err(|e| map_io("cannot move the cloned cache into place", &e))?;
+    Ok(CacheReport {
+        cloned: true,
+        // A clone is a fetch into an empty repo: the cache is as fresh as after a fetch.
+        fetched: true,
+        size_bytes: size_of(cache_dir)?,
+    })
+}
+
+fn size_of(dir: &Path) -> Result<i64, GitError> {
+    dir_size_bytes(dir).map_err(|e| map_io("cannot measure the cache", &e))
+}
+
+/// Opens `cache_dir` if it holds a bare repo with an `origin` remote (which, since
+/// clones are renamed into place only when done, means a complete cache). `None` when
+/// there is nothing usable there; an error when it cannot tell (e.g. permissions),
+/// because replacing a cache we merely failed to read would throw away a good clone.
+fn open_complete(cache_dir: &Path) -> Result<Option<Repository>, GitError> {
+    match std::fs::symlink_metadata(cache_dir) {
+        Ok(meta) if meta.is_dir() => {}
+        Ok(_) => return Ok(None),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(map_io("cannot inspect the cache directory", &e)),
+    }
+    let repo = match Repository::open_bare(cache_dir) {
+        Ok(repo) => repo,
+        Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
+        Err(e) => return Err(map_git2(&e, Phase::Local, None)),
+    };
+    let has_origin = match repo.find_remote(REMOTE) {
+        Ok(_) => true,
+        Err(e) if e.code() == ErrorCode::NotFound => false,
+        Err(e) => return Err(map_git2(&e, Phase::Local, None)),
+    };
+    Ok(has_origin.then_some(repo))
+}
+
+/// A fresh bare repo configured as a mirror of `url`.
+fn init_mirror(path: &Path, url: &str) -> Result<Repository, GitError> {
+    let local = |e: git2::Error| map_git2(&e, Phase::Local, None);
+    let mut opts = RepositoryInitOptions::new();
+    opts.bare(true).no_reinit(true).mkpath(true);
+    let repo = Repository::init_opts(path, &opts).map_err(local)?;
+    repo.remote_with_fetch(REMOTE, url, HEADS_REFSPEC)
+        .map_err(local)?;
+    repo.remote_add_fetch(REMOTE, TAGS_REFSPEC).map_err(local)?;
+    {
+        let mut config = repo.config().map_err(local)?;
+        // Workspaces borrow this object store through `alternates`; a `git gc` run by
+        // the git CLI here could prune objects only they still need. libgit2 never
+        // collects garbage, so this only keeps the CLI from doing it on its own.
+        config.set_i32("gc.auto", 0).map_err(local)?;
+    }
+    Ok(repo)
+}
+
+/// Brings the cache's branches and tags up to date with the remote (pruning deleted
+/// ones) and points HEAD at the remote's default branch.
+fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result<(), GitError> {
+    let local = |e: git2::Error| map_git2(&e, Phase::Local, token);
+    // The config records exactly the caller's URL; a moved upstream updates it here.
+    let current = repo.find_remote(REMOTE).map_err(local)?;
+    if current.url_bytes() != url.as_bytes() {
+        repo.remote_set_url(REMOTE, url).map_err(local)?;
+    }
+    drop(current);
+    let mut remote = repo.find_remote(REMOTE).map_err(local)?;
+
+    let auth = Auth::new(token);
+    let remote_err = |e: git2::Error| -> GitError {
+        if auth.refused.get() {
+            return GitError::AuthFailed;
+        }
+        let mapped = map_git2(&e, Phase::Remote, token);
+        tracing::warn!(url = %redact_url(url), error = %mapped, "repo cache remote operation failed");
+        mapped
+    };
+
+    let default_branch = {
+        let mut conn = remote
+            .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
+            .map_err(remote_err)?;
+        // Read before fetching: the fetch disconnects, after which the remote's
+        // advertisement (and so its HEAD) is gone.
+        let default_branch = conn
+            .default_branch()
+            .ok()
+            .and_then(|b| b.as_str().ok().map(str::to_string));
+        let mut fo = FetchOptions::new();
+        fo.remote_callbacks(auth.callbacks())
+            .prune(FetchPrune::On)
+            // Tags come through the explicit tags refspec, including ones not on any branch.
+            .download_tags(AutotagOption::None)
+            .update_fetchhead(false);
+        conn.remote()
+            .fetch(&[] as &[&str], Some(&mut fo), Some("grove: fetch"))
+            .map_err(remote_err)?;
+        default_branch
+    };
+
+    if let Some(branch) = default_branch {
+        if branch.starts_with("refs/heads/") && repo.find_reference(&branch).is_ok() {
+            repo.set_head(&branch).map_err(local)?;
+        }
+    }
+    Ok(())
+}
+
+/// The credentials callback's state for one clone or fetch: the token, how often
+/// libgit2 asked, and whether we stopped answering (which makes the failure an auth
+/// failure whatever libgit2 reports afterwards).
+struct Auth<'t> {
+    token: Option<&'t GitToken>,
+    calls: Cell<u32>,
+    refused: Cell<bool>,
+}
+
+impl<'t> Auth<'t> {
+    fn new(token: Option<&'t GitToken>) -> Self {
+        Self {
+            token,
+            calls: Cell::new(0),
+            refused: Cell::new(false),
+        }
+    }
+
+    fn callbacks(&self) -> RemoteCallbacks<'_> {
+        let mut cb = RemoteCallbacks::new();
+        cb.credentials(move |_url, _username, allowed| {
+            let calls = self.calls.get() + 1;
+            self.calls.set(calls);
+            let refuse = |why: &str| {
+                self.refused.set(true);
+                Err(git2::Error::new(ErrorCode::Auth, ErrorClass::Callback, why))
+            };
+            if calls > MAX_CREDENTIAL_CALLS {
+                return refuse("the remote rejected the credentials");
+            }
+            let Some(token) = self.token else {
+                return refuse("the remote asked for credentials and none were given");
+            };
+            if !allowed.contains(CredentialType::USER_PASS_PLAINTEXT) {
+                return refuse("the remote asked for an unsupported credential type");
+            }
+            Cred::userpass_plaintext("x-access-token", token.expose())
+                .map_err(|e| git2::Error::new(e.code(), e.class(), scrub(e.message(), self.token)))
+        });
+        cb
+    }
+}
+
+/// The URL with any userinfo removed, for log lines. Callers promise URLs without
+/// credentials; this keeps a broken promise out of the logs anyway.
+pub(crate) fn redact_url(url: &str) -> String {
+    if let Some(scheme_end) = url.find("://") {
+        let rest = &url[scheme_end + 3..];
+        let authority_end = rest.find('/').unwrap_or(rest.len());
+        if let Some(at) = rest[..authority_end].rfind('@') {
+            return format!("{}***@{}", &url[..scheme_end + 3], &rest[at + 1..]);
+        }
+    }
+    url.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn userinfo_is_redacted_from_logged_urls() {
+        assert_eq!(
+            redact_url("https://x:secret@github.com/a/b.git"),
+            "https://***@github.com/a/b.git"
+        );
+        assert_eq!(
+            redact_url("https://github.com/a/b.git"),
+            "https://github.com/a/b.git"
+        );
+        assert_eq!(redact_url("file:///tmp/a@b"), "file:///tmp/a@b");
+    }
+}
