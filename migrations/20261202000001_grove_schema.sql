@@ -89,11 +89,11 @@ CREATE TABLE grove.sandbox_workspaces (
     updated_at timestamptz NOT NULL
 );
 CREATE UNIQUE INDEX sandbox_workspaces_analysis_key ON grove.sandbox_workspaces
-    (node, user_id, project_id, base_ref) WHERE mode = 'analysis';
+    (user_id, project_id, base_ref) WHERE mode = 'analysis';
 CREATE UNIQUE INDEX sandbox_workspaces_edit_key ON grove.sandbox_workspaces
-    (node, user_id, project_id, conversation_id) WHERE mode = 'edit';
+    (user_id, project_id, conversation_id) WHERE mode = 'edit';
 CREATE UNIQUE INDEX sandbox_workspaces_task_key ON grove.sandbox_workspaces
-    (node, user_id, project_id, task_id) WHERE mode = 'task';
+    (user_id, project_id, task_id) WHERE mode = 'task';
 CREATE INDEX sandbox_workspaces_user ON grove.sandbox_workspaces (user_id);
 CREATE INDEX sandbox_workspaces_repo_cache ON grove.sandbox_workspaces (repo_cache_id);
 
@@ -155,12 +155,12 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_job_id text;
 BEGIN
-    IF p_payload ->> 'kind' IS NULL THEN
-        RAISE EXCEPTION 'grove.enqueue: payload has no kind' USING ERRCODE = '22023';
+    IF p_payload ->> 'command' IS NULL THEN
+        RAISE EXCEPTION 'grove.enqueue: payload names no command' USING ERRCODE = '22023';
     END IF;
     v_job_id := apalis.generate_ulid();
     INSERT INTO grove.commands (command_id, kind, payload, queue, job_id, status, max_attempts)
-    VALUES (p_command_id, p_payload ->> 'kind', p_payload, p_queue, v_job_id, 'queued', p_max_attempts)
+    VALUES (p_command_id, p_payload ->> 'command', p_payload, p_queue, v_job_id, 'queued', p_max_attempts)
     ON CONFLICT (command_id) DO NOTHING;
     IF NOT FOUND THEN
         RETURN QUERY SELECT c.job_id, false FROM grove.commands c WHERE c.command_id = p_command_id;

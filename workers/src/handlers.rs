@@ -190,6 +190,12 @@ impl Deps {
             rows::workspace_by_key(&mut conn, &key).await.map_err(store_error)?
         };
         if let Some(row) = existing {
+            if row.node != self.config.node {
+                return Err(CommandError::new(
+                    ErrorKind::Conflict,
+                    format!("workspace {} lives on node {}; acquire it there", row.id, row.node),
+                ));
+            }
             if !PathBuf::from(&row.local_path).is_dir() {
                 return Err(internal(format!(
                     "workspace {} has a record but its directory is missing; destroy it and acquire again",

@@ -222,12 +222,14 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
     }
     let outcome = match command.validate() {
         Err(e) => Err(CommandError::from(e)),
-        Ok(()) => handle(deps, job, &command, token.map(GitToken::new)).await,
+        Ok(()) => handle(deps, job, &command, token.map(GitToken::new), at).await,
     };
     match outcome {
         Ok(handled) => {
             let md = metadata(deps, job, handled.correlation);
-            let at = if handled.events.is_empty() { at } else { now() };
+            // Rows in results were folded at `at`; an exec's finish happens after its
+            // start events, so it is stamped now.
+            let at = if matches!(command, Command::Exec(_)) { now() } else { at };
             let res = queue::finish(&deps.pool, job, &Ok(handled.result), &handled.events, &md, at).await;
             for lock in handled.locks {
                 let _ = lock.release().await;
@@ -290,8 +292,13 @@ async fn finish_worker_lost(deps: &Deps, job: &ClaimedJob, command: &Command) ->
     queue::finish(&deps.pool, job, &Err(err), &events, &md, now()).await
 }
 
-async fn handle(deps: &Deps, job: &ClaimedJob, command: &Command, token: Option<GitToken>) -> Result<Handled, CommandError> {
-    let at = now();
+async fn handle(
+    deps: &Deps,
+    job: &ClaimedJob,
+    command: &Command,
+    token: Option<GitToken>,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<Handled, CommandError> {
     match command {
         Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
         Command::AcquireWorkspace(c) => deps.acquire_workspace(c, job.command_id, token.as_ref(), at).await,

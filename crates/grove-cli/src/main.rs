@@ -1,2 +1,591 @@
-//! placeholder
-fn main() {}
+//! The `grove` command: migrate, run workers, and submit commands to the queue.
+//!
+//! Commands that change state enqueue a job and wait for its recorded outcome. Exit
+//! codes: 0 success, 2 bad input, 3 not found, 4 conflict or locked, 1 anything else;
+//! `grove exec` exits with the command's own code (124 on timeout).
+
+mod client;
+mod localdb;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache, Exec};
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::model::{ExecKind, WorkspaceMode};
+use grove_core::validate::ValidationError;
+use grove_postgres::{reader, replay, rows};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(Parser)]
+#[command(name = "grove", version, about = "Sandbox control plane for AI coding agents")]
+struct Cli {
+    #[command(subcommand)]
+    command: Top,
+}
+
+#[derive(Subcommand)]
+enum Top {
+    /// Apply all migrations to $DATABASE_URL (or the private cluster).
+    Migrate,
+    /// Run a worker until SIGINT/SIGTERM.
+    Worker {
+        #[arg(long, default_value = "local", env = "GROVE_NODE")]
+        node: String,
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+    },
+    /// Repo caches.
+    #[command(subcommand)]
+    Repo(RepoCmd),
+    /// Workspaces.
+    #[command(subcommand)]
+    Workspace(WorkspaceCmd),
+    /// Run a command in a workspace.
+    Exec(ExecArgs),
+    /// Read (or follow) the event log.
+    Events {
+        #[arg(long)]
+        stream: Option<String>,
+        #[arg(long)]
+        after: Option<i64>,
+        #[arg(long)]
+        follow: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild the projections from the log and compare them with the live tables.
+    Replay {
+        #[arg(long)]
+        verify: bool,
+    },
+    /// The private Postgres cluster used when DATABASE_URL is unset.
+    #[command(subcommand)]
+    Db(DbCmd),
+}
+
+#[derive(Subcommand)]
+enum DbCmd {
+    /// Create and start it if needed; print its DATABASE_URL.
+    Start,
+    /// Stop it.
+    Stop,
+}
+
+#[derive(Subcommand)]
+enum RepoCmd {
+    /// Ensure the repo cache of a repository exists (clone once).
+    Ensure {
+        #[arg(long)]
+        repo: String,
+        #[arg(long)]
+        url: String,
+        /// A ref to check exists after the ensure (optional).
+        #[arg(long = "ref")]
+        git_ref: Option<String>,
+        /// Fetch even when the cache is fresh.
+        #[arg(long)]
+        fetch: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+#[derive(Args)]
+struct Common {
+    /// Name of an environment variable holding a git token for this request.
+    #[arg(long = "token-env")]
+    token_env: Option<String>,
+    /// Idempotency key: the same id submitted twice runs once.
+    #[arg(long = "command-id")]
+    command_id: Option<Uuid>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum WorkspaceCmd {
+    /// Ensure the cache, then get or create the workspace of this key.
+    Acquire {
+        #[arg(long)]
+        user: String,
+        #[arg(long)]
+        project: String,
+        #[arg(long)]
+        repo: String,
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        base: String,
+        #[arg(long)]
+        mode: String,
+        #[arg(long)]
+        conversation: Option<String>,
+        #[arg(long)]
+        task: Option<String>,
+        #[command(flatten)]
+        common: Common,
+    },
+    List {
+        #[arg(long)]
+        user: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    Show {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Release the session: the runtime is stopped (or destroyed); the workspace stays.
+    Release {
+        id: String,
+        #[arg(long = "destroy-runtime")]
+        destroy_runtime: bool,
+        #[arg(long = "command-id")]
+        command_id: Option<Uuid>,
+    },
+    /// Stop the workspace's runtime; files stay.
+    Hibernate { id: String },
+    /// Destroy the workspace's runtime; files stay.
+    DestroyRuntime { id: String },
+    /// Delete the workspace and its runtimes.
+    Destroy {
+        id: String,
+        #[arg(long = "command-id")]
+        command_id: Option<Uuid>,
+    },
+}
+
+#[derive(Args)]
+struct ExecArgs {
+    id: String,
+    #[arg(long, default_value = "local")]
+    runtime: String,
+    #[arg(long)]
+    timeout: Option<f64>,
+    #[arg(long = "max-output")]
+    max_output: Option<u64>,
+    #[arg(long)]
+    kind: Option<String>,
+    /// Working directory relative to the workspace root.
+    #[arg(long)]
+    cwd: Option<String>,
+    /// KEY=VALUE for the command's environment (repeatable).
+    #[arg(long = "env")]
+    env: Vec<String>,
+    /// Pass this process's stdin to the command.
+    #[arg(long)]
+    stdin: bool,
+    #[arg(long = "command-id")]
+    command_id: Option<Uuid>,
+    #[arg(long)]
+    json: bool,
+    #[arg(last = true, required = true)]
+    cmd: Vec<String>,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let is_worker = matches!(cli.command, Top::Worker { .. });
+    init_tracing(is_worker);
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => return fail(&anyhow::Error::from(e)),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(e) => fail(&e),
+    }
+}
+
+fn init_tracing(worker: bool) {
+    let default = if worker { "info" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(false)
+        .init();
+}
+
+/// Prints one line naming the problem and maps it to the documented exit code.
+fn fail(e: &anyhow::Error) -> ExitCode {
+    let (code, message) = if let Some(c) = e.downcast_ref::<CommandError>() {
+        (c.kind.exit_code(), format!("{}: {}", c.kind.as_str(), c.message))
+    } else if let Some(v) = e.downcast_ref::<ValidationError>() {
+        (2, v.to_string())
+    } else {
+        (1, format!("{e:#}"))
+    };
+    let message = message.replace('\n', " ");
+    eprintln!("grove: {message}");
+    ExitCode::from(code as u8)
+}
+
+/// `$GROVE_HOME`, or its default: `/var/lib/grove` for root, else `~/.local/share/grove`.
+fn grove_home() -> PathBuf {
+    if let Some(home) = std::env::var_os("GROVE_HOME") {
+        return PathBuf::from(home);
+    }
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } == 0 {
+        return PathBuf::from("/var/lib/grove");
+    }
+    let base = std::env::var_os("XDG_DATA_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+        .unwrap_or_else(|| PathBuf::from("."));
+    base.join("grove")
+}
+
+fn database_url(home: &std::path::Path) -> Result<String> {
+    match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => Ok(url),
+        _ => localdb::LocalDb::new(home).ensure_running(),
+    }
+}
+
+async fn connect(max: u32) -> Result<PgPool> {
+    let home = grove_home();
+    let url = database_url(&home)?;
+    PgPoolOptions::new()
+        .max_connections(max)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&url)
+        .await
+        .context("connecting to Postgres (check DATABASE_URL)")
+}
+
+fn invalid(msg: impl Into<String>) -> anyhow::Error {
+    CommandError::new(ErrorKind::InvalidInput, msg).into()
+}
+
+fn parse_id(raw: &str) -> Result<Uuid> {
+    Uuid::parse_str(raw).map_err(|_| invalid(format!("invalid workspace id {:?}: expected a UUID", raw.chars().take(40).collect::<String>())))
+}
+
+fn read_token(var: &Option<String>) -> Result<Option<String>> {
+    match var {
+        None => Ok(None),
+        Some(name) => match std::env::var(name) {
+            Ok(v) if !v.is_empty() => Ok(Some(v)),
+            _ => Err(invalid(format!("--token-env {name}: that environment variable is not set"))),
+        },
+    }
+}
+
+async fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Top::Migrate => {
+            let pool = connect(2).await?;
+            grove_postgres::migrate::migrate(&pool).await?;
+            println!("migrations applied");
+            Ok(ExitCode::SUCCESS)
+        }
+        Top::Db(DbCmd::Start) => {
+            let url = localdb::LocalDb::new(&grove_home()).ensure_running()?;
+            println!("{url}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Top::Db(DbCmd::Stop) => {
+            localdb::LocalDb::new(&grove_home()).stop()?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Top::Worker { node, concurrency } => run_worker(node, concurrency).await,
+        Top::Repo(RepoCmd::Ensure {
+            repo,
+            url,
+            git_ref,
+            fetch,
+            common,
+        }) => {
+            if let Some(r) = &git_ref {
+                grove_core::validate::validate_ref(r)?;
+            }
+            let command = Command::EnsureRepoCache(EnsureRepoCache {
+                repo_name: repo,
+                repo_url: url,
+                fetch,
+            });
+            command.validate()?;
+            let token = read_token(&common.token_env)?;
+            let pool = connect(4).await?;
+            let result = client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
+            print_result(&result, common.json)
+        }
+        Top::Workspace(cmd) => workspace(cmd).await,
+        Top::Exec(args) => exec(args).await,
+        Top::Events {
+            stream,
+            after,
+            follow,
+            json,
+        } => events(stream, after, follow, json).await,
+        Top::Replay { verify } => {
+            if !verify {
+                return Err(invalid("only `grove replay --verify` is supported"));
+            }
+            let pool = connect(4).await?;
+            let report = replay::verify(&pool).await?;
+            if report.diffs.is_empty() {
+                println!("replay: {} events, projections identical", report.events);
+                Ok(ExitCode::SUCCESS)
+            } else {
+                for d in &report.diffs {
+                    println!("diff: {d}");
+                }
+                eprintln!("grove: replay found {} difference(s) between the log and the live projections", report.diffs.len());
+                Ok(ExitCode::from(1))
+            }
+        }
+    }
+}
+
+async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
+    grove_core::validate::validate_owner_id("node", &node)?;
+    let home = grove_home();
+    std::fs::create_dir_all(&home).with_context(|| format!("creating GROVE_HOME {}", home.display()))?;
+    let pool = connect((concurrency as u32) * 2 + 6).await?;
+    grove_postgres::migrate::migrate(&pool).await?;
+    let mut config = grove_workers::WorkerConfig::new(home, node);
+    config.concurrency = concurrency.max(1);
+    if let Some(secs) = env_secs("GROVE_WORKER_LOST_AFTER") {
+        config.worker_lost_after = secs;
+    }
+    let deps = grove_workers::build_deps(pool, config);
+    let worker = grove_workers::Worker::new(deps);
+    worker.run(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn env_secs(name: &str) -> Option<Duration> {
+    std::env::var(name).ok()?.parse::<f64>().ok().map(Duration::from_secs_f64)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
+    match cmd {
+        WorkspaceCmd::Acquire {
+            user,
+            project,
+            repo,
+            url,
+            base,
+            mode,
+            conversation,
+            task,
+            common,
+        } => {
+            let mode = WorkspaceMode::parse(&mode)?;
+            let command = Command::AcquireWorkspace(AcquireWorkspace {
+                user_id: user,
+                project_id: project,
+                repo_name: repo,
+                repo_url: url,
+                base_ref: base,
+                mode,
+                conversation_id: conversation,
+                task_id: task,
+            });
+            command.validate()?;
+            let token = read_token(&common.token_env)?;
+            let pool = connect(4).await?;
+            let result = client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
+            print_result(&result, common.json)
+        }
+        WorkspaceCmd::List { user, json } => {
+            let pool = connect(2).await?;
+            let mut conn = pool.acquire().await?;
+            let list = rows::workspaces(&mut conn, user.as_deref()).await?;
+            let mut out = std::io::stdout().lock();
+            for ws in list {
+                if json {
+                    writeln!(out, "{}", serde_json::to_string(&ws)?)?;
+                } else {
+                    writeln!(
+                        out,
+                        "{}  {:<8} {:<9} dirty={:<5} {}  {}",
+                        ws.id,
+                        ws.mode.as_str(),
+                        ws.state,
+                        ws.dirty,
+                        ws.branch_name.as_deref().unwrap_or(&ws.base_ref),
+                        ws.local_path
+                    )?;
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        WorkspaceCmd::Show { id, json } => {
+            let id = parse_id(&id)?;
+            let pool = connect(2).await?;
+            let mut conn = pool.acquire().await?;
+            let ws = rows::workspace(&mut conn, id)
+                .await?
+                .ok_or_else(|| CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found")))?;
+            print_result(&CommandResult::Workspace(ws), json)
+        }
+        WorkspaceCmd::Release {
+            id,
+            destroy_runtime,
+            command_id,
+        } => {
+            let workspace_id = parse_id(&id)?;
+            simple(Command::ReleaseSession { workspace_id, destroy_runtime }, command_id).await
+        }
+        WorkspaceCmd::Hibernate { id } => simple(Command::HibernateRuntime { workspace_id: parse_id(&id)? }, None).await,
+        WorkspaceCmd::DestroyRuntime { id } => simple(Command::DestroyRuntime { workspace_id: parse_id(&id)? }, None).await,
+        WorkspaceCmd::Destroy { id, command_id } => {
+            simple(Command::DestroyWorkspace { workspace_id: parse_id(&id)? }, command_id).await
+        }
+    }
+}
+
+async fn simple(command: Command, command_id: Option<Uuid>) -> Result<ExitCode> {
+    let pool = connect(4).await?;
+    client::submit(&pool, &command, command_id, None).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn exec(args: ExecArgs) -> Result<ExitCode> {
+    let workspace_id = parse_id(&args.id)?;
+    let kind = args.kind.as_deref().map(ExecKind::parse).transpose()?;
+    let mut env = BTreeMap::new();
+    for pair in &args.env {
+        let (k, v) = pair.split_once('=').ok_or_else(|| invalid(format!("--env {pair:?}: expected KEY=VALUE")))?;
+        env.insert(k.to_string(), v.to_string());
+    }
+    let timeout_ms = match args.timeout {
+        Some(t) if !(t > 0.0 && t.is_finite()) => return Err(invalid("--timeout must be a positive number of seconds")),
+        Some(t) => Some((t * 1000.0) as u64),
+        None => None,
+    };
+    let stdin = if args.stdin {
+        let mut buf = Vec::new();
+        std::io::stdin().read_to_end(&mut buf)?;
+        Some(buf)
+    } else {
+        None
+    };
+    let command = Command::Exec(Exec {
+        workspace_id,
+        runtime: args.runtime,
+        argv: args.cmd,
+        env,
+        cwd: args.cwd,
+        stdin,
+        timeout_ms,
+        max_output_bytes: args.max_output,
+        kind,
+    });
+    command.validate()?;
+    let pool = connect(4).await?;
+    let result = client::submit(&pool, &command, args.command_id, None).await?;
+    let CommandResult::Exec(outcome) = result else {
+        anyhow::bail!("unexpected result for exec");
+    };
+    if args.json {
+        println!("{}", serde_json::to_string(&outcome)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    std::io::stdout().write_all(outcome.stdout.as_bytes())?;
+    std::io::stderr().write_all(outcome.stderr.as_bytes())?;
+    if outcome.truncated {
+        eprintln!("grove: output truncated");
+    }
+    let code = if outcome.timed_out {
+        eprintln!("grove: command timed out");
+        124
+    } else {
+        outcome.exit_code.clamp(0, 255)
+    };
+    Ok(ExitCode::from(code as u8))
+}
+
+fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
+    match result {
+        CommandResult::RepoCache(row) => {
+            if json {
+                println!("{}", serde_json::to_string(row)?);
+            } else {
+                println!("{}  {}  {}", row.id, row.repo_name, row.local_path);
+            }
+        }
+        CommandResult::Workspace(row) => {
+            if json {
+                println!("{}", serde_json::to_string(row)?);
+            } else {
+                println!(
+                    "{}  {}  {}  {}",
+                    row.id,
+                    row.mode.as_str(),
+                    row.branch_name.as_deref().unwrap_or(&row.base_ref),
+                    row.local_path
+                );
+            }
+        }
+        CommandResult::Exec(o) => println!("{}", serde_json::to_string(o)?),
+        CommandResult::Done => {}
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn events(stream: Option<String>, after: Option<i64>, follow: bool, json: bool) -> Result<ExitCode> {
+    let pool = connect(3).await?;
+    let mut conn = pool.acquire().await?;
+    let mut cursor = match after {
+        Some(p) => reader::cursor_at(&mut conn, p).await?,
+        None => reader::Cursor::default(),
+    };
+    let mut listener = if follow {
+        let mut l = sqlx::postgres::PgListener::connect_with(&pool).await?;
+        l.listen("grove_events").await?;
+        Some(l)
+    } else {
+        None
+    };
+    let mut out = std::io::stdout().lock();
+    loop {
+        let batch = reader::read_after(&mut conn, cursor, stream.as_deref(), 1000).await?;
+        for e in &batch {
+            if json {
+                writeln!(out, "{}", serde_json::to_string(e)?)?;
+            } else {
+                let (_, payload) = e.event.to_stored();
+                writeln!(
+                    out,
+                    "{} {} v{} {} {}",
+                    e.position, e.stream_id, e.stream_version, e.event_type, payload
+                )?;
+            }
+            cursor = reader::Cursor::after(e);
+        }
+        out.flush()?;
+        if batch.len() == 1000 {
+            continue;
+        }
+        let Some(l) = listener.as_mut() else {
+            return Ok(ExitCode::SUCCESS);
+        };
+        // Woken by the insert trigger; the timeout is the fallback for a lost listener
+        // and for transactions that were still open below xmin on the last read.
+        let _ = tokio::time::timeout(Duration::from_millis(500), l.try_recv()).await;
+    }
+}

@@ -77,7 +77,7 @@ pub struct Exec {
 
 /// A command, as stored in the job payload and the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "snake_case")]
+#[serde(tag = "command", rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Command {
     EnsureRepoCache(EnsureRepoCache),
@@ -219,9 +219,24 @@ mod tests {
 
     #[test]
     fn commands_round_trip_through_json_with_their_kind() {
+        // An exec has a field named `kind`: the tag must not collide with it.
+        let exec = Command::Exec(Exec {
+            workspace_id: Uuid::nil(),
+            runtime: "local".into(),
+            argv: vec!["true".into()],
+            env: Default::default(),
+            cwd: None,
+            stdin: None,
+            timeout_ms: None,
+            max_output_bytes: None,
+            kind: Some(ExecKind::Read),
+        });
+        let json = serde_json::to_value(&exec).unwrap();
+        assert_eq!(json["command"], "exec");
+        assert_eq!(serde_json::from_value::<Command>(json).unwrap(), exec);
         let cmd = Command::DestroyWorkspace { workspace_id: Uuid::nil() };
         let json = serde_json::to_value(&cmd).unwrap();
-        assert_eq!(json["kind"], "destroy_workspace");
+        assert_eq!(json["command"], "destroy_workspace");
         assert_eq!(serde_json::from_value::<Command>(json).unwrap(), cmd);
     }
 }

@@ -97,6 +97,7 @@ impl ExecKind {
 /// The uniqueness key of a workspace, as the seed defines it per mode.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WorkspaceKey {
+    /// Where a new workspace of this key would be placed (not part of the key itself).
     pub node: String,
     pub user_id: String,
     pub project_id: String,
@@ -106,11 +107,11 @@ pub struct WorkspaceKey {
 }
 
 impl WorkspaceKey {
-    /// A stable string for lock keys and logs.
+    /// A stable string for lock keys and paths. The node is not part of it: a key names
+    /// one workspace across all nodes.
     pub fn lock_string(&self) -> String {
         format!(
-            "{}\u{0}{}\u{0}{}\u{0}{}\u{0}{}",
-            self.node,
+            "{}\u{0}{}\u{0}{}\u{0}{}",
             self.user_id,
             self.project_id,
             self.mode.as_str(),

@@ -304,7 +304,18 @@ pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<S
         tx.commit().await?;
         return Ok(Start::AlreadyFinished);
     }
-    let command: Command = serde_json::from_value(row.try_get("payload")?)?;
+    let command: Command = match serde_json::from_value(row.try_get("payload")?) {
+        Ok(c) => c,
+        Err(e) => {
+            // A payload this worker cannot read will never become readable by retrying:
+            // fail it for good instead of redelivering it forever.
+            let error = CommandError::new(ErrorKind::InvalidInput, format!("undecodable command payload: {e}"));
+            finish_ledger(&mut tx, job.command_id, None, Some(&error)).await?;
+            close_job(&mut tx, &job.job_id, false).await?;
+            tx.commit().await?;
+            return Ok(Start::AlreadyFinished);
+        }
+    };
     let attempts: i32 = row.try_get("attempts")?;
     let max_attempts: i32 = row.try_get("max_attempts")?;
     let resumed = status == "running";

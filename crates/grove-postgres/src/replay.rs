@@ -85,7 +85,7 @@ async fn verify_in(pool: &PgPool, scratch: &str, p: &Projections) -> Result<Vec<
     let mut tx = pool.begin().await?;
     sqlx::query(trusted(format!("CREATE SCHEMA {scratch}"))).execute(&mut *tx).await?;
     for table in TABLES {
-        sqlx::query(trusted(format!("CREATE TABLE {scratch}.{table} (LIKE grove.{table} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)")))
+        sqlx::query(trusted(format!("CREATE TABLE {scratch}.{table} (LIKE grove.{table} INCLUDING ALL)")))
             .execute(&mut *tx)
             .await?;
     }

@@ -264,10 +264,9 @@ pub async fn workspace_by_key(
         WorkspaceMode::Task => "task_id",
     };
     let sql = format!(
-        "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE node = $1 AND user_id = $2 AND project_id = $3 AND mode = $4 AND {scope_col} = $5"
+        "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE user_id = $1 AND project_id = $2 AND mode = $3 AND {scope_col} = $4"
     );
     sqlx::query(trusted(sql))
-        .bind(&key.node)
         .bind(&key.user_id)
         .bind(&key.project_id)
         .bind(key.mode.as_str())
