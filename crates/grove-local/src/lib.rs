@@ -8,8 +8,9 @@
 //! the host, but reports `isolated: false` and refuses mutating ones: a write-capable
 //! request never falls back silently to a host subprocess.
 //!
-//! Every command starts from an empty environment plus [`BASE_ENV`](sandbox::BASE_ENV),
-//! the spec's env and the request's env (the request wins).
+//! Every command starts from an empty environment plus `PATH` (the usual system dirs),
+//! `HOME=/tmp` and `LANG=C.UTF-8`, then the spec's env, then the request's env (the
+//! request wins).
 
 mod process;
 mod sandbox;

@@ -451,6 +451,21 @@ pub async fn a_read_only_workspace_refuses_writes(h: &dyn Harness) -> Outcome {
         !fx.ws().join("sneaky.txt").exists(),
         "a file written into a read-only workspace reached the host"
     );
+    // A privileged-looking command trying to undo the read-only mount: works only if
+    // the runtime left the command capabilities (e.g. root without --cap-drop).
+    let r = run(
+        &*rt,
+        sh("mount -o remount,rw,bind \"$PWD\" 2>/dev/null; echo x > remounted.txt"),
+    )
+    .await;
+    assert_ne!(
+        r.exit_code, 0,
+        "remounting the read-only workspace read-write worked"
+    );
+    assert!(
+        !fx.ws().join("remounted.txt").exists(),
+        "a remount made the read-only workspace writable"
+    );
     let r = run(&*rt, sh("echo changed > existing.txt")).await;
     assert_ne!(
         r.exit_code, 0,

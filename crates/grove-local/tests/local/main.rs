@@ -413,3 +413,36 @@ async fn dropping_an_exec_future_kills_the_command() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+#[tokio::test]
+async fn a_background_process_does_not_outlive_its_command_in_either_mode() {
+    for h in [detected(), unisolated()] {
+        let rt = create(&h, false).await;
+        let nap = format!("3603.{}", contract::unique_token());
+        let t0 = Instant::now();
+        let r = rt
+            .exec(request(&[
+                "sh",
+                "-c",
+                &format!("sleep {nap} & echo started"),
+            ]))
+            .await
+            .unwrap();
+        assert_eq!(r.stdout, b"started\n");
+        assert!(!r.timed_out);
+        // The straggler holds stdout open; it must be killed, not waited for.
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "took {:?}",
+            t0.elapsed()
+        );
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while !contract::host_processes_matching(&nap).is_empty() {
+            assert!(
+                Instant::now() < deadline,
+                "the background sleep outlived its command"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
