@@ -1,0 +1,5 @@
+//! Integration tests of the git2 adapter against fixture repos built with the git CLI.
+
+mod cache;
+mod checkout;
+mod support;
