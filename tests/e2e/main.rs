@@ -1,1 +1,20 @@
-//! placeholder
+//! End-to-end tests: the real `grove` binary, real worker processes, real Postgres and git.
+
+mod concurrency;
+mod crash;
+mod input;
+mod lifecycle;
+mod reader;
+mod replay;
+mod secrets;
+
+/// Skips the test (with the reason printed by `TestEnv::new`) when no database is set.
+#[macro_export]
+macro_rules! env_or_skip {
+    ($name:expr) => {
+        match grove_e2e::TestEnv::new($name).await {
+            Some(env) => env,
+            None => return,
+        }
+    };
+}

@@ -83,12 +83,12 @@ enum DbCmd {
 enum RepoCmd {
     /// Ensure the repo cache of a repository exists (clone once).
     Ensure {
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         repo: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         url: String,
         /// A ref to check exists after the ensure (optional).
-        #[arg(long = "ref")]
+        #[arg(long = "ref", allow_hyphen_values = true)]
         git_ref: Option<String>,
         /// Fetch even when the cache is fresh.
         #[arg(long)]
@@ -114,27 +114,27 @@ struct Common {
 enum WorkspaceCmd {
     /// Ensure the cache, then get or create the workspace of this key.
     Acquire {
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         user: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         project: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         repo: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         url: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         base: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         mode: String,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         conversation: Option<String>,
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         task: Option<String>,
         #[command(flatten)]
         common: Common,
     },
     List {
-        #[arg(long)]
+        #[arg(long, allow_hyphen_values = true)]
         user: Option<String>,
         #[arg(long)]
         json: bool,
@@ -193,7 +193,21 @@ struct ExecArgs {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            use clap::error::ErrorKind as Clap;
+            if matches!(e.kind(), Clap::DisplayHelp | Clap::DisplayVersion | Clap::DisplayHelpOnMissingArgumentOrSubcommand) {
+                let _ = e.print();
+                return ExitCode::SUCCESS;
+            }
+            // Bad usage is bad input: one line, exit 2.
+            let rendered = e.render().to_string();
+            let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            eprintln!("grove: {}", first.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+    };
     let is_worker = matches!(cli.command, Top::Worker { .. });
     init_tracing(is_worker);
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
