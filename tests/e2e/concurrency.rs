@@ -6,7 +6,9 @@ use crate::env_or_skip;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn twenty_concurrent_acquires_of_one_key_through_two_workers_give_one_workspace() {
-    let mut env = env_or_skip!("twenty_concurrent_acquires_of_one_key_through_two_workers_give_one_workspace");
+    let mut env = env_or_skip!(
+        "twenty_concurrent_acquires_of_one_key_through_two_workers_give_one_workspace"
+    );
     env.spawn_worker().await;
     env.spawn_worker().await;
     let url = env.fixture_repo("fixture", &[("a.txt", "a\n"), ("b/c.txt", "c\n")]);
@@ -32,12 +34,17 @@ async fn twenty_concurrent_acquires_of_one_key_through_two_workers_give_one_work
     assert_eq!(env.count_events("workspace.created").await, 1);
     assert_eq!(env.count_events("repo_cache.created").await, 1);
     assert_eq!(env.count_events("workspace.acquired").await, 19);
-    let project_dir = std::path::Path::new(paths.iter().next().unwrap()).parent().unwrap().to_path_buf();
+    let project_dir = std::path::Path::new(paths.iter().next().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
     let dirs: Vec<_> = std::fs::read_dir(project_dir).unwrap().flatten().collect();
     assert_eq!(dirs.len(), 1, "no stray partial directories: {dirs:?}");
     // Both workers took part (the queue spreads the load), and each command ran once.
-    let per_command: Vec<i64> =
-        sqlx::query_scalar("SELECT attempts::bigint FROM grove.commands").fetch_all(&env.pool).await.unwrap();
+    let per_command: Vec<i64> = sqlx::query_scalar("SELECT attempts::bigint FROM grove.commands")
+        .fetch_all(&env.pool)
+        .await
+        .unwrap();
     assert_eq!(per_command.len(), 20);
     assert!(per_command.iter().all(|a| *a == 1), "{per_command:?}");
 }
@@ -47,13 +54,41 @@ async fn the_same_command_id_submitted_twice_runs_once() {
     let mut env = env_or_skip!("the_same_command_id_submitted_twice_runs_once");
     env.spawn_worker().await;
     let url = env.fixture_repo("fixture", &[("f", "x\n")]);
-    let ws = env.grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"])).await;
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
     let id = ws["id"].as_str().unwrap();
     let cid = uuid::Uuid::now_v7().to_string();
-    let a = env.grove_json(&["exec", id, "--command-id", &cid, "--", "sh", "-c", "echo run >> runs.txt; cat runs.txt"]).await;
-    let b = env.grove_json(&["exec", id, "--command-id", &cid, "--", "sh", "-c", "echo run >> runs.txt; cat runs.txt"]).await;
+    let a = env
+        .grove_json(&[
+            "exec",
+            id,
+            "--command-id",
+            &cid,
+            "--",
+            "sh",
+            "-c",
+            "echo run >> runs.txt; cat runs.txt",
+        ])
+        .await;
+    let b = env
+        .grove_json(&[
+            "exec",
+            id,
+            "--command-id",
+            &cid,
+            "--",
+            "sh",
+            "-c",
+            "echo run >> runs.txt; cat runs.txt",
+        ])
+        .await;
     assert_eq!(a, b, "the second submission returns the recorded outcome");
     let dir = std::path::Path::new(ws["local_path"].as_str().unwrap());
-    assert_eq!(std::fs::read_to_string(dir.join("runs.txt")).unwrap(), "run\n", "the command ran once");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("runs.txt")).unwrap(),
+        "run\n",
+        "the command ran once"
+    );
     assert_eq!(env.count_events("exec.finished").await, 1);
 }

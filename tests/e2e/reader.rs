@@ -13,7 +13,9 @@ use crate::env_or_skip;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_follower_sees_every_event_exactly_once_while_transactions_commit_out_of_order() {
-    let env = env_or_skip!("a_follower_sees_every_event_exactly_once_while_transactions_commit_out_of_order");
+    let env = env_or_skip!(
+        "a_follower_sees_every_event_exactly_once_while_transactions_commit_out_of_order"
+    );
     let pool = env.pool.clone();
     let done = Arc::new(AtomicBool::new(false));
 
@@ -45,18 +47,29 @@ async fn a_follower_sees_every_event_exactly_once_while_transactions_commit_out_
         writers.push(tokio::spawn(async move {
             for i in 0..20u64 {
                 let mut tx = pool.begin().await.unwrap();
-                let events = vec![Event::RepoCacheUsed { repo_cache_id: uuid::Uuid::new_v4() }; 2];
+                let events = vec![
+                    Event::RepoCacheUsed {
+                        repo_cache_id: uuid::Uuid::new_v4()
+                    };
+                    2
+                ];
                 let md = Metadata {
                     command_id: uuid::Uuid::new_v4(),
                     correlation: Correlation::default(),
                     worker_id: format!("writer-{w}"),
                     node: "test".into(),
                 };
-                store::append(&mut tx, &events, &md, chrono::Utc::now()).await.unwrap();
+                store::append(&mut tx, &events, &md, chrono::Utc::now())
+                    .await
+                    .unwrap();
                 // Hold some transactions open after their positions were drawn, so later
                 // positions commit first: a reader going by position alone would skip these.
                 let hold = ((w * 7 + i * 13) % 5) * 6;
-                sqlx::query("SELECT pg_sleep($1)").bind(hold as f64 / 1000.0).execute(&mut *tx).await.unwrap();
+                sqlx::query("SELECT pg_sleep($1)")
+                    .bind(hold as f64 / 1000.0)
+                    .execute(&mut *tx)
+                    .await
+                    .unwrap();
                 tx.commit().await.unwrap();
             }
         }));
@@ -66,7 +79,10 @@ async fn a_follower_sees_every_event_exactly_once_while_transactions_commit_out_
     }
     done.store(true, Ordering::SeqCst);
     let seen = reader.await.unwrap();
-    let all: Vec<i64> = sqlx::query_scalar("SELECT position FROM grove.events ORDER BY position").fetch_all(&pool).await.unwrap();
+    let all: Vec<i64> = sqlx::query_scalar("SELECT position FROM grove.events ORDER BY position")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
     assert_eq!(all.len(), 240);
     let dupes: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(dupes.is_empty(), "seen more than once: {dupes:?}");

@@ -13,18 +13,50 @@ async fn a_token_given_to_ensure_and_acquire_is_found_nowhere() {
     let vars = [("GIT_TOKEN_FOR_TEST", token.as_str())];
     let mut outputs = Vec::new();
     let out = env
-        .grove_env(&["repo", "ensure", "--repo", "o/fixture", "--url", &url, "--token-env", "GIT_TOKEN_FOR_TEST", "--json"], &vars)
+        .grove_env(
+            &[
+                "repo",
+                "ensure",
+                "--repo",
+                "o/fixture",
+                "--url",
+                &url,
+                "--token-env",
+                "GIT_TOKEN_FOR_TEST",
+                "--json",
+            ],
+            &vars,
+        )
         .await;
     assert!(out.status.success(), "{:?}", text(&out));
     outputs.push(out);
-    let args = acquire_args(&url, "edit", &["--conversation", "c1", "--token-env", "GIT_TOKEN_FOR_TEST", "--json"]);
+    let args = acquire_args(
+        &url,
+        "edit",
+        &[
+            "--conversation",
+            "c1",
+            "--token-env",
+            "GIT_TOKEN_FOR_TEST",
+            "--json",
+        ],
+    );
     let out = env.grove_env(&args, &vars).await;
     assert!(out.status.success(), "{:?}", text(&out));
     outputs.push(out);
     // A failing clone with a token: the error path must not leak it either.
     let out = env
         .grove_env(
-            &["repo", "ensure", "--repo", "o/missing", "--url", "file:///nonexistent/grove/repo", "--token-env", "GIT_TOKEN_FOR_TEST"],
+            &[
+                "repo",
+                "ensure",
+                "--repo",
+                "o/missing",
+                "--url",
+                "file:///nonexistent/grove/repo",
+                "--token-env",
+                "GIT_TOKEN_FOR_TEST",
+            ],
             &vars,
         )
         .await;
@@ -33,7 +65,10 @@ async fn a_token_given_to_ensure_and_acquire_is_found_nowhere() {
 
     for out in &outputs {
         let (o, e) = text(out);
-        assert!(!o.contains(&token) && !e.contains(&token), "token in CLI output");
+        assert!(
+            !o.contains(&token) && !e.contains(&token),
+            "token in CLI output"
+        );
     }
     let hits = files_containing(&env.home(), token.as_bytes());
     assert!(hits.is_empty(), "token found under GROVE_HOME: {hits:?}");
@@ -48,7 +83,10 @@ async fn a_token_given_to_ensure_and_acquire_is_found_nowhere() {
     .fetch_one(&env.pool)
     .await
     .unwrap();
-    assert_eq!(in_db, 0, "token (or a leftover secret row) found in the database");
+    assert_eq!(
+        in_db, 0,
+        "token (or a leftover secret row) found in the database"
+    );
     // The cache's remote is the clean URL.
     let cache = env.home().join("repos");
     assert!(files_containing(&cache, b"x-access-token").is_empty());

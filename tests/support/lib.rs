@@ -111,7 +111,10 @@ impl TestEnv {
             .expect("create test database");
         admin_pool.close().await;
         let db_url = with_database(&admin, &db_name);
-        let dir = tempfile::Builder::new().prefix("grove-e2e-").tempdir().expect("tempdir");
+        let dir = tempfile::Builder::new()
+            .prefix("grove-e2e-")
+            .tempdir()
+            .expect("tempdir");
         std::fs::create_dir_all(dir.path().join("home")).unwrap();
         let mut env = Self {
             pool: PgPoolOptions::new()
@@ -125,8 +128,16 @@ impl TestEnv {
             workers: Vec::new(),
         };
         let out = env.grove(&["migrate"]).await;
-        assert!(out.status.success(), "grove migrate failed: {}", String::from_utf8_lossy(&out.stderr));
-        env.pool = PgPoolOptions::new().max_connections(8).connect(&env.db_url).await.expect("pool");
+        assert!(
+            out.status.success(),
+            "grove migrate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        env.pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&env.db_url)
+            .await
+            .expect("pool");
         Some(env)
     }
 
@@ -176,7 +187,10 @@ impl TestEnv {
             String::from_utf8_lossy(&out.stderr)
         );
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-            panic!("grove {args:?} printed no JSON ({e}): {}", String::from_utf8_lossy(&out.stdout))
+            panic!(
+                "grove {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
         })
     }
 
@@ -202,17 +216,22 @@ impl TestEnv {
         self.workers.push(Worker { child, log });
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.live_workers().await <= before {
-            assert!(Instant::now() < deadline, "worker {idx} did not register within 30 s");
+            assert!(
+                Instant::now() < deadline,
+                "worker {idx} did not register within 30 s"
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
         idx
     }
 
     async fn live_workers(&self) -> i64 {
-        sqlx::query_scalar("SELECT count(*) FROM apalis.workers WHERE last_seen > now() - interval '10 seconds'")
-            .fetch_one(&self.pool)
-            .await
-            .unwrap_or(0)
+        sqlx::query_scalar(
+            "SELECT count(*) FROM apalis.workers WHERE last_seen > now() - interval '10 seconds'",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .unwrap_or(0)
     }
 
     pub fn worker(&mut self, idx: usize) -> &mut Worker {
@@ -262,12 +281,21 @@ impl Drop for TestEnv {
         let db = self.db_name.clone();
         // Drop the database from a thread with its own runtime: Drop cannot await.
         let _ = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
             rt.block_on(async move {
-                if let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&admin).await {
-                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!("DROP DATABASE IF EXISTS {db} WITH (FORCE)")))
-                        .execute(&pool)
-                        .await;
+                if let Ok(pool) = PgPoolOptions::new()
+                    .max_connections(1)
+                    .connect(&admin)
+                    .await
+                {
+                    let _ = sqlx::query(sqlx::AssertSqlSafe(format!(
+                        "DROP DATABASE IF EXISTS {db} WITH (FORCE)"
+                    )))
+                    .execute(&pool)
+                    .await;
                 }
             })
         })
@@ -278,12 +306,23 @@ impl Drop for TestEnv {
 /// Runs git with a fixed identity, asserting success.
 pub fn git(dir: &Path, args: &[&str]) -> String {
     let out = std::process::Command::new("git")
-        .args(["-c", "user.name=grove test", "-c", "user.email=test@grove.invalid", "-c", "init.defaultBranch=main"])
+        .args([
+            "-c",
+            "user.name=grove test",
+            "-c",
+            "user.email=test@grove.invalid",
+            "-c",
+            "init.defaultBranch=main",
+        ])
         .args(args)
         .current_dir(dir)
         .output()
         .expect("run git");
-    assert!(out.status.success(), "git {args:?} failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "git {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -298,8 +337,20 @@ pub fn text(out: &Output) -> (String, String) {
 /// Standard acquire arguments for a fixture repo.
 pub fn acquire_args<'a>(url: &'a str, mode: &'a str, scope: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
-        "workspace", "acquire", "--user", "u1", "--project", "p1", "--repo", "o/fixture", "--url", url, "--base", "main",
-        "--mode", mode,
+        "workspace",
+        "acquire",
+        "--user",
+        "u1",
+        "--project",
+        "p1",
+        "--repo",
+        "o/fixture",
+        "--url",
+        url,
+        "--base",
+        "main",
+        "--mode",
+        mode,
     ];
     v.extend_from_slice(scope);
     v
@@ -310,7 +361,9 @@ pub fn files_containing(dir: &Path, needle: &[u8]) -> Vec<PathBuf> {
     let mut hits = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
-        let Ok(entries) = std::fs::read_dir(&d) else { continue };
+        let Ok(entries) = std::fs::read_dir(&d) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             let Ok(ft) = e.file_type() else { continue };

@@ -6,14 +6,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use grove_core::commands::{AcquireWorkspace, CommandResult, EnsureRepoCache, Exec, DEFAULT_MAX_OUTPUT_BYTES};
+use grove_core::commands::{
+    AcquireWorkspace, CommandResult, EnsureRepoCache, Exec, DEFAULT_MAX_OUTPUT_BYTES,
+};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
 use grove_core::layout::{short_hash, Layout};
 use grove_core::model::{
-    branch_for, to_db_precision, Capabilities, ExecKind, ExecOutcome, RepoCacheRow, WorkspaceMode, WorkspaceRow,
+    branch_for, to_db_precision, Capabilities, ExecKind, ExecOutcome, RepoCacheRow, WorkspaceMode,
+    WorkspaceRow,
 };
-use grove_core::ports::{ExecRequest, GitPort, GitToken, Mount, NetworkPolicy, ResourceHints, RuntimeProvider, RuntimeSpec};
+use grove_core::ports::{
+    ExecRequest, GitPort, GitToken, Mount, NetworkPolicy, ResourceHints, RuntimeProvider,
+    RuntimeSpec,
+};
 use grove_core::projection::Projections;
 use grove_core::validate::RepoUrl;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
@@ -47,7 +53,9 @@ pub fn store_error(e: StoreError) -> CommandError {
         StoreError::Locked(m) => CommandError::new(ErrorKind::Conflict, m),
         StoreError::NotFound(m) => CommandError::new(ErrorKind::NotFound, m),
         StoreError::Conflict(m) => CommandError::new(ErrorKind::Conflict, m).transient(),
-        other => CommandError::new(ErrorKind::Unavailable, format!("database: {other}")).transient(),
+        other => {
+            CommandError::new(ErrorKind::Unavailable, format!("database: {other}")).transient()
+        }
     }
 }
 
@@ -71,7 +79,12 @@ pub fn now() -> DateTime<Utc> {
 }
 
 impl Deps {
-    async fn lock(&self, scope: LockScope, value: &str, shared: bool) -> Result<AdvisoryLock, CommandError> {
+    async fn lock(
+        &self,
+        scope: LockScope,
+        value: &str,
+        shared: bool,
+    ) -> Result<AdvisoryLock, CommandError> {
         AdvisoryLock::acquire(&self.pool, scope, value, shared, self.config.lock_timeout)
             .await
             .map_err(store_error)
@@ -86,10 +99,15 @@ impl Deps {
         rows::workspace(&mut conn, id)
             .await
             .map_err(store_error)?
-            .ok_or_else(|| CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found")))
+            .ok_or_else(|| {
+                CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
+            })
     }
 
-    async fn cache_by_identity(&self, identity: &str) -> Result<Option<RepoCacheRow>, CommandError> {
+    async fn cache_by_identity(
+        &self,
+        identity: &str,
+    ) -> Result<Option<RepoCacheRow>, CommandError> {
         let mut conn = self.conn().await?;
         rows::repo_cache_by_identity(&mut conn, &self.config.node, identity)
             .await
@@ -116,12 +134,18 @@ impl Deps {
         };
         if let Some(row) = &existing {
             if !fetch && !stale(row) && PathBuf::from(&row.local_path).is_dir() {
-                let events = vec![Event::RepoCacheUsed { repo_cache_id: row.id }];
+                let events = vec![Event::RepoCacheUsed {
+                    repo_cache_id: row.id,
+                }];
                 return Ok((fold_cache(Some(row.clone()), &events, at), events, None));
             }
         }
         let lock = self
-            .lock(LockScope::RepoCache, &format!("{node}\u{0}{}", url.identity()), false)
+            .lock(
+                LockScope::RepoCache,
+                &format!("{node}\u{0}{}", url.identity()),
+                false,
+            )
             .await?;
         // Another worker may have created or fetched it while we waited.
         let existing = self.cache_by_identity(url.identity()).await?;
@@ -138,14 +162,20 @@ impl Deps {
                 repo_cache_id: row.id,
                 size_bytes: report.size_bytes,
             }],
-            Some(row) => vec![Event::RepoCacheUsed { repo_cache_id: row.id }],
+            Some(row) => vec![Event::RepoCacheUsed {
+                repo_cache_id: row.id,
+            }],
             None => vec![Event::RepoCacheCreated {
                 repo_cache_id: Uuid::now_v7(),
                 node: node.clone(),
                 identity: url.identity().to_string(),
                 repo_name: repo_name.to_string(),
                 repo_url: url.as_str().to_string(),
-                provider: if url.is_local() { "local".into() } else { "git".into() },
+                provider: if url.is_local() {
+                    "local".into()
+                } else {
+                    "git".into()
+                },
                 provider_host: url.host().to_string(),
                 local_path: cache_dir.to_string_lossy().into_owned(),
                 auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
@@ -161,7 +191,9 @@ impl Deps {
         token: Option<&GitToken>,
         at: DateTime<Utc>,
     ) -> Result<Handled, CommandError> {
-        let (row, events, lock) = self.ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at).await?;
+        let (row, events, lock) = self
+            .ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at)
+            .await?;
         Ok(Handled {
             result: CommandResult::RepoCache(row),
             events,
@@ -184,16 +216,23 @@ impl Deps {
             task_id: c.task_id.clone(),
         };
         let key = c.key(&self.config.node);
-        let key_lock = self.lock(LockScope::WorkspaceKey, &key.lock_string(), false).await?;
+        let key_lock = self
+            .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
+            .await?;
         let existing = {
             let mut conn = self.conn().await?;
-            rows::workspace_by_key(&mut conn, &key).await.map_err(store_error)?
+            rows::workspace_by_key(&mut conn, &key)
+                .await
+                .map_err(store_error)?
         };
         if let Some(row) = existing {
             if row.node != self.config.node {
                 return Err(CommandError::new(
                     ErrorKind::Conflict,
-                    format!("workspace {} lives on node {}; acquire it there", row.id, row.node),
+                    format!(
+                        "workspace {} lives on node {}; acquire it there",
+                        row.id, row.node
+                    ),
                 ));
             }
             if !PathBuf::from(&row.local_path).is_dir() {
@@ -202,8 +241,11 @@ impl Deps {
                     row.id
                 )));
             }
-            let events = vec![Event::WorkspaceAcquired { workspace_id: row.id }];
-            let row = fold_workspace(Some(row), &events, at).ok_or_else(|| internal("fold lost the row"))?;
+            let events = vec![Event::WorkspaceAcquired {
+                workspace_id: row.id,
+            }];
+            let row = fold_workspace(Some(row), &events, at)
+                .ok_or_else(|| internal("fold lost the row"))?;
             return Ok(Handled {
                 result: CommandResult::Workspace(row),
                 events,
@@ -211,7 +253,9 @@ impl Deps {
                 correlation,
             });
         }
-        let (cache, mut events, cache_lock) = self.ensure_cache(&c.repo_name, &c.repo_url, false, token, at).await?;
+        let (cache, mut events, cache_lock) = self
+            .ensure_cache(&c.repo_name, &c.repo_url, false, token, at)
+            .await?;
         let workspace_dir = self.layout.workspace_dir(&key);
         let branch = branch_for(c.mode, c.scope());
         let git = self.git.clone();
@@ -241,8 +285,12 @@ impl Deps {
             user_id: c.user_id.clone(),
             project_id: c.project_id.clone(),
             mode: c.mode,
-            conversation_id: (c.mode == WorkspaceMode::Edit).then(|| c.conversation_id.clone()).flatten(),
-            task_id: (c.mode == WorkspaceMode::Task).then(|| c.task_id.clone()).flatten(),
+            conversation_id: (c.mode == WorkspaceMode::Edit)
+                .then(|| c.conversation_id.clone())
+                .flatten(),
+            task_id: (c.mode == WorkspaceMode::Task)
+                .then(|| c.task_id.clone())
+                .flatten(),
             base_ref: c.base_ref.clone(),
             base_commit: report.base_commit,
             branch_name: branch,
@@ -261,25 +309,41 @@ impl Deps {
         })
     }
 
-    pub async fn exec(&self, e: &Exec, command_id: Uuid, metadata: &Metadata) -> Result<Handled, CommandError> {
+    pub async fn exec(
+        &self,
+        e: &Exec,
+        command_id: Uuid,
+        metadata: &Metadata,
+    ) -> Result<Handled, CommandError> {
         let ws = self.workspace(e.workspace_id).await?;
         let correlation = correlation_of(&ws);
         let metadata = &Metadata {
             correlation: correlation.clone(),
             ..metadata.clone()
         };
-        let kind = e
-            .kind
-            .unwrap_or(if ws.capabilities.writable { ExecKind::Write } else { ExecKind::Read });
+        let kind = e.kind.unwrap_or(if ws.capabilities.writable {
+            ExecKind::Write
+        } else {
+            ExecKind::Read
+        });
         if kind.is_mutating() && !ws.capabilities.writable {
             return Err(CommandError::new(
                 ErrorKind::Rejected,
-                format!("workspace {} is read-only ({} mode): {:?} commands are refused", ws.id, ws.mode.as_str(), kind),
+                format!(
+                    "workspace {} is read-only ({} mode): {:?} commands are refused",
+                    ws.id,
+                    ws.mode.as_str(),
+                    kind
+                ),
             ));
         }
         let provider = self.local.clone();
         let lock = self
-            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), !kind.is_mutating())
+            .lock(
+                LockScope::WorkspaceCommands,
+                &ws.id.to_string(),
+                !kind.is_mutating(),
+            )
             .await?;
         let (runtime_id, mut start_events) = {
             let mut conn = self.conn().await?;
@@ -412,7 +476,10 @@ impl Deps {
             let dir = ws_dir.clone();
             if let Ok(dirty) = blocking(move || git.is_dirty(&dir)).await {
                 if dirty != ws.dirty {
-                    events.push(Event::WorkspaceDirtyChanged { workspace_id: ws.id, dirty });
+                    events.push(Event::WorkspaceDirtyChanged {
+                        workspace_id: ws.id,
+                        dirty,
+                    });
                 }
             }
         }
@@ -426,7 +493,9 @@ impl Deps {
             Err(err) => {
                 // The rejection is still recorded: commit the finish event, then fail.
                 let mut tx = self.pool.begin().await.map_err(|e| store_error(e.into()))?;
-                store::append(&mut tx, &events, metadata, now()).await.map_err(store_error)?;
+                store::append(&mut tx, &events, metadata, now())
+                    .await
+                    .map_err(store_error)?;
                 tx.commit().await.map_err(|e| store_error(e.into()))?;
                 lock.release().await.ok();
                 Err(err)
@@ -435,11 +504,21 @@ impl Deps {
     }
 
     /// Stops (or destroys) the runtimes of a workspace and marks it released.
-    pub async fn release(&self, workspace_id: Uuid, destroy_runtime: bool) -> Result<Handled, CommandError> {
+    pub async fn release(
+        &self,
+        workspace_id: Uuid,
+        destroy_runtime: bool,
+    ) -> Result<Handled, CommandError> {
         let ws = self.workspace(workspace_id).await?;
-        let lock = self.lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false).await?;
-        let mut events = self.runtime_events(ws.id, destroy_runtime, "session released").await?;
-        events.push(Event::WorkspaceReleased { workspace_id: ws.id });
+        let lock = self
+            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false)
+            .await?;
+        let mut events = self
+            .runtime_events(ws.id, destroy_runtime, "session released")
+            .await?;
+        events.push(Event::WorkspaceReleased {
+            workspace_id: ws.id,
+        });
         Ok(Handled {
             result: CommandResult::Done,
             events,
@@ -449,10 +528,20 @@ impl Deps {
     }
 
     /// Stops or destroys the runtimes of a workspace; the workspace itself is untouched.
-    pub async fn runtimes_down(&self, workspace_id: Uuid, destroy: bool) -> Result<Handled, CommandError> {
+    pub async fn runtimes_down(
+        &self,
+        workspace_id: Uuid,
+        destroy: bool,
+    ) -> Result<Handled, CommandError> {
         let ws = self.workspace(workspace_id).await?;
-        let lock = self.lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false).await?;
-        let reason = if destroy { "destroy requested" } else { "hibernate requested" };
+        let lock = self
+            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false)
+            .await?;
+        let reason = if destroy {
+            "destroy requested"
+        } else {
+            "hibernate requested"
+        };
         let events = self.runtime_events(ws.id, destroy, reason).await?;
         Ok(Handled {
             result: CommandResult::Done,
@@ -464,16 +553,29 @@ impl Deps {
 
     /// The local runtime runs one process tree per exec, so stopping it has no process to
     /// stop: the record's state is what changes. Other runtimes act here.
-    async fn runtime_events(&self, workspace_id: Uuid, destroy: bool, reason: &str) -> Result<Vec<Event>, CommandError> {
+    async fn runtime_events(
+        &self,
+        workspace_id: Uuid,
+        destroy: bool,
+        reason: &str,
+    ) -> Result<Vec<Event>, CommandError> {
         let mut conn = self.conn().await?;
-        let runtimes = rows::runtimes_of(&mut conn, workspace_id).await.map_err(store_error)?;
+        let runtimes = rows::runtimes_of(&mut conn, workspace_id)
+            .await
+            .map_err(store_error)?;
         Ok(runtimes
             .into_iter()
             .filter_map(|r| {
                 if destroy {
-                    Some(Event::RuntimeDestroyed { runtime_id: r.id, reason: reason.into() })
+                    Some(Event::RuntimeDestroyed {
+                        runtime_id: r.id,
+                        reason: reason.into(),
+                    })
                 } else if r.state == "running" {
-                    Some(Event::RuntimeStopped { runtime_id: r.id, reason: reason.into() })
+                    Some(Event::RuntimeStopped {
+                        runtime_id: r.id,
+                        reason: reason.into(),
+                    })
                 } else {
                     None
                 }
@@ -483,12 +585,18 @@ impl Deps {
 
     pub async fn destroy_workspace(&self, workspace_id: Uuid) -> Result<Handled, CommandError> {
         let ws = self.workspace(workspace_id).await?;
-        let lock = self.lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false).await?;
-        let mut events = self.runtime_events(ws.id, true, "workspace destroyed").await?;
+        let lock = self
+            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false)
+            .await?;
+        let mut events = self
+            .runtime_events(ws.id, true, "workspace destroyed")
+            .await?;
         let git = self.git.clone();
         let dir = PathBuf::from(&ws.local_path);
         blocking(move || git.remove_checkout(&dir)).await?;
-        events.push(Event::WorkspaceDestroyed { workspace_id: ws.id });
+        events.push(Event::WorkspaceDestroyed {
+            workspace_id: ws.id,
+        });
         Ok(Handled {
             result: CommandResult::Done,
             events,
@@ -524,7 +632,11 @@ fn fold_cache(existing: Option<RepoCacheRow>, events: &[Event], at: DateTime<Utc
         .expect("a cache event always names the cache")
 }
 
-fn fold_workspace(existing: Option<WorkspaceRow>, events: &[Event], at: DateTime<Utc>) -> Option<WorkspaceRow> {
+fn fold_workspace(
+    existing: Option<WorkspaceRow>,
+    events: &[Event],
+    at: DateTime<Utc>,
+) -> Option<WorkspaceRow> {
     let mut p = Projections::default();
     let mut id = None;
     if let Some(row) = existing {

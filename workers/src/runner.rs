@@ -86,7 +86,11 @@ impl Worker {
                     Ok(jobs) => {
                         for job in jobs {
                             claimed_any = true;
-                            let permit = permits.clone().acquire_owned().await.expect("semaphore open");
+                            let permit = permits
+                                .clone()
+                                .acquire_owned()
+                                .await
+                                .expect("semaphore open");
                             let deps = deps.clone();
                             let wake = wake.clone();
                             tokio::spawn(async move {
@@ -199,7 +203,11 @@ async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
     if let Err(e) = run_job_inner(&deps, &job).await {
         warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
         // Put the job back so another attempt can record it.
-        let err = CommandError::new(ErrorKind::Unavailable, "database unavailable while recording outcome").transient();
+        let err = CommandError::new(
+            ErrorKind::Unavailable,
+            "database unavailable while recording outcome",
+        )
+        .transient();
         let _ = queue::retry_later(&deps.pool, &job, &err, Duration::from_secs(1)).await;
     }
 }
@@ -229,8 +237,20 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
             let md = metadata(deps, job, handled.correlation);
             // Rows in results were folded at `at`; an exec's finish happens after its
             // start events, so it is stamped now.
-            let at = if matches!(command, Command::Exec(_)) { now() } else { at };
-            let res = queue::finish(&deps.pool, job, &Ok(handled.result), &handled.events, &md, at).await;
+            let at = if matches!(command, Command::Exec(_)) {
+                now()
+            } else {
+                at
+            };
+            let res = queue::finish(
+                &deps.pool,
+                job,
+                &Ok(handled.result),
+                &handled.events,
+                &md,
+                at,
+            )
+            .await;
             for lock in handled.locks {
                 let _ = lock.release().await;
             }
@@ -250,7 +270,11 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
 
 /// An exec whose earlier attempt's worker died is not run again: a command may not be
 /// safe to run twice. It ends as failed with `worker_lost`, which the caller can retry.
-async fn finish_worker_lost(deps: &Deps, job: &ClaimedJob, command: &Command) -> Result<(), StoreError> {
+async fn finish_worker_lost(
+    deps: &Deps,
+    job: &ClaimedJob,
+    command: &Command,
+) -> Result<(), StoreError> {
     let Command::Exec(exec) = command else {
         return Ok(());
     };
@@ -301,7 +325,10 @@ async fn handle(
 ) -> Result<Handled, CommandError> {
     match command {
         Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
-        Command::AcquireWorkspace(c) => deps.acquire_workspace(c, job.command_id, token.as_ref(), at).await,
+        Command::AcquireWorkspace(c) => {
+            deps.acquire_workspace(c, job.command_id, token.as_ref(), at)
+                .await
+        }
         Command::Exec(e) => {
             let md = metadata(deps, job, Correlation::default());
             deps.exec(e, job.command_id, &md).await
@@ -310,9 +337,14 @@ async fn handle(
             workspace_id,
             destroy_runtime,
         } => deps.release(*workspace_id, *destroy_runtime).await,
-        Command::HibernateRuntime { workspace_id } => deps.runtimes_down(*workspace_id, false).await,
+        Command::HibernateRuntime { workspace_id } => {
+            deps.runtimes_down(*workspace_id, false).await
+        }
         Command::DestroyRuntime { workspace_id } => deps.runtimes_down(*workspace_id, true).await,
         Command::DestroyWorkspace { workspace_id } => deps.destroy_workspace(*workspace_id).await,
-        _ => Err(CommandError::new(ErrorKind::Rejected, "unknown command kind")),
+        _ => Err(CommandError::new(
+            ErrorKind::Rejected,
+            "unknown command kind",
+        )),
     }
 }

@@ -24,9 +24,9 @@ fn claim_timeout() -> Duration {
 async fn route(pool: &PgPool, command: &Command) -> Result<String> {
     let mut conn = pool.acquire().await?;
     if let Some(id) = command.workspace_id() {
-        let ws = rows::workspace(&mut conn, id)
-            .await?
-            .ok_or_else(|| CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found")))?;
+        let ws = rows::workspace(&mut conn, id).await?.ok_or_else(|| {
+            CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
+        })?;
         return Ok(queue::node_queue(&ws.node));
     }
     if let Command::AcquireWorkspace(c) = command {

@@ -48,7 +48,8 @@ impl LocalDb {
             "no DATABASE_URL is set and Postgres' initdb/pg_ctl were not found; \
              install them (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL",
         )?;
-        std::fs::create_dir_all(&self.dir).with_context(|| format!("creating {}", self.dir.display()))?;
+        std::fs::create_dir_all(&self.dir)
+            .with_context(|| format!("creating {}", self.dir.display()))?;
         let owner = run_as_user();
         if let Some(user) = &owner {
             chown(&self.dir, user)?;
@@ -86,7 +87,7 @@ impl LocalDb {
             )
             .context("initdb failed")?;
             let conf = format!(
-                "listen_addresses = ''\nunix_socket_directories = '{}'\nmax_connections = 200\nfsync = on\n",
+                "listen_addresses = ''\nunix_socket_directories = '{}'\nmax_connections = 500\nfsync = on\n",
                 self.socket_dir().display()
             );
             std::fs::write(self.data_dir().join("postgresql.auto.conf"), conf)?;
@@ -98,7 +99,11 @@ impl LocalDb {
         if let Some(user) = &owner {
             chown(&self.socket_dir(), user)?;
         }
-        let status = self.pg(&owner, &bin.join("pg_ctl"), &["-D", &self.data_dir().to_string_lossy(), "status"]);
+        let status = self.pg(
+            &owner,
+            &bin.join("pg_ctl"),
+            &["-D", &self.data_dir().to_string_lossy(), "status"],
+        );
         if status.is_err() {
             let log = self.dir.join("postgres.log");
             self.pg(
@@ -126,7 +131,18 @@ impl LocalDb {
         let bin = find_bindir().context("Postgres' pg_ctl not found")?;
         let owner = run_as_user();
         if self.data_dir().join("postmaster.pid").exists() {
-            self.pg(&owner, &bin.join("pg_ctl"), &["-D", &self.data_dir().to_string_lossy(), "-m", "fast", "-w", "stop"])?;
+            self.pg(
+                &owner,
+                &bin.join("pg_ctl"),
+                &[
+                    "-D",
+                    &self.data_dir().to_string_lossy(),
+                    "-m",
+                    "fast",
+                    "-w",
+                    "stop",
+                ],
+            )?;
         }
         Ok(())
     }
@@ -137,10 +153,32 @@ impl LocalDb {
         let exists = self.pg_output(
             owner,
             &psql,
-            &["-h", &sock, "-U", DB_USER, "-d", "postgres", "-tAc", "SELECT 1 FROM pg_database WHERE datname = 'grove'"],
+            &[
+                "-h",
+                &sock,
+                "-U",
+                DB_USER,
+                "-d",
+                "postgres",
+                "-tAc",
+                "SELECT 1 FROM pg_database WHERE datname = 'grove'",
+            ],
         )?;
         if exists.trim() != "1" {
-            self.pg(owner, &psql, &["-h", &sock, "-U", DB_USER, "-d", "postgres", "-c", "CREATE DATABASE grove"])?;
+            self.pg(
+                owner,
+                &psql,
+                &[
+                    "-h",
+                    &sock,
+                    "-U",
+                    DB_USER,
+                    "-d",
+                    "postgres",
+                    "-c",
+                    "CREATE DATABASE grove",
+                ],
+            )?;
         }
         Ok(())
     }
@@ -150,8 +188,14 @@ impl LocalDb {
         if !out.status.success() {
             bail!(
                 "{} failed: {}",
-                program.file_name().map(|s| s.to_string_lossy()).unwrap_or_default(),
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+                program
+                    .file_name()
+                    .map(|s| s.to_string_lossy())
+                    .unwrap_or_default(),
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
             );
         }
         Ok(())
@@ -191,9 +235,9 @@ fn find_bindir() -> Option<PathBuf> {
     if let Some(path) = std::env::var_os("PATH") {
         candidates.extend(std::env::split_paths(&path));
     }
-    candidates
-        .into_iter()
-        .find(|d| d.join("initdb").is_file() && d.join("pg_ctl").is_file() && d.join("psql").is_file())
+    candidates.into_iter().find(|d| {
+        d.join("initdb").is_file() && d.join("pg_ctl").is_file() && d.join("psql").is_file()
+    })
 }
 
 /// The OS user the cluster runs as when grove runs as root.
@@ -213,7 +257,10 @@ fn chown(path: &Path, user: &str) -> Result<()> {
         .status()
         .context("running chown")?;
     if !status.success() {
-        bail!("chown of {} to {user} failed (does the user exist?)", path.display());
+        bail!(
+            "chown of {} to {user} failed (does the user exist?)",
+            path.display()
+        );
     }
     Ok(())
 }

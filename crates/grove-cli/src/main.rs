@@ -25,7 +25,11 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 #[derive(Parser)]
-#[command(name = "grove", version, about = "Sandbox control plane for AI coding agents")]
+#[command(
+    name = "grove",
+    version,
+    about = "Sandbox control plane for AI coding agents"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Top,
@@ -197,20 +201,31 @@ fn main() -> ExitCode {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind as Clap;
-            if matches!(e.kind(), Clap::DisplayHelp | Clap::DisplayVersion | Clap::DisplayHelpOnMissingArgumentOrSubcommand) {
+            if matches!(
+                e.kind(),
+                Clap::DisplayHelp
+                    | Clap::DisplayVersion
+                    | Clap::DisplayHelpOnMissingArgumentOrSubcommand
+            ) {
                 let _ = e.print();
                 return ExitCode::SUCCESS;
             }
             // Bad usage is bad input: one line, exit 2.
             let rendered = e.render().to_string();
-            let first = rendered.lines().find(|l| !l.trim().is_empty()).unwrap_or("invalid arguments");
+            let first = rendered
+                .lines()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("invalid arguments");
             eprintln!("grove: {}", first.trim_start_matches("error: "));
             return ExitCode::from(2);
         }
     };
     let is_worker = matches!(cli.command, Top::Worker { .. });
     init_tracing(is_worker);
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => return fail(&anyhow::Error::from(e)),
     };
@@ -234,7 +249,10 @@ fn init_tracing(worker: bool) {
 /// Prints one line naming the problem and maps it to the documented exit code.
 fn fail(e: &anyhow::Error) -> ExitCode {
     let (code, message) = if let Some(c) = e.downcast_ref::<CommandError>() {
-        (c.kind.exit_code(), format!("{}: {}", c.kind.as_str(), c.message))
+        (
+            c.kind.exit_code(),
+            format!("{}: {}", c.kind.as_str(), c.message),
+        )
     } else if let Some(v) = e.downcast_ref::<ValidationError>() {
         (2, v.to_string())
     } else {
@@ -284,7 +302,12 @@ fn invalid(msg: impl Into<String>) -> anyhow::Error {
 }
 
 fn parse_id(raw: &str) -> Result<Uuid> {
-    Uuid::parse_str(raw).map_err(|_| invalid(format!("invalid workspace id {:?}: expected a UUID", raw.chars().take(40).collect::<String>())))
+    Uuid::parse_str(raw).map_err(|_| {
+        invalid(format!(
+            "invalid workspace id {:?}: expected a UUID",
+            raw.chars().take(40).collect::<String>()
+        ))
+    })
 }
 
 fn read_token(var: &Option<String>) -> Result<Option<String>> {
@@ -292,7 +315,9 @@ fn read_token(var: &Option<String>) -> Result<Option<String>> {
         None => Ok(None),
         Some(name) => match std::env::var(name) {
             Ok(v) if !v.is_empty() => Ok(Some(v)),
-            _ => Err(invalid(format!("--token-env {name}: that environment variable is not set"))),
+            _ => Err(invalid(format!(
+                "--token-env {name}: that environment variable is not set"
+            ))),
         },
     }
 }
@@ -333,7 +358,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             command.validate()?;
             let token = read_token(&common.token_env)?;
             let pool = connect(4).await?;
-            let result = client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
+            let result =
+                client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
             print_result(&result, common.json)
         }
         Top::Workspace(cmd) => workspace(cmd).await,
@@ -357,7 +383,10 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 for d in &report.diffs {
                     println!("diff: {d}");
                 }
-                eprintln!("grove: replay found {} difference(s) between the log and the live projections", report.diffs.len());
+                eprintln!(
+                    "grove: replay found {} difference(s) between the log and the live projections",
+                    report.diffs.len()
+                );
                 Ok(ExitCode::from(1))
             }
         }
@@ -367,7 +396,8 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
     grove_core::validate::validate_owner_id("node", &node)?;
     let home = grove_home();
-    std::fs::create_dir_all(&home).with_context(|| format!("creating GROVE_HOME {}", home.display()))?;
+    std::fs::create_dir_all(&home)
+        .with_context(|| format!("creating GROVE_HOME {}", home.display()))?;
     let pool = connect((concurrency as u32) * 2 + 6).await?;
     grove_postgres::migrate::migrate(&pool).await?;
     let mut config = grove_workers::WorkerConfig::new(home, node);
@@ -382,7 +412,11 @@ async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
 }
 
 fn env_secs(name: &str) -> Option<Duration> {
-    std::env::var(name).ok()?.parse::<f64>().ok().map(Duration::from_secs_f64)
+    std::env::var(name)
+        .ok()?
+        .parse::<f64>()
+        .ok()
+        .map(Duration::from_secs_f64)
 }
 
 async fn shutdown_signal() {
@@ -421,7 +455,8 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             command.validate()?;
             let token = read_token(&common.token_env)?;
             let pool = connect(4).await?;
-            let result = client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
+            let result =
+                client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
             print_result(&result, common.json)
         }
         WorkspaceCmd::List { user, json } => {
@@ -451,9 +486,9 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             let id = parse_id(&id)?;
             let pool = connect(2).await?;
             let mut conn = pool.acquire().await?;
-            let ws = rows::workspace(&mut conn, id)
-                .await?
-                .ok_or_else(|| CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found")))?;
+            let ws = rows::workspace(&mut conn, id).await?.ok_or_else(|| {
+                CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
+            })?;
             print_result(&CommandResult::Workspace(ws), json)
         }
         WorkspaceCmd::Release {
@@ -462,12 +497,41 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             command_id,
         } => {
             let workspace_id = parse_id(&id)?;
-            simple(Command::ReleaseSession { workspace_id, destroy_runtime }, command_id).await
+            simple(
+                Command::ReleaseSession {
+                    workspace_id,
+                    destroy_runtime,
+                },
+                command_id,
+            )
+            .await
         }
-        WorkspaceCmd::Hibernate { id } => simple(Command::HibernateRuntime { workspace_id: parse_id(&id)? }, None).await,
-        WorkspaceCmd::DestroyRuntime { id } => simple(Command::DestroyRuntime { workspace_id: parse_id(&id)? }, None).await,
+        WorkspaceCmd::Hibernate { id } => {
+            simple(
+                Command::HibernateRuntime {
+                    workspace_id: parse_id(&id)?,
+                },
+                None,
+            )
+            .await
+        }
+        WorkspaceCmd::DestroyRuntime { id } => {
+            simple(
+                Command::DestroyRuntime {
+                    workspace_id: parse_id(&id)?,
+                },
+                None,
+            )
+            .await
+        }
         WorkspaceCmd::Destroy { id, command_id } => {
-            simple(Command::DestroyWorkspace { workspace_id: parse_id(&id)? }, command_id).await
+            simple(
+                Command::DestroyWorkspace {
+                    workspace_id: parse_id(&id)?,
+                },
+                command_id,
+            )
+            .await
         }
     }
 }
@@ -483,11 +547,15 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
     let kind = args.kind.as_deref().map(ExecKind::parse).transpose()?;
     let mut env = BTreeMap::new();
     for pair in &args.env {
-        let (k, v) = pair.split_once('=').ok_or_else(|| invalid(format!("--env {pair:?}: expected KEY=VALUE")))?;
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| invalid(format!("--env {pair:?}: expected KEY=VALUE")))?;
         env.insert(k.to_string(), v.to_string());
     }
     let timeout_ms = match args.timeout {
-        Some(t) if !(t > 0.0 && t.is_finite()) => return Err(invalid("--timeout must be a positive number of seconds")),
+        Some(t) if !(t > 0.0 && t.is_finite()) => {
+            return Err(invalid("--timeout must be a positive number of seconds"))
+        }
         Some(t) => Some((t * 1000.0) as u64),
         None => None,
     };
@@ -561,7 +629,12 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-async fn events(stream: Option<String>, after: Option<i64>, follow: bool, json: bool) -> Result<ExitCode> {
+async fn events(
+    stream: Option<String>,
+    after: Option<i64>,
+    follow: bool,
+    json: bool,
+) -> Result<ExitCode> {
     let pool = connect(3).await?;
     let mut conn = pool.acquire().await?;
     let mut cursor = match after {

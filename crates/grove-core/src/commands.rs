@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::model::{ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow};
+use crate::model::{
+    ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
+};
 use crate::validate::{
     validate_branch_scope_id, validate_command, validate_env, validate_owner_id, validate_ref,
     RepoName, RepoUrl, ValidationError,
@@ -83,10 +85,19 @@ pub enum Command {
     EnsureRepoCache(EnsureRepoCache),
     AcquireWorkspace(AcquireWorkspace),
     Exec(Exec),
-    ReleaseSession { workspace_id: Uuid, destroy_runtime: bool },
-    HibernateRuntime { workspace_id: Uuid },
-    DestroyRuntime { workspace_id: Uuid },
-    DestroyWorkspace { workspace_id: Uuid },
+    ReleaseSession {
+        workspace_id: Uuid,
+        destroy_runtime: bool,
+    },
+    HibernateRuntime {
+        workspace_id: Uuid,
+    },
+    DestroyRuntime {
+        workspace_id: Uuid,
+    },
+    DestroyWorkspace {
+        workspace_id: Uuid,
+    },
 }
 
 impl Command {
@@ -162,7 +173,10 @@ impl Command {
                     )));
                 }
                 if let Some(cwd) = &e.cwd {
-                    if cwd.contains('\0') || cwd.starts_with('/') || cwd.split('/').any(|s| s == "..") {
+                    if cwd.contains('\0')
+                        || cwd.starts_with('/')
+                        || cwd.split('/').any(|s| s == "..")
+                    {
                         return Err(ValidationError::Request(
                             "cwd must be a relative path inside the workspace".into(),
                         ));
@@ -213,8 +227,12 @@ mod tests {
 
     #[test]
     fn a_task_acquire_without_a_task_id_is_refused() {
-        assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Task)).validate().is_err());
-        assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Edit)).validate().is_ok());
+        assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Task))
+            .validate()
+            .is_err());
+        assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Edit))
+            .validate()
+            .is_ok());
     }
 
     #[test]
@@ -234,7 +252,9 @@ mod tests {
         let json = serde_json::to_value(&exec).unwrap();
         assert_eq!(json["command"], "exec");
         assert_eq!(serde_json::from_value::<Command>(json).unwrap(), exec);
-        let cmd = Command::DestroyWorkspace { workspace_id: Uuid::nil() };
+        let cmd = Command::DestroyWorkspace {
+            workspace_id: Uuid::nil(),
+        };
         let json = serde_json::to_value(&cmd).unwrap();
         assert_eq!(json["command"], "destroy_workspace");
         assert_eq!(serde_json::from_value::<Command>(json).unwrap(), cmd);

@@ -42,7 +42,10 @@ pub enum Event {
         size_bytes: i64,
     },
     #[serde(rename = "repo_cache.fetched")]
-    RepoCacheFetched { repo_cache_id: Uuid, size_bytes: i64 },
+    RepoCacheFetched {
+        repo_cache_id: Uuid,
+        size_bytes: i64,
+    },
     #[serde(rename = "repo_cache.used")]
     RepoCacheUsed { repo_cache_id: Uuid },
     #[serde(rename = "workspace.created")]
@@ -160,7 +163,10 @@ impl Event {
         (self.event_type(), data)
     }
     /// Rebuilds an event from its stored `(event_type, payload)` pair.
-    pub fn from_stored(event_type: &str, payload: serde_json::Value) -> Result<Self, serde_json::Error> {
+    pub fn from_stored(
+        event_type: &str,
+        payload: serde_json::Value,
+    ) -> Result<Self, serde_json::Error> {
         serde_json::from_value(serde_json::json!({ "type": event_type, "data": payload }))
     }
 }

@@ -108,9 +108,15 @@ mod tests {
     #[test]
     fn distinct_keys_get_distinct_directories() {
         let layout = Layout::new("/g");
-        assert_ne!(layout.workspace_dir(&key("a", "c1")), layout.workspace_dir(&key("a", "c2")));
+        assert_ne!(
+            layout.workspace_dir(&key("a", "c1")),
+            layout.workspace_dir(&key("a", "c2"))
+        );
         // Values that sanitize to the same prefix still differ by hash.
-        assert_ne!(layout.workspace_dir(&key("a.b", "c")), layout.workspace_dir(&key("a_b", "c")));
+        assert_ne!(
+            layout.workspace_dir(&key("a.b", "c")),
+            layout.workspace_dir(&key("a_b", "c"))
+        );
         assert_ne!(
             layout.repo_cache_dir("github.com/o/r"),
             layout.repo_cache_dir("gitlab.com/o/r")

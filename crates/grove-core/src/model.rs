@@ -239,8 +239,14 @@ mod tests {
 
     #[test]
     fn branches_follow_the_seed_naming() {
-        assert_eq!(branch_for(WorkspaceMode::Edit, "c1").unwrap(), "agent/edits-c1");
-        assert_eq!(branch_for(WorkspaceMode::Task, "t1").unwrap(), "agent/task-t1");
+        assert_eq!(
+            branch_for(WorkspaceMode::Edit, "c1").unwrap(),
+            "agent/edits-c1"
+        );
+        assert_eq!(
+            branch_for(WorkspaceMode::Task, "t1").unwrap(),
+            "agent/task-t1"
+        );
         assert_eq!(branch_for(WorkspaceMode::Analysis, "main"), None);
     }
 

@@ -166,7 +166,10 @@ pub enum StreamKind {
 /// A piece of output delivered while the command runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecChunk {
-    Output { stream: StreamKind, data: Vec<u8> },
+    Output {
+        stream: StreamKind,
+        data: Vec<u8>,
+    },
     /// The last item: the command's result (stdout/stderr left empty; they were streamed).
     Finished(ExecResult),
 }

@@ -51,7 +51,9 @@ impl Reads {
                 | Event::WorkspaceAcquired { workspace_id }
                 | Event::WorkspaceReleased { workspace_id }
                 | Event::WorkspaceDirtyChanged { workspace_id, .. }
-                | Event::WorkspaceDestroyed { workspace_id } => reads.workspaces.push(*workspace_id),
+                | Event::WorkspaceDestroyed { workspace_id } => {
+                    reads.workspaces.push(*workspace_id)
+                }
                 Event::ExecStarted {
                     workspace_id,
                     runtime_id,
@@ -299,12 +301,21 @@ mod tests {
         let id = Uuid::from_u128(1);
         let mut p = Projections::default();
         p.apply(&created(id), at(1));
-        p.apply(&Event::WorkspaceDirtyChanged { workspace_id: id, dirty: true }, at(2));
+        p.apply(
+            &Event::WorkspaceDirtyChanged {
+                workspace_id: id,
+                dirty: true,
+            },
+            at(2),
+        );
         let row = &p.workspaces[&id];
         assert!(row.dirty);
         assert_eq!(row.created_at, at(1));
         assert_eq!(row.last_used_at, at(2));
-        assert_eq!(p.take_touched().workspaces.into_iter().collect::<Vec<_>>(), vec![id]);
+        assert_eq!(
+            p.take_touched().workspaces.into_iter().collect::<Vec<_>>(),
+            vec![id]
+        );
     }
 
     #[test]
@@ -323,7 +334,13 @@ mod tests {
             },
             at(2),
         );
-        p.apply(&Event::RuntimeStopped { runtime_id: rt, reason: "release".into() }, at(3));
+        p.apply(
+            &Event::RuntimeStopped {
+                runtime_id: rt,
+                reason: "release".into(),
+            },
+            at(3),
+        );
         assert_eq!(p.runtimes[&rt].state, "stopped");
         p.apply(&Event::WorkspaceDestroyed { workspace_id: id }, at(4));
         assert!(p.workspaces.is_empty());

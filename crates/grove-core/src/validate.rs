@@ -150,14 +150,17 @@ impl RepoUrl {
             None => {
                 // scp-like: user@host:path (no scheme). A colon is required and the
                 // host part must not contain '/'.
-                let (authority, path) = raw
-                    .split_once(':')
-                    .ok_or_else(|| bad("unrecognised form: expected https://, ssh://, file:// or user@host:path"))?;
+                let (authority, path) = raw.split_once(':').ok_or_else(|| {
+                    bad("unrecognised form: expected https://, ssh://, file:// or user@host:path")
+                })?;
                 if authority.is_empty() || authority.contains('/') || path.starts_with("//") {
                     return Err(bad("unrecognised scp-like form"));
                 }
                 let host = authority.rsplit('@').next().unwrap_or(authority);
-                if authority.rsplit_once('@').is_some_and(|(user, _)| user.contains(':')) {
+                if authority
+                    .rsplit_once('@')
+                    .is_some_and(|(user, _)| user.contains(':'))
+                {
                     return Err(bad(
                         "credentials in the URL are not allowed; pass a token with --token-env",
                     ));
@@ -166,9 +169,13 @@ impl RepoUrl {
             }
         };
         if !matches!(scheme.as_str(), "https" | "http" | "ssh" | "git") {
-            return Err(bad("unsupported scheme (expected https, http, ssh, git or file)"));
+            return Err(bad(
+                "unsupported scheme (expected https, http, ssh, git or file)",
+            ));
         }
-        let (authority, path) = rest.split_once('/').ok_or_else(|| bad("no repository path"))?;
+        let (authority, path) = rest
+            .split_once('/')
+            .ok_or_else(|| bad("no repository path"))?;
         if authority.contains('@') && scheme != "ssh" {
             return Err(bad(
                 "credentials in the URL are not allowed; pass a token with --token-env",
@@ -245,7 +252,10 @@ pub fn validate_ref(raw: &str) -> Result<(), ValidationError> {
     if raw.starts_with('-') {
         return Err(err("starts with '-'"));
     }
-    if raw.chars().any(|c| c.is_control() || c == ' ' || c == '\u{7f}') {
+    if raw
+        .chars()
+        .any(|c| c.is_control() || c == ' ' || c == '\u{7f}')
+    {
         return Err(err("contains whitespace or control characters"));
     }
     if raw.contains("..") {
@@ -361,7 +371,9 @@ mod tests {
 
     #[test]
     fn repo_names_with_traversal_or_extra_segments_are_refused() {
-        for bad in ["../x", "a/b/c", "-x/y", "x/-y", "a", "/a", "a/", "a/..", ".a/b", "a b/c", "a/b\n"] {
+        for bad in [
+            "../x", "a/b/c", "-x/y", "x/-y", "a", "/a", "a/", "a/..", ".a/b", "a b/c", "a/b\n",
+        ] {
             assert!(RepoName::parse(bad).is_err(), "{bad:?} accepted");
         }
         assert!(RepoName::parse("octo-org/hello_world.rs").is_ok());
@@ -403,7 +415,10 @@ mod tests {
 
     #[test]
     fn refs_follow_check_ref_format() {
-        for bad in ["", "a..b", "-x", "a\nb", "a b", "a~1", "a^", "a:b", "x.lock", "/a", "a/", "a//b", "@", "a@{1}", "a/.b"] {
+        for bad in [
+            "", "a..b", "-x", "a\nb", "a b", "a~1", "a^", "a:b", "x.lock", "/a", "a/", "a//b", "@",
+            "a@{1}", "a/.b",
+        ] {
             assert!(validate_ref(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["main", "release/1.2", "agent/edits-c1", "0123abcd"] {
@@ -414,7 +429,10 @@ mod tests {
     #[test]
     fn scope_ids_that_would_break_a_branch_name_are_refused() {
         for bad in ["", "../x", "a/b", "-a", "a..b", "a b", "x.lock"] {
-            assert!(validate_branch_scope_id("conversation", bad).is_err(), "{bad:?}");
+            assert!(
+                validate_branch_scope_id("conversation", bad).is_err(),
+                "{bad:?}"
+            );
         }
         validate_branch_scope_id("conversation", "conv-42_a.b").unwrap();
         validate_owner_id("user", "alice@example.com").unwrap();

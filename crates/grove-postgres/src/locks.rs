@@ -71,9 +71,12 @@ impl AdvisoryLock {
             shared,
         };
         let conn = guard.conn.as_mut().expect("connection present");
-        sqlx::query(trusted(format!("SET lock_timeout = {}", timeout.as_millis().max(1))))
-            .execute(&mut **conn)
-            .await?;
+        sqlx::query(trusted(format!(
+            "SET lock_timeout = {}",
+            timeout.as_millis().max(1)
+        )))
+        .execute(&mut **conn)
+        .await?;
         let sql = if shared {
             "SELECT pg_advisory_lock_shared($1)"
         } else {
@@ -104,7 +107,9 @@ impl AdvisoryLock {
         };
         let unlocked = async {
             sqlx::query(sql).bind(self.key).execute(&mut *conn).await?;
-            sqlx::query("RESET lock_timeout").execute(&mut *conn).await?;
+            sqlx::query("RESET lock_timeout")
+                .execute(&mut *conn)
+                .await?;
             Ok::<_, StoreError>(())
         }
         .await;

@@ -10,7 +10,9 @@ use crate::StoreError;
 /// sees the other's versions. Safe to run concurrently and repeatedly: each migrator
 /// takes Postgres' migration lock and skips what is applied.
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {
-    apalis_postgres::PostgresStorage::migrations().run(pool).await?;
+    apalis_postgres::PostgresStorage::migrations()
+        .run(pool)
+        .await?;
     grove_migrator().run(pool).await?;
     Ok(())
 }

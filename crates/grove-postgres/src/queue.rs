@@ -100,7 +100,10 @@ pub async fn enqueue(
 }
 
 /// Reads a command's status from the ledger.
-pub async fn status(conn: &mut PgConnection, command_id: Uuid) -> Result<Option<CommandStatus>, StoreError> {
+pub async fn status(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+) -> Result<Option<CommandStatus>, StoreError> {
     let row = sqlx::query(
         "SELECT c.command_id, c.kind, c.status, c.attempts, c.result, c.error, j.status AS job_status
          FROM grove.commands c LEFT JOIN apalis.jobs j ON j.id = c.job_id
@@ -124,7 +127,11 @@ pub async fn status(conn: &mut PgConnection, command_id: Uuid) -> Result<Option<
 }
 
 /// Withdraws a command that no worker has claimed yet. Returns false if a worker has it.
-pub async fn cancel_unclaimed(pool: &PgPool, command_id: Uuid, reason: &str) -> Result<bool, StoreError> {
+pub async fn cancel_unclaimed(
+    pool: &PgPool,
+    command_id: Uuid,
+    reason: &str,
+) -> Result<bool, StoreError> {
     let mut tx = pool.begin().await?;
     let deleted = sqlx::query(
         "DELETE FROM apalis.jobs j USING grove.commands c
@@ -144,7 +151,11 @@ pub async fn cancel_unclaimed(pool: &PgPool, command_id: Uuid, reason: &str) -> 
 }
 
 /// Registers (or re-registers) a worker in `apalis.workers`.
-pub async fn register_worker(pool: &PgPool, worker_id: &str, queues: &[String]) -> Result<(), StoreError> {
+pub async fn register_worker(
+    pool: &PgPool,
+    worker_id: &str,
+    queues: &[String],
+) -> Result<(), StoreError> {
     sqlx::query(
         "INSERT INTO apalis.workers (id, worker_type, storage_name, layers, last_seen)
          VALUES ($1, $2, $3, '', now())
@@ -241,7 +252,12 @@ pub struct ClaimedJob {
 }
 
 /// Claims up to `limit` due jobs of `queue` for `worker_id`.
-pub async fn claim(pool: &PgPool, worker_id: &str, queue: &str, limit: i32) -> Result<Vec<ClaimedJob>, StoreError> {
+pub async fn claim(
+    pool: &PgPool,
+    worker_id: &str,
+    queue: &str,
+    limit: i32,
+) -> Result<Vec<ClaimedJob>, StoreError> {
     let rows = sqlx::query("SELECT id, job_type, job FROM apalis.get_jobs($1, $2, $3)")
         .bind(worker_id)
         .bind(queue)
@@ -309,7 +325,10 @@ pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<S
         Err(e) => {
             // A payload this worker cannot read will never become readable by retrying:
             // fail it for good instead of redelivering it forever.
-            let error = CommandError::new(ErrorKind::InvalidInput, format!("undecodable command payload: {e}"));
+            let error = CommandError::new(
+                ErrorKind::InvalidInput,
+                format!("undecodable command payload: {e}"),
+            );
             finish_ledger(&mut tx, job.command_id, None, Some(&error)).await?;
             close_job(&mut tx, &job.job_id, false).await?;
             tx.commit().await?;
@@ -331,10 +350,11 @@ pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<S
         .bind(attempts + 1)
         .execute(&mut *tx)
         .await?;
-    let token: Option<String> = sqlx::query_scalar("SELECT token FROM grove.command_secrets WHERE command_id = $1")
-        .bind(job.command_id)
-        .fetch_optional(&mut *tx)
-        .await?;
+    let token: Option<String> =
+        sqlx::query_scalar("SELECT token FROM grove.command_secrets WHERE command_id = $1")
+            .bind(job.command_id)
+            .fetch_optional(&mut *tx)
+            .await?;
     tx.commit().await?;
     Ok(Start::Run {
         command,
@@ -345,12 +365,18 @@ pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<S
     })
 }
 
-async fn close_job(conn: &mut PgConnection, job_id: &str, succeeded: bool) -> Result<(), StoreError> {
-    sqlx::query("UPDATE apalis.jobs SET status = $2, done_at = now(), lock_by = NULL WHERE id = $1")
-        .bind(job_id)
-        .bind(if succeeded { "Done" } else { "Killed" })
-        .execute(conn)
-        .await?;
+async fn close_job(
+    conn: &mut PgConnection,
+    job_id: &str,
+    succeeded: bool,
+) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE apalis.jobs SET status = $2, done_at = now(), lock_by = NULL WHERE id = $1",
+    )
+    .bind(job_id)
+    .bind(if succeeded { "Done" } else { "Killed" })
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -397,7 +423,13 @@ pub async fn finish(
         let mut tx = pool.begin().await?;
         let attempt = async {
             store::append(&mut tx, events, metadata, at).await?;
-            finish_ledger(&mut tx, job.command_id, outcome.as_ref().ok(), outcome.as_ref().err()).await?;
+            finish_ledger(
+                &mut tx,
+                job.command_id,
+                outcome.as_ref().ok(),
+                outcome.as_ref().err(),
+            )
+            .await?;
             close_job(&mut tx, &job.job_id, outcome.is_ok()).await?;
             Ok::<_, StoreError>(())
         }

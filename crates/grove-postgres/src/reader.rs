@@ -50,11 +50,14 @@ pub fn event_from_row(row: &PgRow) -> Result<RecordedEvent, StoreError> {
 /// The cursor just before the event at `position` (for `--after POSITION`: the events
 /// after it in commit-safe order). Unknown positions start from the beginning.
 pub async fn cursor_at(conn: &mut PgConnection, position: i64) -> Result<Cursor, StoreError> {
-    let tx: Option<i64> = sqlx::query_scalar("SELECT tx_id::text::bigint FROM grove.events WHERE position = $1")
-        .bind(position)
-        .fetch_optional(conn)
-        .await?;
-    Ok(tx.map(|tx_id| Cursor { tx_id, position }).unwrap_or_default())
+    let tx: Option<i64> =
+        sqlx::query_scalar("SELECT tx_id::text::bigint FROM grove.events WHERE position = $1")
+            .bind(position)
+            .fetch_optional(conn)
+            .await?;
+    Ok(tx
+        .map(|tx_id| Cursor { tx_id, position })
+        .unwrap_or_default())
 }
 
 /// Reads up to `limit` events after `cursor`, optionally of one stream.
@@ -85,8 +88,12 @@ pub async fn read_after(
 }
 
 /// The events a command produced, in order.
-pub async fn events_of_command(conn: &mut PgConnection, command_id: uuid::Uuid) -> Result<Vec<RecordedEvent>, StoreError> {
-    let sql = format!("SELECT {EVENT_COLUMNS} FROM grove.events WHERE command_id = $1 ORDER BY position");
+pub async fn events_of_command(
+    conn: &mut PgConnection,
+    command_id: uuid::Uuid,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let sql =
+        format!("SELECT {EVENT_COLUMNS} FROM grove.events WHERE command_id = $1 ORDER BY position");
     sqlx::query(trusted(sql))
         .bind(command_id)
         .fetch_all(conn)

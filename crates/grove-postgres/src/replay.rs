@@ -10,7 +10,11 @@ use sqlx::{PgPool, Row};
 use crate::rows;
 use crate::{trusted, StoreError};
 
-const TABLES: [&str; 3] = ["sandbox_repo_caches", "sandbox_workspaces", "sandbox_runtimes"];
+const TABLES: [&str; 3] = [
+    "sandbox_repo_caches",
+    "sandbox_workspaces",
+    "sandbox_runtimes",
+];
 
 /// One difference between a live row and its replayed counterpart.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,8 +30,16 @@ pub struct RowDiff {
 impl std::fmt::Display for RowDiff {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self.what.as_str() {
-            "missing_in_live" => write!(f, "{} id={}: row exists in replay but not in live table", self.table, self.id),
-            "missing_in_replay" => write!(f, "{} id={}: live row has no events that create it", self.table, self.id),
+            "missing_in_live" => write!(
+                f,
+                "{} id={}: row exists in replay but not in live table",
+                self.table, self.id
+            ),
+            "missing_in_replay" => write!(
+                f,
+                "{} id={}: live row has no events that create it",
+                self.table, self.id
+            ),
             col => write!(
                 f,
                 "{} id={} column {}: live={} replayed={}",
@@ -53,8 +65,9 @@ pub async fn fold_all(pool: &PgPool) -> Result<(Projections, u64), StoreError> {
     let mut conn = pool.acquire().await?;
     let mut projections = Projections::default();
     let mut count = 0u64;
-    let mut stream = sqlx::query("SELECT event_type, payload, recorded_at FROM grove.events ORDER BY position")
-        .fetch(&mut *conn);
+    let mut stream =
+        sqlx::query("SELECT event_type, payload, recorded_at FROM grove.events ORDER BY position")
+            .fetch(&mut *conn);
     while let Some(row) = stream.try_next().await? {
         let event_type: String = row.try_get("event_type")?;
         let payload: serde_json::Value = row.try_get("payload")?;
@@ -81,13 +94,21 @@ pub async fn verify(pool: &PgPool) -> Result<ReplayReport, StoreError> {
     })
 }
 
-async fn verify_in(pool: &PgPool, scratch: &str, p: &Projections) -> Result<Vec<RowDiff>, StoreError> {
+async fn verify_in(
+    pool: &PgPool,
+    scratch: &str,
+    p: &Projections,
+) -> Result<Vec<RowDiff>, StoreError> {
     let mut tx = pool.begin().await?;
-    sqlx::query(trusted(format!("CREATE SCHEMA {scratch}"))).execute(&mut *tx).await?;
+    sqlx::query(trusted(format!("CREATE SCHEMA {scratch}")))
+        .execute(&mut *tx)
+        .await?;
     for table in TABLES {
-        sqlx::query(trusted(format!("CREATE TABLE {scratch}.{table} (LIKE grove.{table} INCLUDING ALL)")))
-            .execute(&mut *tx)
-            .await?;
+        sqlx::query(trusted(format!(
+            "CREATE TABLE {scratch}.{table} (LIKE grove.{table} INCLUDING ALL)"
+        )))
+        .execute(&mut *tx)
+        .await?;
     }
     for row in p.repo_caches.values() {
         rows::upsert_repo_cache(&mut tx, scratch, row).await?;
@@ -113,9 +134,11 @@ async fn table_json(
     schema: &str,
     table: &str,
 ) -> Result<BTreeMap<String, serde_json::Map<String, serde_json::Value>>, StoreError> {
-    let rows = sqlx::query(trusted(format!("SELECT id::text AS id, to_jsonb(t) AS row FROM {schema}.{table} t")))
-        .fetch_all(conn)
-        .await?;
+    let rows = sqlx::query(trusted(format!(
+        "SELECT id::text AS id, to_jsonb(t) AS row FROM {schema}.{table} t"
+    )))
+    .fetch_all(conn)
+    .await?;
     let mut out = BTreeMap::new();
     for r in rows {
         let id: String = r.try_get("id")?;
@@ -135,7 +158,13 @@ fn diff_tables(
 ) {
     for (id, live_row) in live {
         let Some(replayed_row) = replayed.get(id) else {
-            diffs.push(RowDiff { table, id: id.clone(), what: "missing_in_replay".into(), live: None, replayed: None });
+            diffs.push(RowDiff {
+                table,
+                id: id.clone(),
+                what: "missing_in_replay".into(),
+                live: None,
+                replayed: None,
+            });
             continue;
         };
         for (col, lv) in live_row {
@@ -153,7 +182,13 @@ fn diff_tables(
     }
     for id in replayed.keys() {
         if !live.contains_key(id) {
-            diffs.push(RowDiff { table, id: id.clone(), what: "missing_in_live".into(), live: None, replayed: None });
+            diffs.push(RowDiff {
+                table,
+                id: id.clone(),
+                what: "missing_in_live".into(),
+                live: None,
+                replayed: None,
+            });
         }
     }
 }

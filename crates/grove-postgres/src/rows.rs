@@ -85,25 +85,42 @@ pub fn runtime_from_row(r: &PgRow) -> Result<RuntimeRow, StoreError> {
 }
 
 /// Loads the rows `reads` names into a fresh [`Projections`], locking them for update.
-pub async fn load_for_update(conn: &mut PgConnection, reads: &Reads) -> Result<Projections, StoreError> {
+pub async fn load_for_update(
+    conn: &mut PgConnection,
+    reads: &Reads,
+) -> Result<Projections, StoreError> {
     let mut p = Projections::default();
     if !reads.repo_caches.is_empty() {
         let sql = format!("SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE id = ANY($1) FOR UPDATE");
-        for r in sqlx::query(trusted(sql)).bind(&reads.repo_caches).fetch_all(&mut *conn).await? {
+        for r in sqlx::query(trusted(sql))
+            .bind(&reads.repo_caches)
+            .fetch_all(&mut *conn)
+            .await?
+        {
             let row = repo_cache_from_row(&r)?;
             p.repo_caches.insert(row.id, row);
         }
     }
     if !reads.workspaces.is_empty() {
         let sql = format!("SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE id = ANY($1) FOR UPDATE");
-        for r in sqlx::query(trusted(sql)).bind(&reads.workspaces).fetch_all(&mut *conn).await? {
+        for r in sqlx::query(trusted(sql))
+            .bind(&reads.workspaces)
+            .fetch_all(&mut *conn)
+            .await?
+        {
             let row = workspace_from_row(&r)?;
             p.workspaces.insert(row.id, row);
         }
     }
     if !reads.runtimes.is_empty() {
-        let sql = format!("SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE id = ANY($1) FOR UPDATE");
-        for r in sqlx::query(trusted(sql)).bind(&reads.runtimes).fetch_all(&mut *conn).await? {
+        let sql = format!(
+            "SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE id = ANY($1) FOR UPDATE"
+        );
+        for r in sqlx::query(trusted(sql))
+            .bind(&reads.runtimes)
+            .fetch_all(&mut *conn)
+            .await?
+        {
             let row = runtime_from_row(&r)?;
             p.runtimes.insert(row.id, row);
         }
@@ -139,11 +156,18 @@ pub async fn write_touched(
     Ok(())
 }
 
-async fn delete(conn: &mut PgConnection, schema: &str, table: &str, id: Uuid) -> Result<(), StoreError> {
-    sqlx::query(trusted(format!("DELETE FROM {schema}.{table} WHERE id = $1")))
-        .bind(id)
-        .execute(conn)
-        .await?;
+async fn delete(
+    conn: &mut PgConnection,
+    schema: &str,
+    table: &str,
+    id: Uuid,
+) -> Result<(), StoreError> {
+    sqlx::query(trusted(format!(
+        "DELETE FROM {schema}.{table} WHERE id = $1"
+    )))
+    .bind(id)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
@@ -151,7 +175,10 @@ async fn delete(conn: &mut PgConnection, schema: &str, table: &str, id: Uuid) ->
 fn upsert_sql(schema: &str, table: &str, columns: &str) -> String {
     let cols: Vec<&str> = columns.split(", ").collect();
     let params: Vec<String> = (1..=cols.len()).map(|i| format!("${i}")).collect();
-    let sets: Vec<String> = cols[1..].iter().map(|c| format!("{c} = EXCLUDED.{c}")).collect();
+    let sets: Vec<String> = cols[1..]
+        .iter()
+        .map(|c| format!("{c} = EXCLUDED.{c}"))
+        .collect();
     format!(
         "INSERT INTO {schema}.{table} ({columns}) VALUES ({}) ON CONFLICT (id) DO UPDATE SET {}",
         params.join(", "),
@@ -159,77 +186,104 @@ fn upsert_sql(schema: &str, table: &str, columns: &str) -> String {
     )
 }
 
-pub async fn upsert_repo_cache(conn: &mut PgConnection, schema: &str, r: &RepoCacheRow) -> Result<(), StoreError> {
-    sqlx::query(trusted(upsert_sql(schema, "sandbox_repo_caches", REPO_CACHE_COLUMNS)))
-        .bind(r.id)
-        .bind(&r.node)
-        .bind(&r.identity)
-        .bind(&r.repo_name)
-        .bind(&r.repo_url)
-        .bind(&r.provider)
-        .bind(&r.provider_host)
-        .bind(&r.local_path)
-        .bind(&r.auth_scope_hash)
-        .bind(r.last_fetched_at)
-        .bind(r.last_used_at)
-        .bind(r.size_bytes)
-        .bind(&r.state)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .execute(conn)
-        .await?;
+pub async fn upsert_repo_cache(
+    conn: &mut PgConnection,
+    schema: &str,
+    r: &RepoCacheRow,
+) -> Result<(), StoreError> {
+    sqlx::query(trusted(upsert_sql(
+        schema,
+        "sandbox_repo_caches",
+        REPO_CACHE_COLUMNS,
+    )))
+    .bind(r.id)
+    .bind(&r.node)
+    .bind(&r.identity)
+    .bind(&r.repo_name)
+    .bind(&r.repo_url)
+    .bind(&r.provider)
+    .bind(&r.provider_host)
+    .bind(&r.local_path)
+    .bind(&r.auth_scope_hash)
+    .bind(r.last_fetched_at)
+    .bind(r.last_used_at)
+    .bind(r.size_bytes)
+    .bind(&r.state)
+    .bind(r.created_at)
+    .bind(r.updated_at)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
-pub async fn upsert_workspace(conn: &mut PgConnection, schema: &str, r: &WorkspaceRow) -> Result<(), StoreError> {
-    sqlx::query(trusted(upsert_sql(schema, "sandbox_workspaces", WORKSPACE_COLUMNS)))
-        .bind(r.id)
-        .bind(r.repo_cache_id)
-        .bind(&r.node)
-        .bind(&r.project_id)
-        .bind(&r.user_id)
-        .bind(r.mode.as_str())
-        .bind(&r.conversation_id)
-        .bind(&r.task_id)
-        .bind(&r.base_ref)
-        .bind(&r.base_commit)
-        .bind(&r.branch_name)
-        .bind(&r.local_path)
-        .bind(&r.state)
-        .bind(r.dirty)
-        .bind(r.pinned_until)
-        .bind(r.last_used_at)
-        .bind(r.size_bytes)
-        .bind(r.capabilities.writable)
-        .bind(r.capabilities.isolated)
-        .bind(r.capabilities.persistent)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .execute(conn)
-        .await?;
+pub async fn upsert_workspace(
+    conn: &mut PgConnection,
+    schema: &str,
+    r: &WorkspaceRow,
+) -> Result<(), StoreError> {
+    sqlx::query(trusted(upsert_sql(
+        schema,
+        "sandbox_workspaces",
+        WORKSPACE_COLUMNS,
+    )))
+    .bind(r.id)
+    .bind(r.repo_cache_id)
+    .bind(&r.node)
+    .bind(&r.project_id)
+    .bind(&r.user_id)
+    .bind(r.mode.as_str())
+    .bind(&r.conversation_id)
+    .bind(&r.task_id)
+    .bind(&r.base_ref)
+    .bind(&r.base_commit)
+    .bind(&r.branch_name)
+    .bind(&r.local_path)
+    .bind(&r.state)
+    .bind(r.dirty)
+    .bind(r.pinned_until)
+    .bind(r.last_used_at)
+    .bind(r.size_bytes)
+    .bind(r.capabilities.writable)
+    .bind(r.capabilities.isolated)
+    .bind(r.capabilities.persistent)
+    .bind(r.created_at)
+    .bind(r.updated_at)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
-pub async fn upsert_runtime(conn: &mut PgConnection, schema: &str, r: &RuntimeRow) -> Result<(), StoreError> {
-    sqlx::query(trusted(upsert_sql(schema, "sandbox_runtimes", RUNTIME_COLUMNS)))
-        .bind(r.id)
-        .bind(r.workspace_id)
-        .bind(&r.backend_kind)
-        .bind(&r.backend_runtime_id)
-        .bind(&r.image)
-        .bind(&r.state)
-        .bind(r.last_started_at)
-        .bind(r.last_used_at)
-        .bind(r.expires_at)
-        .bind(r.created_at)
-        .bind(r.updated_at)
-        .execute(conn)
-        .await?;
+pub async fn upsert_runtime(
+    conn: &mut PgConnection,
+    schema: &str,
+    r: &RuntimeRow,
+) -> Result<(), StoreError> {
+    sqlx::query(trusted(upsert_sql(
+        schema,
+        "sandbox_runtimes",
+        RUNTIME_COLUMNS,
+    )))
+    .bind(r.id)
+    .bind(r.workspace_id)
+    .bind(&r.backend_kind)
+    .bind(&r.backend_runtime_id)
+    .bind(&r.image)
+    .bind(&r.state)
+    .bind(r.last_started_at)
+    .bind(r.last_used_at)
+    .bind(r.expires_at)
+    .bind(r.created_at)
+    .bind(r.updated_at)
+    .execute(conn)
+    .await?;
     Ok(())
 }
 
 /// Reads one workspace row from the live schema.
-pub async fn workspace(conn: &mut PgConnection, id: Uuid) -> Result<Option<WorkspaceRow>, StoreError> {
+pub async fn workspace(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<WorkspaceRow>, StoreError> {
     let sql = format!("SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE id = $1");
     sqlx::query(trusted(sql))
         .bind(id)
@@ -240,7 +294,10 @@ pub async fn workspace(conn: &mut PgConnection, id: Uuid) -> Result<Option<Works
 }
 
 /// Lists workspaces, optionally of one user, most recently used first.
-pub async fn workspaces(conn: &mut PgConnection, user: Option<&str>) -> Result<Vec<WorkspaceRow>, StoreError> {
+pub async fn workspaces(
+    conn: &mut PgConnection,
+    user: Option<&str>,
+) -> Result<Vec<WorkspaceRow>, StoreError> {
     let sql = format!(
         "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE $1::text IS NULL OR user_id = $1 ORDER BY last_used_at DESC, id"
     );
@@ -293,7 +350,10 @@ pub async fn repo_cache_by_identity(
         .transpose()
 }
 
-pub async fn repo_cache(conn: &mut PgConnection, id: Uuid) -> Result<Option<RepoCacheRow>, StoreError> {
+pub async fn repo_cache(
+    conn: &mut PgConnection,
+    id: Uuid,
+) -> Result<Option<RepoCacheRow>, StoreError> {
     let sql = format!("SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE id = $1");
     sqlx::query(trusted(sql))
         .bind(id)
@@ -304,8 +364,13 @@ pub async fn repo_cache(conn: &mut PgConnection, id: Uuid) -> Result<Option<Repo
 }
 
 /// The runtimes attached to a workspace.
-pub async fn runtimes_of(conn: &mut PgConnection, workspace_id: Uuid) -> Result<Vec<RuntimeRow>, StoreError> {
-    let sql = format!("SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE workspace_id = $1 ORDER BY id");
+pub async fn runtimes_of(
+    conn: &mut PgConnection,
+    workspace_id: Uuid,
+) -> Result<Vec<RuntimeRow>, StoreError> {
+    let sql = format!(
+        "SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE workspace_id = $1 ORDER BY id"
+    );
     sqlx::query(trusted(sql))
         .bind(workspace_id)
         .fetch_all(conn)
