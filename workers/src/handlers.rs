@@ -45,6 +45,8 @@ pub struct Deps {
     pub layout: Layout,
     pub git: Arc<dyn GitPort>,
     pub local: Arc<dyn RuntimeProvider>,
+    /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
+    pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 /// Converts a store failure into the command-level error (transient: worth a retry).
@@ -102,6 +104,25 @@ impl Deps {
             .ok_or_else(|| {
                 CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
             })
+    }
+
+    /// Takes the workspace's command lock, then reads its row: a workspace destroyed
+    /// while we waited is reported as not found rather than used half-gone.
+    async fn lock_workspace(
+        &self,
+        id: Uuid,
+        shared: bool,
+    ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
+        let lock = self
+            .lock(LockScope::WorkspaceCommands, &id.to_string(), shared)
+            .await?;
+        match self.workspace(id).await {
+            Ok(ws) => Ok((ws, lock)),
+            Err(e) => {
+                lock.release().await.ok();
+                Err(e)
+            }
+        }
     }
 
     async fn cache_by_identity(
@@ -338,13 +359,9 @@ impl Deps {
             ));
         }
         let provider = self.local.clone();
-        let lock = self
-            .lock(
-                LockScope::WorkspaceCommands,
-                &ws.id.to_string(),
-                !kind.is_mutating(),
-            )
-            .await?;
+        // Capabilities never change, so the kind chosen above still holds; the row is
+        // re-read under the lock for its current state (dirty, existence).
+        let (ws, lock) = self.lock_workspace(ws.id, !kind.is_mutating()).await?;
         let (runtime_id, mut start_events) = {
             let mut conn = self.conn().await?;
             let existing = rows::runtimes_of(&mut conn, ws.id)
@@ -509,10 +526,7 @@ impl Deps {
         workspace_id: Uuid,
         destroy_runtime: bool,
     ) -> Result<Handled, CommandError> {
-        let ws = self.workspace(workspace_id).await?;
-        let lock = self
-            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false)
-            .await?;
+        let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
         let mut events = self
             .runtime_events(ws.id, destroy_runtime, "session released")
             .await?;
@@ -533,10 +547,7 @@ impl Deps {
         workspace_id: Uuid,
         destroy: bool,
     ) -> Result<Handled, CommandError> {
-        let ws = self.workspace(workspace_id).await?;
-        let lock = self
-            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false)
-            .await?;
+        let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
         let reason = if destroy {
             "destroy requested"
         } else {
@@ -584,10 +595,7 @@ impl Deps {
     }
 
     pub async fn destroy_workspace(&self, workspace_id: Uuid) -> Result<Handled, CommandError> {
-        let ws = self.workspace(workspace_id).await?;
-        let lock = self
-            .lock(LockScope::WorkspaceCommands, &ws.id.to_string(), false)
-            .await?;
+        let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
         let mut events = self
             .runtime_events(ws.id, true, "workspace destroyed")
             .await?;

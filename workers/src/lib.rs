@@ -29,6 +29,7 @@ pub fn build_deps(pool: PgPool, config: WorkerConfig) -> handlers::Deps {
         layout,
         git: Arc::new(grove_git::Git2Adapter::new()),
         local: Arc::new(local),
+        inflight: Default::default(),
         config,
     }
 }

@@ -170,6 +170,26 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>) {
         }
         // A heartbeat after a database restart may find our row gone (pruned): re-register.
         let _ = queue::register_worker(&deps.pool, &cfg.worker_id, &[]).await;
+        let inflight: Vec<String> = deps
+            .inflight
+            .lock()
+            .expect("inflight set")
+            .iter()
+            .cloned()
+            .collect();
+        match queue::requeue_abandoned(&deps.pool, &cfg.worker_id, &inflight, cfg.worker_lost_after)
+            .await
+        {
+            Ok(0) => {}
+            Ok(n) => {
+                info!(
+                    jobs = n,
+                    "handed back jobs this worker holds but no longer runs"
+                );
+                wake.notify_one();
+            }
+            Err(e) => warn!(error = %e, "sweeping abandoned jobs failed"),
+        }
         match queue::recover_orphans(&deps.pool, cfg.worker_lost_after).await {
             Ok(0) => {}
             Ok(n) => {
@@ -200,16 +220,23 @@ fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata
 /// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
 /// the retry the next delivery makes.
 async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
+    deps.inflight
+        .lock()
+        .expect("inflight set")
+        .insert(job.job_id.clone());
     if let Err(e) = run_job_inner(&deps, &job).await {
+        // The outcome could not be recorded (typically Postgres went away). The ledger
+        // row is left as it is: the next delivery of this job then sees an attempt that
+        // started and never finished, and re-runs it if it is idempotent or ends it as
+        // worker_lost if it is an exec. The job row is handed back here if the
+        // database answers, else by the next sweep of our own stale jobs.
         warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
-        // Put the job back so another attempt can record it.
-        let err = CommandError::new(
-            ErrorKind::Unavailable,
-            "database unavailable while recording outcome",
-        )
-        .transient();
-        let _ = queue::retry_later(&deps.pool, &job, &err, Duration::from_secs(1)).await;
+        let _ = queue::requeue(&deps.pool, &job.job_id).await;
     }
+    deps.inflight
+        .lock()
+        .expect("inflight set")
+        .remove(&job.job_id);
 }
 
 async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> {

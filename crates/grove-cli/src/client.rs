@@ -83,6 +83,18 @@ async fn wait(pool: &PgPool, listener: &mut PgListener, command_id: Uuid) -> Res
                 return Err(CommandError::new(ErrorKind::Unavailable, reason).into());
             }
         }
+        if started.elapsed() > claim_timeout && queue::live_workers(pool, claim_timeout).await? == 0
+        {
+            // Claimed once, but every worker is gone: say so rather than wait forever.
+            // The job stays queued and its outcome is recorded when a worker returns.
+            return Err(CommandError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "no grove worker is alive to finish command {command_id}; start one with `grove worker` (the outcome will be recorded then)"
+                ),
+            )
+            .into());
+        }
         // The notification wakes us at once; the timeout is the polling fallback.
         let _ = tokio::time::timeout(Duration::from_millis(250), listener.try_recv()).await;
     }

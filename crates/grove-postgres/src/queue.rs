@@ -472,3 +472,37 @@ pub async fn retry_later(
     tx.commit().await?;
     Ok(())
 }
+
+/// Hands a job back to the queue (status `Pending`, unlocked), leaving its ledger row as
+/// it is. Used when a worker could not record an outcome.
+pub async fn requeue(pool: &PgPool, job_id: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE apalis.jobs SET status = 'Pending', lock_by = NULL, lock_at = NULL WHERE id = $1 AND status IN ('Queued', 'Running')",
+    )
+    .bind(job_id)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
+/// Hands back jobs locked by `worker_id` for longer than `older_than` that it no longer
+/// runs (not in `inflight`): e.g. when recording an outcome failed while the database
+/// was away. Jobs claimed a moment ago are left alone by the age bound.
+pub async fn requeue_abandoned(
+    pool: &PgPool,
+    worker_id: &str,
+    inflight: &[String],
+    older_than: Duration,
+) -> Result<u64, StoreError> {
+    Ok(sqlx::query(
+        "UPDATE apalis.jobs SET status = 'Pending', lock_by = NULL, lock_at = NULL
+         WHERE lock_by = $1 AND status IN ('Queued', 'Running') AND id <> ALL($2)
+           AND lock_at < now() - make_interval(secs => $3)",
+    )
+    .bind(worker_id)
+    .bind(inflight)
+    .bind(older_than.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected())
+}
