@@ -4,6 +4,7 @@ mod concurrency;
 mod crash;
 mod input;
 mod lifecycle;
+mod queue;
 mod reader;
 mod replay;
 mod secrets;
