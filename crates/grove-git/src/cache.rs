@@ -33,6 +33,7 @@ pub(crate) fn ensure_cache(
     fetch: bool,
 ) -> Result<CacheReport, GitError> {
     if let Some(repo) = open_complete(cache_dir)? {
+        set_origin_url(&repo, url)?;
         let fetched = if fetch {
             tracing::info!(url = %redact_url(url), path = %cache_dir.display(), "fetching repo cache");
             sync_remote(&repo, url, token)?;
@@ -121,16 +122,21 @@ fn init_mirror(path: &Path, url: &str) -> Result<Repository, GitError> {
     Ok(repo)
 }
 
-/// Brings the cache's branches and tags up to date with the remote (pruning deleted
-/// ones) and points HEAD at the remote's default branch.
-fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result<(), GitError> {
-    let local = |e: git2::Error| map_git2(&e, Phase::Local, token);
-    // The config records exactly the caller's URL; a moved upstream updates it here.
+/// Records exactly the caller's URL as `origin`: a moved upstream updates it here.
+fn set_origin_url(repo: &Repository, url: &str) -> Result<(), GitError> {
+    let local = |e: git2::Error| map_git2(&e, Phase::Local, None);
     let current = repo.find_remote(REMOTE).map_err(local)?;
     if current.url_bytes() != url.as_bytes() {
         repo.remote_set_url(REMOTE, url).map_err(local)?;
     }
-    drop(current);
+    Ok(())
+}
+
+/// Brings the cache's branches and tags up to date with the remote (pruning deleted
+/// ones) and points HEAD at the remote's default branch.
+fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result<(), GitError> {
+    let local = |e: git2::Error| map_git2(&e, Phase::Local, token);
+    set_origin_url(repo, url)?;
     let mut remote = repo.find_remote(REMOTE).map_err(local)?;
 
     let auth = Auth::new(token);

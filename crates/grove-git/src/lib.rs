@@ -19,11 +19,33 @@ mod errors;
 mod fsutil;
 
 use std::path::Path;
+use std::time::Duration;
 
 use grove_core::error::GitError;
 use grove_core::ports::{CacheReport, CheckoutReport, CheckoutRequest, GitPort, GitToken};
 
 pub use fsutil::dir_size_bytes;
+
+/// Sets libgit2's process-wide network timeouts: `connect` for opening a connection,
+/// `io` for any single read or write on it. libgit2's defaults are zero (wait
+/// forever), so without this a remote that stops answering mid-fetch pins a blocking
+/// worker thread until the process dies. Values above `i32::MAX` ms are clamped.
+///
+/// # Safety
+///
+/// This writes libgit2 globals without synchronization: call it once at process
+/// start, before any thread is spawned (before building the tokio runtime) and before
+/// any other use of git2.
+pub unsafe fn set_network_timeouts(connect: Duration, io: Duration) -> Result<(), GitError> {
+    let ms = |d: Duration| i32::try_from(d.as_millis()).unwrap_or(i32::MAX);
+    let map = |e: git2::Error| GitError::Other(errors::scrub(e.message(), None));
+    // SAFETY: forwarded to the caller (see the function's safety section).
+    unsafe {
+        git2::opts::set_server_connect_timeout_in_milliseconds(ms(connect)).map_err(map)?;
+        git2::opts::set_server_timeout_in_milliseconds(ms(io)).map_err(map)?;
+    }
+    Ok(())
+}
 
 /// The git2 implementation of [`GitPort`]. Stateless: every call opens what it needs.
 #[derive(Debug, Clone, Copy, Default)]

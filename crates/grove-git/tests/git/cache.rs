@@ -44,6 +44,8 @@ fn the_cache_is_a_bare_mirror_of_branches_and_tags_with_the_exact_origin_url() {
     assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
     assert_eq!(git(&dir, &["rev-parse", "refs/heads/feature"]), fx.feature);
     assert_eq!(git(&dir, &["rev-parse", "refs/tags/v1^{commit}"]), fx.first);
+    // Workspaces borrow these objects, so the git CLI must not collect them on its own.
+    assert_eq!(git(&dir, &["config", "gc.auto"]), "0");
     // HEAD follows the upstream's default branch.
     assert_eq!(git(&dir, &["symbolic-ref", "HEAD"]), "refs/heads/main");
 }
@@ -77,6 +79,10 @@ fn a_fetch_with_a_changed_url_records_the_new_url() {
     let moved = fx.path("moved");
     std::fs::rename(&fx.upstream, &moved).unwrap();
     let moved_url = format!("file://{}", moved.display());
+    let adapter = Git2Adapter::new();
+    let unfetched = adapter.ensure_cache(&moved_url, &dir, None, false).unwrap();
+    assert!(!unfetched.cloned);
+    assert_eq!(git(&dir, &["config", "remote.origin.url"]), moved_url);
     let report = Git2Adapter::new()
         .ensure_cache(&moved_url, &dir, None, true)
         .unwrap();
