@@ -149,7 +149,7 @@ CREATE FUNCTION grove.enqueue(
     p_command_id uuid,
     p_payload jsonb,
     p_queue text,
-    p_max_attempts integer DEFAULT 5
+    p_max_attempts integer DEFAULT NULL
 ) RETURNS TABLE (job_id text, inserted boolean)
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -158,6 +158,9 @@ BEGIN
     IF p_payload ->> 'command' IS NULL THEN
         RAISE EXCEPTION 'grove.enqueue: payload names no command' USING ERRCODE = '22023';
     END IF;
+    -- An exec is never retried (a command may not be safe to run twice); every other
+    -- command is idempotent and gets five attempts unless the caller says otherwise.
+    p_max_attempts := coalesce(p_max_attempts, CASE WHEN p_payload ->> 'command' = 'exec' THEN 1 ELSE 5 END);
     v_job_id := apalis.generate_ulid();
     INSERT INTO grove.commands (command_id, kind, payload, queue, job_id, status, max_attempts)
     VALUES (p_command_id, p_payload ->> 'command', p_payload, p_queue, v_job_id, 'queued', p_max_attempts)

@@ -22,7 +22,8 @@ pub struct WorkerConfig {
     pub poll_every: Duration,
     /// How long a job waits for a workspace or cache lock before failing as `conflict`.
     pub lock_timeout: Duration,
-    /// A repo cache older than this is fetched on the next acquire.
+    /// A repo cache older than this is fetched by the next ensure, or by the next acquire that
+    /// creates a workspace from it.
     pub cache_freshness: Duration,
     /// Finished jobs and ledger rows are pruned after this long (the dedupe window).
     pub prune_after: Duration,

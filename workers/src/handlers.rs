@@ -32,7 +32,9 @@ use crate::config::WorkerConfig;
 /// What a handler produced: the caller's result, the events to commit with it, and the
 /// locks to release only after that commit.
 pub struct Handled {
-    pub result: CommandResult,
+    /// The caller's result, or the failure to record (with `events`) for a command that
+    /// failed after changing state, such as an exec the runtime rejected once started.
+    pub result: Result<CommandResult, CommandError>,
     pub events: Vec<Event>,
     pub locks: Vec<AdvisoryLock>,
     pub correlation: Correlation,
@@ -153,8 +155,13 @@ impl Deps {
             row.last_fetched_at
                 .is_none_or(|t| (at - t).to_std().unwrap_or_default() > self.config.cache_freshness)
         };
+        // A cache cloned with credentials is served to a caller with other (or no)
+        // credentials only after a fetch with theirs succeeds: the fetch is the access check.
+        let scope = token.map(|t| short_hash(t.expose(), 16));
+        let foreign =
+            |row: &RepoCacheRow| row.auth_scope_hash.is_some() && row.auth_scope_hash != scope;
         if let Some(row) = &existing {
-            if !fetch && !stale(row) && PathBuf::from(&row.local_path).is_dir() {
+            if !fetch && !stale(row) && !foreign(row) && PathBuf::from(&row.local_path).is_dir() {
                 let events = vec![Event::RepoCacheUsed {
                     repo_cache_id: row.id,
                 }];
@@ -172,7 +179,7 @@ impl Deps {
         let existing = self.cache_by_identity(url.identity()).await?;
         let cache_dir = self.layout.repo_cache_dir(url.identity());
         let must_fetch = match &existing {
-            Some(row) => fetch || stale(row),
+            Some(row) => fetch || stale(row) || foreign(row),
             None => false,
         };
         let git = self.git.clone();
@@ -199,7 +206,7 @@ impl Deps {
                 },
                 provider_host: url.host().to_string(),
                 local_path: cache_dir.to_string_lossy().into_owned(),
-                auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
+                auth_scope_hash: scope.clone(),
                 size_bytes: report.size_bytes,
             }],
         };
@@ -216,7 +223,7 @@ impl Deps {
             .ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at)
             .await?;
         Ok(Handled {
-            result: CommandResult::RepoCache(row),
+            result: Ok(CommandResult::RepoCache(row)),
             events,
             locks: lock.into_iter().collect(),
             correlation: Correlation::default(),
@@ -268,7 +275,7 @@ impl Deps {
             let row = fold_workspace(Some(row), &events, at)
                 .ok_or_else(|| internal("fold lost the row"))?;
             return Ok(Handled {
-                result: CommandResult::Workspace(row),
+                result: Ok(CommandResult::Workspace(row)),
                 events,
                 locks: vec![key_lock],
                 correlation,
@@ -323,7 +330,7 @@ impl Deps {
         let mut locks = vec![key_lock];
         locks.extend(cache_lock);
         Ok(Handled {
-            result: CommandResult::Workspace(row),
+            result: Ok(CommandResult::Workspace(row)),
             events,
             locks,
             correlation,
@@ -502,21 +509,18 @@ impl Deps {
         }
         match result {
             Ok(outcome) => Ok(Handled {
-                result: CommandResult::Exec(outcome),
+                result: Ok(CommandResult::Exec(outcome)),
                 events,
                 locks: vec![lock],
                 correlation,
             }),
-            Err(err) => {
-                // The rejection is still recorded: commit the finish event, then fail.
-                let mut tx = self.pool.begin().await.map_err(|e| store_error(e.into()))?;
-                store::append(&mut tx, &events, metadata, now())
-                    .await
-                    .map_err(store_error)?;
-                tx.commit().await.map_err(|e| store_error(e.into()))?;
-                lock.release().await.ok();
-                Err(err)
-            }
+            // The rejection is recorded with its finish event, in the outcome's transaction.
+            Err(err) => Ok(Handled {
+                result: Err(err),
+                events,
+                locks: vec![lock],
+                correlation,
+            }),
         }
     }
 
@@ -534,7 +538,7 @@ impl Deps {
             workspace_id: ws.id,
         });
         Ok(Handled {
-            result: CommandResult::Done,
+            result: Ok(CommandResult::Done),
             events,
             locks: vec![lock],
             correlation: correlation_of(&ws),
@@ -555,7 +559,7 @@ impl Deps {
         };
         let events = self.runtime_events(ws.id, destroy, reason).await?;
         Ok(Handled {
-            result: CommandResult::Done,
+            result: Ok(CommandResult::Done),
             events,
             locks: vec![lock],
             correlation: correlation_of(&ws),
@@ -595,6 +599,12 @@ impl Deps {
     }
 
     pub async fn destroy_workspace(&self, workspace_id: Uuid) -> Result<Handled, CommandError> {
+        // The key lock first (as acquire takes it), so an acquire of the same key either
+        // finishes before the destroy or starts after it and creates afresh.
+        let key = self.workspace(workspace_id).await?.key();
+        let key_lock = self
+            .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
+            .await?;
         let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
         let mut events = self
             .runtime_events(ws.id, true, "workspace destroyed")
@@ -606,9 +616,9 @@ impl Deps {
             workspace_id: ws.id,
         });
         Ok(Handled {
-            result: CommandResult::Done,
+            result: Ok(CommandResult::Done),
             events,
-            locks: vec![lock],
+            locks: vec![lock, key_lock],
             correlation: correlation_of(&ws),
         })
     }

@@ -69,7 +69,7 @@ impl Worker {
         info!(worker = %cfg.worker_id, node = %cfg.node, concurrency = cfg.concurrency, "worker started");
 
         let wake = Arc::new(Notify::new());
-        let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone()));
+        let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone(), self.queues.clone()));
         let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
 
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
@@ -158,18 +158,23 @@ async fn listen(pool: sqlx::PgPool, wake: Arc<Notify>) {
 }
 
 /// Heartbeats, orphan recovery and pruning, on their schedules.
-async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>) {
+async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
     let cfg = &deps.config;
     let mut tick = tokio::time::interval(cfg.heartbeat_every);
     let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
     loop {
         tick.tick().await;
-        if let Err(e) = queue::heartbeat(&deps.pool, &cfg.worker_id).await {
-            warn!(error = %e, "heartbeat failed");
-            continue;
+        match queue::heartbeat(&deps.pool, &cfg.worker_id).await {
+            Err(e) => {
+                warn!(error = %e, "heartbeat failed");
+                continue;
+            }
+            // Our row is gone (pruned while we were cut off): register again.
+            Ok(false) => {
+                let _ = queue::register_worker(&deps.pool, &cfg.worker_id, &queues).await;
+            }
+            Ok(true) => {}
         }
-        // A heartbeat after a database restart may find our row gone (pruned): re-register.
-        let _ = queue::register_worker(&deps.pool, &cfg.worker_id, &[]).await;
         let inflight: Vec<String> = deps
             .inflight
             .lock()
@@ -255,6 +260,27 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
     if resumed && !command.is_idempotent() {
         return finish_worker_lost(deps, job, &command).await;
     }
+    if resumed && attempt > max_attempts {
+        // Every attempt so far died with its worker: stop redelivering it.
+        let md = metadata(deps, job, Correlation::default());
+        let err = CommandError::new(
+            ErrorKind::WorkerLost,
+            format!(
+                "the worker running this command stopped {} times; giving up",
+                attempt - 1
+            ),
+        );
+        return queue::finish(
+            &deps.pool,
+            job,
+            &deps.config.worker_id,
+            &Err(err),
+            &[],
+            &md,
+            at,
+        )
+        .await;
+    }
     let outcome = match command.validate() {
         Err(e) => Err(CommandError::from(e)),
         Ok(()) => handle(deps, job, &command, token.map(GitToken::new), at).await,
@@ -272,7 +298,8 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
             let res = queue::finish(
                 &deps.pool,
                 job,
-                &Ok(handled.result),
+                &deps.config.worker_id,
+                &handled.result,
                 &handled.events,
                 &md,
                 at,
@@ -290,7 +317,16 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
         }
         Err(e) => {
             let md = metadata(deps, job, Correlation::default());
-            queue::finish(&deps.pool, job, &Err(e), &[], &md, at).await
+            queue::finish(
+                &deps.pool,
+                job,
+                &deps.config.worker_id,
+                &Err(e),
+                &[],
+                &md,
+                at,
+            )
+            .await
         }
     }
 }
@@ -340,7 +376,16 @@ async fn finish_worker_lost(
         ErrorKind::WorkerLost,
         "the worker running this command stopped before it finished; the command was not re-run",
     );
-    queue::finish(&deps.pool, job, &Err(err), &events, &md, now()).await
+    queue::finish(
+        &deps.pool,
+        job,
+        &deps.config.worker_id,
+        &Err(err),
+        &events,
+        &md,
+        now(),
+    )
+    .await
 }
 
 async fn handle(

@@ -220,7 +220,8 @@ impl LocalDb {
     }
 }
 
-/// Postgres' binaries: `GROVE_PG_BINDIR`, then PATH, then Debian's versioned directories.
+/// Postgres' binaries: `GROVE_PG_BINDIR`, then Debian's versioned directories (newest
+/// first), then PATH.
 fn find_bindir() -> Option<PathBuf> {
     if let Ok(dir) = std::env::var("GROVE_PG_BINDIR") {
         return Some(PathBuf::from(dir));

@@ -66,10 +66,6 @@ impl Layout {
                 segment_with(&key.scope, &key.lock_string())
             ))
     }
-    /// Scratch space for a workspace being created (renamed into place when complete).
-    pub fn staging_dir(&self) -> PathBuf {
-        self.root.join("staging")
-    }
 }
 
 /// Like [`segment`], but the hash covers `hashed` (a fuller identity) rather than `shown`.

@@ -12,6 +12,9 @@ pub enum StoreError {
     Locked(String),
     #[error("not found: {0}")]
     NotFound(String),
+    /// Another attempt now holds the command. Handling: drop this attempt's outcome.
+    #[error("superseded: {0}")]
+    Superseded(String),
     /// A stored value could not be decoded (a bug or a hand-edited row).
     #[error("corrupt record: {0}")]
     Corrupt(String),

@@ -5,8 +5,8 @@ use sqlx::PgPool;
 
 use crate::StoreError;
 
-/// Applies apalis-postgres' schema (history in `public._sqlx_migrations`, as apalis
-/// expects) and then grove's (history in `grove._sqlx_migrations`), so neither migrator
+/// Applies apalis-postgres' schema (history in `apalis._sqlx_migrations`, as its
+/// `sqlx.toml` configures) and then grove's (history in `grove._sqlx_migrations`), so neither migrator
 /// sees the other's versions. Safe to run concurrently and repeatedly: each migrator
 /// takes Postgres' migration lock and skips what is applied.
 pub async fn migrate(pool: &PgPool) -> Result<(), StoreError> {

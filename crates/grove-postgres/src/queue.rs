@@ -169,13 +169,14 @@ pub async fn register_worker(
     Ok(())
 }
 
-/// Records that a worker is alive.
-pub async fn heartbeat(pool: &PgPool, worker_id: &str) -> Result<(), StoreError> {
-    sqlx::query("UPDATE apalis.workers SET last_seen = now() WHERE id = $1")
+/// Records that a worker is alive. False when its row is gone (it must register again).
+pub async fn heartbeat(pool: &PgPool, worker_id: &str) -> Result<bool, StoreError> {
+    let n = sqlx::query("UPDATE apalis.workers SET last_seen = now() WHERE id = $1")
         .bind(worker_id)
         .execute(pool)
-        .await?;
-    Ok(())
+        .await?
+        .rows_affected();
+    Ok(n > 0)
 }
 
 /// Whether any grove worker heart-beat within `within`.
@@ -412,6 +413,7 @@ async fn finish_ledger(
 pub async fn finish(
     pool: &PgPool,
     job: &ClaimedJob,
+    worker_id: &str,
     outcome: &Result<CommandResult, CommandError>,
     events: &[Event],
     metadata: &Metadata,
@@ -422,6 +424,21 @@ pub async fn finish(
         tries += 1;
         let mut tx = pool.begin().await?;
         let attempt = async {
+            // Only the worker that holds the attempt records it: one declared lost by
+            // mistake must not overwrite the outcome of the attempt that replaced it.
+            let owner: Option<String> = sqlx::query_scalar(
+                "SELECT worker_id FROM grove.commands WHERE command_id = $1 AND status = 'running' FOR UPDATE",
+            )
+            .bind(job.command_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .flatten();
+            if owner.as_deref() != Some(worker_id) {
+                return Err(StoreError::Superseded(format!(
+                    "command {} is no longer held by this worker",
+                    job.command_id
+                )));
+            }
             store::append(&mut tx, events, metadata, at).await?;
             finish_ledger(
                 &mut tx,
@@ -437,6 +454,10 @@ pub async fn finish(
         match attempt {
             Ok(()) => {
                 tx.commit().await?;
+                return Ok(());
+            }
+            Err(StoreError::Superseded(_)) => {
+                tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
                 return Ok(());
             }
             Err(StoreError::Conflict(_)) if tries < 3 => continue,

@@ -47,8 +47,8 @@ pub fn event_from_row(row: &PgRow) -> Result<RecordedEvent, StoreError> {
     })
 }
 
-/// The cursor just before the event at `position` (for `--after POSITION`: the events
-/// after it in commit-safe order). Unknown positions start from the beginning.
+/// The cursor at the event at `position`, so reading resumes with the events after it
+/// in commit-safe order (`--after POSITION`). An unknown position starts from the beginning.
 pub async fn cursor_at(conn: &mut PgConnection, position: i64) -> Result<Cursor, StoreError> {
     let tx: Option<i64> =
         sqlx::query_scalar("SELECT tx_id::text::bigint FROM grove.events WHERE position = $1")
