@@ -27,6 +27,9 @@ pub struct WorkerConfig {
     pub cache_freshness: Duration,
     /// Finished jobs and ledger rows are pruned after this long (the dedupe window).
     pub prune_after: Duration,
+    /// The image `--runtime docker` execs run in (`GROVE_DOCKER_IMAGE`, else the last
+    /// `grove image build`); `None` when there is none.
+    pub docker_image: Option<String>,
 }
 
 impl WorkerConfig {
@@ -48,6 +51,7 @@ impl WorkerConfig {
             lock_timeout: Duration::from_secs(120),
             cache_freshness: Duration::from_secs(600),
             prune_after: Duration::from_secs(7 * 24 * 3600),
+            docker_image: None,
         }
     }
 }

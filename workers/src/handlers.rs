@@ -17,7 +17,7 @@ use grove_core::model::{
     WorkspaceRow,
 };
 use grove_core::ports::{
-    ExecRequest, GitPort, GitToken, Mount, NetworkPolicy, ResourceHints, RuntimeProvider,
+    ExecRequest, GitPort, GitToken, Mount, NetworkPolicy, ResourceHints, RuntimeRegistry,
     RuntimeSpec,
 };
 use grove_core::projection::Projections;
@@ -46,7 +46,7 @@ pub struct Deps {
     pub config: WorkerConfig,
     pub layout: Layout,
     pub git: Arc<dyn GitPort>,
-    pub local: Arc<dyn RuntimeProvider>,
+    pub runtimes: RuntimeRegistry,
     /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
     pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
 }
@@ -365,33 +365,31 @@ impl Deps {
                 ),
             ));
         }
-        let provider = self.local.clone();
+        let provider = self.runtimes.get(&e.runtime).ok_or_else(|| {
+            CommandError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "runtime {:?} is not configured on this worker (configured: {})",
+                    e.runtime,
+                    self.runtimes.kinds().join(", ")
+                ),
+            )
+        })?;
         // Capabilities never change, so the kind chosen above still holds; the row is
         // re-read under the lock for its current state (dirty, existence).
         let (ws, lock) = self.lock_workspace(ws.id, !kind.is_mutating()).await?;
-        let (runtime_id, mut start_events) = {
+        let existing = {
             let mut conn = self.conn().await?;
-            let existing = rows::runtimes_of(&mut conn, ws.id)
+            rows::runtimes_of(&mut conn, ws.id)
                 .await
                 .map_err(store_error)?
                 .into_iter()
-                .find(|r| r.backend_kind == provider.kind());
-            let runtime_id = existing
-                .as_ref()
-                .map(|r| r.id)
-                .unwrap_or_else(|| Uuid::new_v5(&ws.id, provider.kind().as_bytes()));
-            let events = match &existing {
-                Some(r) if r.state == "running" => vec![],
-                _ => vec![Event::RuntimeStarted {
-                    runtime_id,
-                    workspace_id: ws.id,
-                    backend_kind: provider.kind().to_string(),
-                    backend_runtime_id: format!("local:{}", ws.id),
-                    image: None,
-                }],
-            };
-            (runtime_id, events)
+                .find(|r| r.backend_kind == provider.kind())
         };
+        let runtime_id = existing
+            .as_ref()
+            .map(|r| r.id)
+            .unwrap_or_else(|| Uuid::new_v5(&ws.id, provider.kind().as_bytes()));
         let ws_dir = PathBuf::from(&ws.local_path);
         let cache_dir = {
             let mut conn = self.conn().await?;
@@ -400,10 +398,14 @@ impl Deps {
                 .map_err(store_error)?
                 .map(|c| PathBuf::from(c.local_path))
         };
+        // The local runtime builds a fresh sandbox per exec, so a read command gets a
+        // read-only view even of a writable workspace; a long-lived container keeps the
+        // mount it was created with, so it gets the workspace's own writability.
+        let per_exec_sandbox = provider.kind() == "local";
         let mut mounts = vec![Mount {
             source: ws_dir.clone(),
             target: ws_dir.clone(),
-            writable: ws.capabilities.writable && kind.is_mutating(),
+            writable: ws.capabilities.writable && (kind.is_mutating() || !per_exec_sandbox),
         }];
         if let Some(cache_dir) = cache_dir {
             // git inside the workspace reads the cache's objects through alternates.
@@ -414,7 +416,11 @@ impl Deps {
             });
         }
         let spec = RuntimeSpec {
-            image: None,
+            image: self
+                .config
+                .docker_image
+                .clone()
+                .filter(|_| provider.kind() == "docker"),
             workdir: ws_dir.clone(),
             mounts,
             env: Default::default(),
@@ -425,6 +431,16 @@ impl Deps {
                 ("grove.runtime".to_string(), runtime_id.to_string()),
             ]
             .into(),
+        };
+        let mut start_events = match &existing {
+            Some(r) if r.state == "running" => vec![],
+            _ => vec![Event::RuntimeStarted {
+                runtime_id,
+                workspace_id: ws.id,
+                backend_kind: provider.kind().to_string(),
+                backend_runtime_id: provider.backend_id(&spec),
+                image: spec.image.clone(),
+            }],
         };
         let runtime = provider.create(spec).await.map_err(CommandError::from)?;
         start_events.push(Event::ExecStarted {
@@ -566,36 +582,48 @@ impl Deps {
         })
     }
 
-    /// The local runtime runs one process tree per exec, so stopping it has no process to
-    /// stop: the record's state is what changes. Other runtimes act here.
+    /// Stops or destroys each runtime of a workspace through its provider (the local
+    /// runtime has nothing to stop: one process tree per exec) and returns the events.
     async fn runtime_events(
         &self,
         workspace_id: Uuid,
         destroy: bool,
         reason: &str,
     ) -> Result<Vec<Event>, CommandError> {
-        let mut conn = self.conn().await?;
-        let runtimes = rows::runtimes_of(&mut conn, workspace_id)
-            .await
-            .map_err(store_error)?;
-        Ok(runtimes
-            .into_iter()
-            .filter_map(|r| {
-                if destroy {
-                    Some(Event::RuntimeDestroyed {
-                        runtime_id: r.id,
-                        reason: reason.into(),
-                    })
-                } else if r.state == "running" {
-                    Some(Event::RuntimeStopped {
-                        runtime_id: r.id,
-                        reason: reason.into(),
-                    })
+        let runtimes = {
+            let mut conn = self.conn().await?;
+            rows::runtimes_of(&mut conn, workspace_id)
+                .await
+                .map_err(store_error)?
+        };
+        let mut events = Vec::new();
+        for r in runtimes {
+            if !destroy && r.state != "running" {
+                continue;
+            }
+            // A runtime of a provider this worker lacks is still recorded as gone: its
+            // backend is left to that provider's orphan sweep.
+            if let Some(provider) = self.runtimes.get(&r.backend_kind) {
+                let effect = if destroy {
+                    provider.destroy(&r.backend_runtime_id).await
                 } else {
-                    None
+                    provider.stop(&r.backend_runtime_id).await
+                };
+                effect.map_err(CommandError::from)?;
+            }
+            events.push(if destroy {
+                Event::RuntimeDestroyed {
+                    runtime_id: r.id,
+                    reason: reason.into(),
                 }
-            })
-            .collect())
+            } else {
+                Event::RuntimeStopped {
+                    runtime_id: r.id,
+                    reason: reason.into(),
+                }
+            });
+        }
+        Ok(events)
     }
 
     pub async fn destroy_workspace(&self, workspace_id: Uuid) -> Result<Handled, CommandError> {

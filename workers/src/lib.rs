@@ -15,6 +15,7 @@ pub mod runner;
 use std::sync::Arc;
 
 use grove_core::layout::Layout;
+use grove_core::ports::RuntimeRegistry;
 use sqlx::PgPool;
 
 pub use config::WorkerConfig;
@@ -28,7 +29,7 @@ pub fn build_deps(pool: PgPool, config: WorkerConfig) -> handlers::Deps {
         pool,
         layout,
         git: Arc::new(grove_git::Git2Adapter::new()),
-        local: Arc::new(local),
+        runtimes: RuntimeRegistry::default().with(Arc::new(local)),
         inflight: Default::default(),
         config,
     }

@@ -13,6 +13,10 @@ use crate::validate::{
     RepoName, RepoUrl, ValidationError,
 };
 
+/// Runtime provider names a request may ask for (whether one is configured on the
+/// worker that takes the job is that worker's answer).
+pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker"];
+
 /// Largest stdin a command may carry through the queue.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
 /// Default and largest output cap of an exec.
@@ -166,10 +170,11 @@ impl Command {
                 for (k, v) in &e.env {
                     validate_env(k, v)?;
                 }
-                if e.runtime != "local" {
+                if !KNOWN_RUNTIMES.contains(&e.runtime.as_str()) {
                     return Err(ValidationError::Request(format!(
-                        "unknown runtime {:?}: this build offers local",
-                        e.runtime.chars().take(40).collect::<String>()
+                        "unknown runtime {:?}: expected one of {}",
+                        e.runtime.chars().take(40).collect::<String>(),
+                        KNOWN_RUNTIMES.join(", ")
                     )));
                 }
                 if let Some(cwd) = &e.cwd {

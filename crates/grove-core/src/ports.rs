@@ -206,4 +206,43 @@ pub trait RuntimeProvider: Send + Sync {
     fn capabilities(&self) -> RuntimeCapabilities;
     /// Creates (or re-attaches to) the runtime for `spec`.
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>>;
+    /// The backend's name for the runtime `spec` describes (recorded as
+    /// `backend_runtime_id`). Deterministic, so a retried create finds the same one.
+    fn backend_id(&self, spec: &RuntimeSpec) -> String {
+        let runtime = spec
+            .labels
+            .get("grove.runtime")
+            .map(String::as_str)
+            .unwrap_or("");
+        format!("{}:{runtime}", self.kind())
+    }
+    /// Stops (hibernates) a runtime; its workspace is untouched. A provider that runs a
+    /// fresh process tree per exec has nothing to stop, hence the default.
+    fn stop(&self, _backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        Box::pin(futures::future::ready(Ok(())))
+    }
+    /// Destroys a runtime; never deletes its workspace. Absent is success.
+    fn destroy(&self, _backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        Box::pin(futures::future::ready(Ok(())))
+    }
+}
+
+/// The runtime providers this worker can use, by name; a request picks one per exec.
+#[derive(Clone, Default)]
+pub struct RuntimeRegistry {
+    providers: Vec<std::sync::Arc<dyn RuntimeProvider>>,
+}
+
+impl RuntimeRegistry {
+    pub fn with(mut self, provider: std::sync::Arc<dyn RuntimeProvider>) -> Self {
+        self.providers.retain(|p| p.kind() != provider.kind());
+        self.providers.push(provider);
+        self
+    }
+    pub fn get(&self, kind: &str) -> Option<std::sync::Arc<dyn RuntimeProvider>> {
+        self.providers.iter().find(|p| p.kind() == kind).cloned()
+    }
+    pub fn kinds(&self) -> Vec<&'static str> {
+        self.providers.iter().map(|p| p.kind()).collect()
+    }
 }
