@@ -17,8 +17,7 @@ use grove_core::model::{
     WorkspaceRow,
 };
 use grove_core::ports::{
-    ExecRequest, GitPort, GitToken, Mount, NetworkPolicy, ResourceHints, RuntimeRegistry,
-    RuntimeSpec,
+    ExecRequest, GitPort, GitToken, Mount, ResourceHints, RuntimeRegistry, RuntimeSpec,
 };
 use grove_core::projection::Projections;
 use grove_core::validate::RepoUrl;
@@ -425,7 +424,7 @@ impl Deps {
             mounts,
             env: Default::default(),
             resources: ResourceHints::default(),
-            network: NetworkPolicy::None,
+            network: e.network.unwrap_or_default(),
             labels: [
                 ("grove.workspace".to_string(), ws.id.to_string()),
                 ("grove.runtime".to_string(), runtime_id.to_string()),

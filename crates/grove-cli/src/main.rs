@@ -18,6 +18,7 @@ use clap::{Args, Parser, Subcommand};
 use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache, Exec};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::model::{ExecKind, WorkspaceMode};
+use grove_core::ports::NetworkPolicy;
 use grove_core::validate::ValidationError;
 use grove_postgres::{reader, replay, rows};
 use sqlx::postgres::PgPoolOptions;
@@ -179,6 +180,9 @@ struct ExecArgs {
     max_output: Option<u64>,
     #[arg(long)]
     kind: Option<String>,
+    /// Network for the command: none (default), default (the host's), limited.
+    #[arg(long, allow_hyphen_values = true)]
+    network: Option<String>,
     /// Working directory relative to the workspace root.
     #[arg(long)]
     cwd: Option<String>,
@@ -545,6 +549,18 @@ async fn simple(command: Command, command_id: Option<Uuid>) -> Result<ExitCode> 
 async fn exec(args: ExecArgs) -> Result<ExitCode> {
     let workspace_id = parse_id(&args.id)?;
     let kind = args.kind.as_deref().map(ExecKind::parse).transpose()?;
+    let network = match args.network.as_deref() {
+        None => None,
+        Some("none") => Some(NetworkPolicy::None),
+        Some("default") => Some(NetworkPolicy::Default),
+        Some("limited") => Some(NetworkPolicy::Limited),
+        Some(other) => {
+            return Err(invalid(format!(
+                "invalid network {:?}: expected none, default or limited",
+                other.chars().take(40).collect::<String>()
+            )))
+        }
+    };
     let mut env = BTreeMap::new();
     for pair in &args.env {
         let (k, v) = pair
@@ -576,6 +592,7 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
         timeout_ms,
         max_output_bytes: args.max_output,
         kind,
+        network,
     });
     command.validate()?;
     let pool = connect(4).await?;

@@ -8,6 +8,7 @@ use uuid::Uuid;
 use crate::model::{
     ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
 };
+use crate::ports::NetworkPolicy;
 use crate::validate::{
     validate_branch_scope_id, validate_command, validate_env, validate_owner_id, validate_ref,
     RepoName, RepoUrl, ValidationError,
@@ -79,6 +80,9 @@ pub struct Exec {
     pub max_output_bytes: Option<u64>,
     /// `None`: `write` on a writable workspace, `read` on a read-only one.
     pub kind: Option<ExecKind>,
+    /// `None` means [`NetworkPolicy::None`]; broader access only on explicit request.
+    #[serde(default)]
+    pub network: Option<NetworkPolicy>,
 }
 
 /// A command, as stored in the job payload and the ledger.
@@ -253,6 +257,7 @@ mod tests {
             timeout_ms: None,
             max_output_bytes: None,
             kind: Some(ExecKind::Read),
+            network: None,
         });
         let json = serde_json::to_value(&exec).unwrap();
         assert_eq!(json["command"], "exec");
