@@ -21,6 +21,18 @@ use sqlx::PgPool;
 pub use config::WorkerConfig;
 pub use runner::{Outcome, Worker};
 
+/// Process-wide setup a worker needs before any thread starts: network timeouts for git
+/// (30 s to connect, 120 s per read or write), so a stalled remote cannot pin a thread.
+///
+/// # Safety
+///
+/// Call once, first thing in `main`, before the tokio runtime or any other thread exists.
+pub unsafe fn init_process() -> Result<(), grove_core::error::GitError> {
+    use std::time::Duration;
+    // SAFETY: the caller guarantees no other thread exists yet.
+    unsafe { grove_git::set_network_timeouts(Duration::from_secs(30), Duration::from_secs(120)) }
+}
+
 /// Wires the production adapters: git2 for git, bubblewrap-isolated local processes.
 pub fn build_deps(pool: PgPool, config: WorkerConfig) -> handlers::Deps {
     let layout = Layout::new(config.home.clone());

@@ -225,6 +225,13 @@ fn main() -> ExitCode {
         }
     };
     let is_worker = matches!(cli.command, Top::Worker { .. });
+    if is_worker {
+        // SAFETY: no thread has been spawned yet; the runtime is built below.
+        if let Err(e) = unsafe { grove_workers::init_process() } {
+            eprintln!("grove: {e}");
+            return ExitCode::from(1);
+        }
+    }
     init_tracing(is_worker);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
