@@ -1,0 +1,746 @@
+//! One command as a Docker exec: create, attach, feed stdin, stream capped output,
+//! enforce the timeout, kill the process tree on timeout, on drop and (stragglers) at
+//! the end, and classify resource-limit deaths.
+//!
+//! As in the local runtime there is one implementation, streaming; `exec` collects the
+//! stream. A driver task owns the exec so the timeout holds even when the consumer
+//! stops polling; the stream and the driver both hold a [`KillOnDrop`].
+
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bollard::query_parameters::{InspectContainerOptions, RestartContainerOptionsBuilder};
+use bollard::Docker;
+use futures::stream::{BoxStream, Stream, StreamExt};
+use grove_core::error::RuntimeError;
+use grove_core::ports::{ExecChunk, ExecResult, StreamKind};
+use tokio::io::AsyncWriteExt;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+use crate::host::{self, Cgroups, Counters, Kill};
+use crate::{engine_error, one_line, status};
+
+/// After the command ended, how long output may stay silent before we stop reading
+/// (a descriptor held by a process we could not kill must not hang the caller)...
+const DRAIN_IDLE: Duration = Duration::from_millis(500);
+/// ...and how long we read at most.
+const DRAIN_MAX: Duration = Duration::from_secs(5);
+/// After a kill, how long we wait for the engine to report the exec's end.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// Shell script printing the container's limit counters from inside (cgroup v1 and
+/// v2 layouts), each file after a `== path` line.
+const COUNTERS_SCRIPT: &str = "for f in /sys/fs/cgroup/memory/memory.oom_control \
+     /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/memory.events /sys/fs/cgroup/pids.events; \
+     do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true";
+
+/// What every exec of one runtime shares.
+pub(crate) struct Inner {
+    pub docker: Docker,
+    pub container_id: String,
+    pub name: String,
+    pub runtime_id: String,
+    pub host_workdir: PathBuf,
+    pub inside_workdir: PathBuf,
+    pub workdir_writable: bool,
+    pub memory_mb: u64,
+    pub pids: u64,
+    /// Whether the provider may use the host's /proc and cgroup files.
+    pub host_access: bool,
+    /// The container's counter files on the host, when visible.
+    pub cgroups: Mutex<Option<Cgroups>>,
+}
+
+impl Inner {
+    fn host_counters(&self) -> Option<Counters> {
+        self.cgroups
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .as_ref()
+            .and_then(Cgroups::read)
+    }
+
+    fn sees_host(&self) -> bool {
+        self.host_access
+            && self
+                .cgroups
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .is_some()
+    }
+
+    /// Reads the counters by running a command inside the container.
+    async fn counters_inside(&self) -> Option<Counters> {
+        let (code, out) = self
+            .capture(vec!["sh".into(), "-c".into(), COUNTERS_SCRIPT.into()])
+            .await
+            .ok()?;
+        if code != 0 {
+            return None;
+        }
+        let text = String::from_utf8_lossy(&out);
+        let mut c = Counters::default();
+        let mut file = String::new();
+        let mut body = String::new();
+        for line in text.lines().chain(std::iter::once("== end")) {
+            if let Some(f) = line.strip_prefix("== ") {
+                if !file.is_empty() {
+                    c.parse_into(&file, &body);
+                }
+                file = f.to_string();
+                body.clear();
+            } else {
+                body.push_str(line);
+                body.push('\n');
+            }
+        }
+        Some(c)
+    }
+
+    /// Runs a short helper command to completion: (exit code, stdout).
+    async fn capture(&self, argv: Vec<String>) -> Result<(i64, Vec<u8>), RuntimeError> {
+        let exec_id = self.create_exec(argv, Vec::new(), None, false).await?;
+        let mut out = Vec::new();
+        if let StartExecResults::Attached { mut output, .. } = self
+            .docker
+            .start_exec(&exec_id, Some(StartExecOptions::default()))
+            .await
+            .map_err(|e| engine_error("starting a helper command", &e))?
+        {
+            while let Some(Ok(item)) = output.next().await {
+                if let LogOutput::StdOut { message } | LogOutput::Console { message } = item {
+                    out.extend_from_slice(&message);
+                }
+            }
+        }
+        for _ in 0..200 {
+            let r = self
+                .docker
+                .inspect_exec(&exec_id)
+                .await
+                .map_err(|e| engine_error("inspecting a helper command", &e))?;
+            if r.running != Some(true) {
+                return Ok((r.exit_code.unwrap_or(-1), out));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Err(RuntimeError::Timeout("a helper command did not end".into()))
+    }
+
+    /// Creates an exec, starting the container first if it is not running.
+    async fn create_exec(
+        &self,
+        argv: Vec<String>,
+        env: Vec<String>,
+        working_dir: Option<String>,
+        stdin: bool,
+    ) -> Result<String, RuntimeError> {
+        let config = CreateExecOptions {
+            cmd: Some(argv),
+            env: Some(env),
+            working_dir,
+            attach_stdin: Some(stdin),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            privileged: Some(false),
+            ..Default::default()
+        };
+        let mut started = false;
+        loop {
+            match self
+                .docker
+                .create_exec(&self.container_id, config.clone())
+                .await
+            {
+                Ok(r) => return Ok(r.id),
+                Err(e) if status(&e) == Some(409) && !started => {
+                    // Stopped (hibernated) or paused: resume and try once more.
+                    tracing::info!(container = %self.name, "container not running; starting it");
+                    self.ensure_running().await?;
+                    started = true;
+                }
+                Err(e) if status(&e) == Some(404) => {
+                    return Err(RuntimeError::NotFound(format!(
+                        "container {} no longer exists; create the runtime again",
+                        self.name
+                    )))
+                }
+                Err(e) => return Err(engine_error("creating the exec", &e)),
+            }
+        }
+    }
+
+    /// Starts the container if it is not running (after a stop, or when the OOM
+    /// killer took its init).
+    pub async fn ensure_running(&self) -> Result<(), RuntimeError> {
+        let state = self
+            .docker
+            .inspect_container(&self.container_id, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| engine_error("inspecting the container", &e))?
+            .state;
+        if state.as_ref().and_then(|s| s.paused) == Some(true) {
+            self.docker
+                .unpause_container(&self.container_id)
+                .await
+                .map_err(|e| engine_error("unpausing the container", &e))?;
+        }
+        if state.and_then(|s| s.running) != Some(true) {
+            match self.docker.start_container(&self.container_id, None).await {
+                Ok(()) => {}
+                Err(e) if status(&e) == Some(304) => {}
+                Err(e) => return Err(engine_error("starting the container", &e)),
+            }
+            // The cgroup path is stable across restarts; counters keep counting.
+        }
+        Ok(())
+    }
+
+    /// Kills everything in the container by restarting it: the last resort when the
+    /// worker cannot kill the command's processes itself.
+    async fn restart(&self) {
+        tracing::warn!(
+            container = %self.name,
+            "cannot kill the command's processes from here; restarting the container \
+             (other commands running in it die too)"
+        );
+        let options = RestartContainerOptionsBuilder::default().t(0).build();
+        if let Err(e) = self
+            .docker
+            .restart_container(&self.container_id, Some(options))
+            .await
+        {
+            tracing::error!(container = %self.name, error = %e, "restarting the container failed");
+        }
+    }
+}
+
+/// One prepared command.
+pub(crate) struct Plan {
+    pub argv: Vec<String>,
+    pub env: Vec<String>,
+    pub working_dir: String,
+    pub stdin: Option<Vec<u8>>,
+    pub timeout: Option<Duration>,
+    pub max_output: usize,
+}
+
+type Item = Result<ExecChunk, RuntimeError>;
+
+/// Starts the command; must be called inside a tokio runtime.
+pub(crate) async fn start(
+    inner: Arc<Inner>,
+    plan: Plan,
+) -> Result<BoxStream<'static, Item>, RuntimeError> {
+    let started_at = Instant::now();
+    let deadline = plan.timeout.map(|t| started_at + t);
+    // Counters before: from the host (cheap), else from inside (one extra exec).
+    let before = if inner.sees_host() {
+        inner.host_counters().map(Before::Host)
+    } else {
+        inner.counters_inside().await.map(Before::Inside)
+    };
+    let shown = plan.argv[0].clone();
+    let exec_id = inner
+        .create_exec(
+            plan.argv,
+            plan.env,
+            Some(plan.working_dir),
+            plan.stdin.is_some(),
+        )
+        .await?;
+    let started = inner
+        .docker
+        .start_exec(&exec_id, Some(StartExecOptions::default()))
+        .await;
+    let (output, mut input) = match started {
+        Ok(StartExecResults::Attached { output, input }) => (output, input),
+        Ok(StartExecResults::Detached) => {
+            return Err(RuntimeError::Unavailable(
+                "the engine started the exec detached".into(),
+            ))
+        }
+        Err(e) => {
+            let msg = one_line(&e.to_string());
+            if is_exec_failure(&msg) {
+                return Ok(exec_failure_stream(&shown, &msg, plan.max_output));
+            }
+            return Err(engine_error("starting the exec", &e));
+        }
+    };
+
+    let writer = plan.stdin.map(|bytes| {
+        tokio::spawn(async move {
+            // A command that exits without reading its stdin makes this fail; harmless.
+            let _ = input.write_all(&bytes).await;
+            let _ = input.shutdown().await;
+        })
+    });
+
+    let tracker = Arc::new(Tracker {
+        inner: inner.clone(),
+        state: Mutex::new(TrackState::default()),
+    });
+    let (tx, rx) = mpsc::unbounded_channel();
+    let driver_guard = KillOnDrop(tracker.clone());
+    let stream_guard = KillOnDrop(tracker.clone());
+    let budget = Budget {
+        remaining: AtomicUsize::new(plan.max_output),
+        truncated: AtomicBool::new(false),
+    };
+    tokio::spawn(async move {
+        let _guard = driver_guard;
+        let outcome = drive(&inner, &exec_id, output, &tracker, &tx, &budget, deadline).await;
+        tracker.finish();
+        if let Some(w) = writer {
+            w.abort();
+        }
+        let item = match outcome {
+            Err(e) => Err(e),
+            Ok((exit_code, timed_out, first_output)) => {
+                let mut result = ExecResult {
+                    exit_code,
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    timed_out,
+                    truncated: budget.truncated.load(Ordering::SeqCst),
+                };
+                if (exit_code == 126 || exit_code == 127) && is_exec_failure(&first_output) {
+                    // The engine could not start the program: report it as a shell does.
+                    result.exit_code = if first_output.contains("not found")
+                        || first_output.contains("no such file")
+                    {
+                        127
+                    } else {
+                        126
+                    };
+                }
+                match limit_hit(&inner, before, &result).await {
+                    Some(e) => {
+                        if let Err(why) = inner.ensure_running().await {
+                            tracing::warn!(container = %inner.name, error = %why,
+                                "container not running after a resource limit was hit");
+                        }
+                        Err(e)
+                    }
+                    None => Ok(ExecChunk::Finished(result)),
+                }
+            }
+        };
+        let _ = tx.send(item);
+    });
+
+    Ok(ExecStream {
+        rx,
+        _guard: stream_guard,
+    }
+    .boxed())
+}
+
+#[derive(Clone, Copy)]
+enum Before {
+    Host(Counters),
+    Inside(Counters),
+}
+
+/// A [`RuntimeError::ResourceLimit`] if the command's run saw the OOM killer or a
+/// refused fork.
+async fn limit_hit(inner: &Inner, before: Option<Before>, r: &ExecResult) -> Option<RuntimeError> {
+    let (before, after) = match before? {
+        Before::Host(b) => (b, inner.host_counters()?),
+        // Reading inside costs an exec: only when the command failed or was killed.
+        Before::Inside(b) if r.exit_code != 0 || r.timed_out => (b, inner.counters_inside().await?),
+        Before::Inside(_) => return None,
+    };
+    if after.oom_kills > before.oom_kills {
+        return Some(RuntimeError::ResourceLimit(format!(
+            "out of memory: the OOM killer ended the command (memory limit {} MiB, exit code {})",
+            inner.memory_mb, r.exit_code
+        )));
+    }
+    if after.pids_max > before.pids_max {
+        return Some(RuntimeError::ResourceLimit(format!(
+            "process limit reached: the command could not fork beyond the limit of {} \
+             processes (exit code {})",
+            inner.pids, r.exit_code
+        )));
+    }
+    None
+}
+
+/// Runs the exec to its end: (exit code, timed out, the first output as text).
+async fn drive(
+    inner: &Inner,
+    exec_id: &str,
+    output: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
+    tracker: &Tracker,
+    tx: &mpsc::UnboundedSender<Item>,
+    budget: &Budget,
+    deadline: Option<Instant>,
+) -> Result<(i32, bool, String), RuntimeError> {
+    let mut output = output.fuse();
+    let mut first_output = String::new();
+    let mut eof = false;
+    let mut exit: Option<i64> = None;
+    let mut timed_out = false;
+    let mut killed_at: Option<Instant> = None;
+    let mut exited_at: Option<Instant> = None;
+    let mut last_data = Instant::now();
+    let mut pid_known = false;
+    let mut poll_delay = Duration::from_millis(2);
+    let mut next_poll = Instant::now();
+    let far = Instant::now() + Duration::from_secs(86400 * 365);
+
+    loop {
+        if eof && exit.is_some() {
+            break;
+        }
+        if let Some(at) = exited_at {
+            if at.elapsed() > DRAIN_MAX || last_data.elapsed() > DRAIN_IDLE {
+                tracing::warn!(container = %inner.name,
+                    "command output still open after the command ended; stopped reading");
+                break;
+            }
+        }
+        if let Some(at) = killed_at {
+            if exit.is_none() && at.elapsed() > KILL_GRACE {
+                tracing::warn!(container = %inner.name, "the engine did not report the killed exec's end");
+                exit = Some(137);
+                break;
+            }
+        }
+        let drain_tick = if exited_at.is_some() || killed_at.is_some() {
+            Instant::now() + Duration::from_millis(50)
+        } else {
+            far
+        };
+        tokio::select! {
+            item = output.next(), if !eof => match item {
+                Some(Ok(log)) => {
+                    let (stream, data) = match log {
+                        LogOutput::StdErr { message } => (StreamKind::Stderr, message),
+                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                            (StreamKind::Stdout, message)
+                        }
+                        LogOutput::StdIn { .. } => continue,
+                    };
+                    last_data = Instant::now();
+                    if first_output.len() < 512 {
+                        first_output.push_str(&String::from_utf8_lossy(
+                            &data[..data.len().min(512)],
+                        ));
+                    }
+                    let keep = budget.take(data.len());
+                    if keep > 0 {
+                        // A dropped receiver means nobody listens; keep draining.
+                        let _ = tx.send(Ok(ExecChunk::Output {
+                            stream,
+                            data: data[..keep].to_vec(),
+                        }));
+                    }
+                }
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "exec output stream failed");
+                    eof = true;
+                }
+                None => {
+                    eof = true;
+                    poll_delay = Duration::from_millis(1);
+                    next_poll = Instant::now();
+                }
+            },
+            _ = tokio::time::sleep_until(next_poll), if exit.is_none() => {
+                let r = match inner.docker.inspect_exec(exec_id).await {
+                    Ok(r) => r,
+                    Err(e) if status(&e) == Some(404) => {
+                        return Err(RuntimeError::NotFound(format!(
+                            "the exec in container {} vanished", inner.name)));
+                    }
+                    Err(e) => return Err(engine_error("inspecting the exec", &e)),
+                };
+                if !pid_known {
+                    if let Some(pid) = r.pid.filter(|p| *p > 0) {
+                        pid_known = true;
+                        tracker.set_pid(pid as u32);
+                    }
+                }
+                if r.running == Some(false) {
+                    if !pid_known {
+                        pid_known = true;
+                        tracker.set_pid(0);
+                    }
+                    exit = Some(r.exit_code.unwrap_or(-1));
+                    if !eof {
+                        // Background processes hold the output open: the command is
+                        // over, they go with it.
+                        exited_at = Some(Instant::now());
+                        tracker.kill_stragglers();
+                    }
+                } else {
+                    let cap = if eof || !pid_known {
+                        Duration::from_millis(20)
+                    } else {
+                        Duration::from_millis(250)
+                    };
+                    poll_delay = (poll_delay * 2).min(cap);
+                    next_poll = Instant::now() + poll_delay;
+                }
+            },
+            _ = tokio::time::sleep_until(deadline.unwrap_or(far)),
+                if deadline.is_some() && !timed_out && exit.is_none() => {
+                timed_out = true;
+                killed_at = Some(Instant::now());
+                tracker.kill_async().await;
+                poll_delay = Duration::from_millis(2);
+                next_poll = Instant::now();
+            },
+            _ = tokio::time::sleep_until(drain_tick) => {},
+        }
+    }
+    let code = exit.unwrap_or(-1);
+    Ok((i32::try_from(code).unwrap_or(-1), timed_out, first_output))
+}
+
+/// Whether an engine message says the program could not be started.
+fn is_exec_failure(msg: &str) -> bool {
+    msg.contains("OCI runtime exec failed") || msg.contains("executable file not found")
+}
+
+/// The result of a program the engine could not start: a failed command, as a shell
+/// reports it (127 not found, 126 otherwise).
+fn exec_failure_stream(shown: &str, msg: &str, max_output: usize) -> BoxStream<'static, Item> {
+    let not_found = msg.contains("not found") || msg.contains("no such file");
+    let code = if not_found { 127 } else { 126 };
+    let what = if not_found { "command not found" } else { msg };
+    let mut text = format!("grove: {shown}: {what}\n").into_bytes();
+    let truncated = text.len() > max_output;
+    text.truncate(max_output);
+    let mut items = Vec::new();
+    if !text.is_empty() {
+        items.push(Ok(ExecChunk::Output {
+            stream: StreamKind::Stderr,
+            data: text,
+        }));
+    }
+    items.push(Ok(ExecChunk::Finished(ExecResult {
+        exit_code: code,
+        truncated,
+        ..ExecResult::default()
+    })));
+    futures::stream::iter(items).boxed()
+}
+
+/// The output cap, shared by stdout and stderr (the cap is on both combined).
+struct Budget {
+    remaining: AtomicUsize,
+    truncated: AtomicBool,
+}
+
+impl Budget {
+    /// Reserves up to `n` bytes; returns how many may be kept.
+    fn take(&self, n: usize) -> usize {
+        let mut granted = 0;
+        let _ = self
+            .remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |rem| {
+                granted = rem.min(n);
+                Some(rem - granted)
+            });
+        if granted < n {
+            self.truncated.store(true, Ordering::SeqCst);
+        }
+        granted
+    }
+}
+
+#[derive(Default)]
+struct TrackState {
+    /// Host pid of the exec's first process; `Some(0)` when it ended unseen.
+    pid: Option<u32>,
+    /// A kill was asked for before the pid was known.
+    cancelled: bool,
+    /// The command is over; its pid may be reused, so it is never signalled again.
+    finished: bool,
+}
+
+/// Who to kill for one exec.
+struct Tracker {
+    inner: Arc<Inner>,
+    state: Mutex<TrackState>,
+}
+
+impl Tracker {
+    fn lock(&self) -> std::sync::MutexGuard<'_, TrackState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set_pid(&self, pid: u32) {
+        let cancelled = {
+            let mut s = self.lock();
+            s.pid = Some(pid);
+            s.cancelled
+        };
+        if cancelled {
+            self.kill();
+        }
+    }
+
+    /// Kills the command's processes now if the host allows; `false` if the caller
+    /// must fall back to restarting the container.
+    fn kill_on_host(&self, pid: u32) -> bool {
+        self.inner.sees_host()
+            && pid != 0
+            && host::kill_tree(&self.inner.container_id, pid) == Kill::Done
+    }
+
+    /// Synchronous kill (drop paths): on the host, else a restart spawned on the
+    /// current tokio runtime.
+    fn kill(&self) {
+        let pid = {
+            let mut s = self.lock();
+            if s.finished {
+                return;
+            }
+            match s.pid {
+                Some(p) => p,
+                None => {
+                    s.cancelled = true;
+                    return;
+                }
+            }
+        };
+        if pid == 0 || self.kill_on_host(pid) {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            handle.spawn(async move { inner.restart().await });
+        }
+    }
+
+    /// The timeout's kill: like [`Self::kill`], but waits for the restart fallback.
+    async fn kill_async(&self) {
+        let pid = {
+            let mut s = self.lock();
+            if s.finished {
+                return;
+            }
+            match s.pid {
+                Some(p) => p,
+                None => {
+                    // The driver kills as soon as it learns the pid.
+                    s.cancelled = true;
+                    return;
+                }
+            }
+        };
+        if pid == 0 || self.kill_on_host(pid) {
+            return;
+        }
+        self.inner.restart().await;
+    }
+
+    /// After the first process ended: its group's survivors go too. Only on the host
+    /// (restarting the container for a background process would be out of proportion).
+    fn kill_stragglers(&self) {
+        let pid = self.lock().pid.unwrap_or(0);
+        if pid != 0 && self.inner.sees_host() {
+            let _ = host::kill_tree(&self.inner.container_id, pid);
+        }
+    }
+
+    /// The command is over: kill stragglers, then never signal its pid again.
+    fn finish(&self) {
+        let already = self.lock().finished;
+        if !already {
+            self.kill_stragglers();
+        }
+        self.lock().finished = true;
+    }
+}
+
+/// Kills the command when dropped before it ended.
+struct KillOnDrop(Arc<Tracker>);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.0.kill();
+    }
+}
+
+/// The consumer's end: chunks as they arrive, then the result.
+struct ExecStream {
+    rx: mpsc::UnboundedReceiver<Item>,
+    _guard: KillOnDrop,
+}
+
+impl Stream for ExecStream {
+    type Item = Item;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
+        self.rx.poll_recv(cx)
+    }
+}
+
+/// Collects a stream into one result (how `exec` is built on `exec_stream`).
+pub(crate) async fn collect(
+    mut stream: BoxStream<'static, Item>,
+) -> Result<ExecResult, RuntimeError> {
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item? {
+            ExecChunk::Output {
+                stream: StreamKind::Stdout,
+                data,
+            } => stdout.extend_from_slice(&data),
+            ExecChunk::Output {
+                stream: StreamKind::Stderr,
+                data,
+            } => stderr.extend_from_slice(&data),
+            ExecChunk::Finished(mut result) => {
+                result.stdout = stdout;
+                result.stderr = stderr;
+                return Ok(result);
+            }
+        }
+    }
+    Err(RuntimeError::Unavailable(
+        "the command's output ended without a result".into(),
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_budget_is_shared_and_marks_truncation() {
+        let b = Budget {
+            remaining: AtomicUsize::new(10),
+            truncated: AtomicBool::new(false),
+        };
+        assert_eq!(b.take(6), 6);
+        assert!(!b.truncated.load(Ordering::SeqCst));
+        assert_eq!(b.take(6), 4);
+        assert_eq!(b.take(1), 0);
+        assert!(b.truncated.load(Ordering::SeqCst));
+    }
+
+    #[test]
+    fn engine_messages_about_unstartable_programs_are_recognised() {
+        assert!(is_exec_failure(
+            "OCI runtime exec failed: exec failed: unable to start container process: \
+             exec: \"nosuch\": executable file not found in $PATH: unknown"
+        ));
+        assert!(!is_exec_failure("hello"));
+    }
+}

@@ -1,0 +1,940 @@
+//! grove-docker: the Docker runtime of grove, driven through bollard (never the
+//! `docker` CLI).
+//!
+//! One long-lived container per workspace runtime. The container's main process is a
+//! long `sleep` under Docker's init (`docker-init`, which reaps zombies); every command
+//! is a Docker exec in it. The workspace is a bind mount, so files, installed
+//! dependencies and git state in the workspace outlive `stop` (hibernate), `start` and
+//! `destroy` (which removes the container and never touches a host directory).
+//!
+//! # Container config (what [`DockerRuntimeProvider::create_docker`] asks the engine for)
+//!
+//! - name `grove-rt-<runtime id>`: the runtime id is the spec's `grove.runtime` label,
+//!   else `spec-<hash of the spec>`; a retried create finds the container by name and
+//!   re-attaches (starting it if stopped) instead of making a second one;
+//! - labels [`LABEL_MANAGED`]`=true`, [`LABEL_WORKSPACE`], [`LABEL_RUNTIME`],
+//!   [`LABEL_SPEC`] (hash of the whole config), the provider's scope labels and the
+//!   spec's labels;
+//! - `Entrypoint ["sleep"]`, `Cmd ["2147483647"]`, `HostConfig.Init = true`;
+//! - `User`: the provider's configured user, else the owner `uid:gid` of
+//!   `spec.workdir` when that is not root, else [`FALLBACK_USER`] (65534:65534). A
+//!   user resolving to uid 0 is refused. With a root-owned workspace the caller must
+//!   make the workspace writable for 65534 (or configure a user that can write it);
+//! - `Env`: `PATH`, `HOME=/tmp`, `LANG=C.UTF-8`, then the spec's env. Nothing from the
+//!   worker's environment. Each exec adds its request's env;
+//! - `HostConfig.Mounts`: exactly the spec's mounts as bind mounts, read-only unless
+//!   `Mount.writable` (plus the workdir read-only if no mount covers it). No other
+//!   host path;
+//! - `HostConfig`: `CapDrop ["ALL"]`, `SecurityOpt ["no-new-privileges"]`,
+//!   `Privileged false`, `PidsLimit` (default [`DEFAULT_PIDS`]), `Memory` =
+//!   `MemorySwap` (no swap; default [`DEFAULT_MEMORY_MB`] MiB), `NanoCpus` (default
+//!   [`DEFAULT_CPUS`], clamped to the engine's CPU count), `NetworkMode "none"` unless
+//!   the spec asks for `Default` (`bridge`); `Limited` is refused with
+//!   `CommandRejected`, never widened; `IpcMode "private"`, `RestartPolicy no`, log
+//!   driver `none` (exec output never reaches container logs).
+//!
+//! # Timeouts, drops and stragglers
+//!
+//! Docker starts each exec as its own session and process-group leader. When a
+//! command times out, its stream is dropped, or it exits leaving background processes,
+//! the provider kills from the host every process in the container's cgroup whose
+//! process group or session is the exec's (`SIGKILL`, repeated until none is left),
+//! so the whole tree dies and the container stays up. This needs the worker to see
+//! the engine's `/proc` (a local engine, worker as root or as the container user).
+//! Where it cannot, the provider restarts the container instead (which also kills
+//! other commands running in it) and logs a warning.
+//!
+//! # Resource limits
+//!
+//! The memory and pids cgroup counters of the container are read before and after
+//! each command (`oom_kill` in `memory.oom_control` / `memory.events`, `max` in
+//! `pids.events`; from the host when it can see them, else, after a failed command, by
+//! reading them inside the container). A command during which the OOM killer struck
+//! or a fork was refused by the pids limit returns [`RuntimeError::ResourceLimit`];
+//! the container is started again if the OOM killer took its init. A limit hit by
+//! another command running concurrently in the same container is attributed to every
+//! command that overlapped it.
+//!
+//! # Orphans
+//!
+//! [`DockerRuntimeProvider::sweep_orphans`] removes every container labelled
+//! [`LABEL_MANAGED`]`=true` (and carrying the provider's scope labels, if any) whose
+//! [`LABEL_RUNTIME`] is not in the owned set. Scope labels
+//! ([`DockerRuntimeProvider::with_scope_label`]) keep several workers, nodes or test
+//! runs on one engine from sweeping each other's containers.
+
+mod exec;
+mod host;
+pub mod image;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bollard::errors::Error as BollardError;
+use bollard::models::{
+    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount as DockerMount, MountType,
+    RestartPolicy, RestartPolicyNameEnum,
+};
+use bollard::query_parameters::{
+    CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+};
+use bollard::Docker;
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use grove_core::error::RuntimeError;
+use grove_core::ports::{
+    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
+    RuntimeProvider, RuntimeSpec,
+};
+use grove_core::validate::{validate_command, validate_env};
+use sha2::{Digest, Sha256};
+
+pub use bollard;
+
+/// Label present (`true`) on every container this crate creates; what sweeps look for.
+pub const LABEL_MANAGED: &str = "grove.managed";
+/// The workspace id (copied from the spec's label of the same name).
+pub const LABEL_WORKSPACE: &str = "grove.workspace";
+/// The runtime id; the container is named [`CONTAINER_PREFIX`] + this.
+pub const LABEL_RUNTIME: &str = "grove.runtime";
+/// Hash of the container config; a spec that hashes differently replaces the container.
+pub const LABEL_SPEC: &str = "grove.spec";
+/// Prefix of every container name.
+pub const CONTAINER_PREFIX: &str = "grove-rt-";
+
+/// Default pids limit of a container.
+pub const DEFAULT_PIDS: u64 = 512;
+/// Default memory limit (MiB); swap is off.
+pub const DEFAULT_MEMORY_MB: u64 = 1024;
+/// Default CPU limit, clamped to the engine's CPU count.
+pub const DEFAULT_CPUS: f64 = 2.0;
+/// User of the container when none is configured and the workspace is owned by root.
+pub const FALLBACK_USER: &str = "65534:65534";
+/// Output kept per command (stdout + stderr combined) when the request names no cap.
+pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
+
+/// `PATH` of every container (the usual system dirs).
+pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How long `stop` lets the container's init end before the engine kills it.
+const STOP_TIMEOUT_SECS: i32 = 3;
+
+/// A container this provider manages, as listed by the engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerInfo {
+    pub id: String,
+    /// Without the leading `/`.
+    pub name: String,
+    /// `running`, `exited`, `created`, ...
+    pub state: String,
+    pub labels: BTreeMap<String, String>,
+    /// Creation time, seconds since the epoch.
+    pub created: i64,
+}
+
+impl ContainerInfo {
+    /// The runtime id from its label.
+    pub fn runtime_id(&self) -> Option<&str> {
+        self.labels.get(LABEL_RUNTIME).map(String::as_str)
+    }
+}
+
+/// Runs each workspace runtime as one long-lived Docker container.
+#[derive(Clone)]
+pub struct DockerRuntimeProvider {
+    docker: Docker,
+    default_image: Option<String>,
+    user: Option<String>,
+    scope: BTreeMap<String, String>,
+    host_access: bool,
+}
+
+impl std::fmt::Debug for DockerRuntimeProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerRuntimeProvider")
+            .field("default_image", &self.default_image)
+            .field("user", &self.user)
+            .field("scope", &self.scope)
+            .field("host_access", &self.host_access)
+            .finish()
+    }
+}
+
+impl DockerRuntimeProvider {
+    /// Connects to the engine named by `DOCKER_HOST` (a `unix://` socket), else
+    /// `/var/run/docker.sock`, negotiates the API version and pings it.
+    pub async fn connect() -> Result<Self, RuntimeError> {
+        let docker = Docker::connect_with_defaults()
+            .map_err(|e| RuntimeError::Unavailable(format!("cannot reach a Docker engine: {e}")))?;
+        Self::from_client(docker).await
+    }
+
+    /// Connects to the engine on the unix socket at `path`.
+    pub async fn connect_unix(path: &str) -> Result<Self, RuntimeError> {
+        let docker =
+            Docker::connect_with_unix(path, 120, bollard::API_DEFAULT_VERSION).map_err(|e| {
+                RuntimeError::Unavailable(format!("cannot reach a Docker engine at {path}: {e}"))
+            })?;
+        Self::from_client(docker).await
+    }
+
+    /// Uses an existing client: negotiates the API version and pings the engine.
+    pub async fn from_client(docker: Docker) -> Result<Self, RuntimeError> {
+        let docker = docker
+            .negotiate_version()
+            .await
+            .map_err(|e| RuntimeError::Unavailable(format!("no Docker engine answers: {e}")))?;
+        let provider = Self {
+            docker,
+            default_image: None,
+            user: None,
+            scope: BTreeMap::new(),
+            host_access: true,
+        };
+        provider.ping().await?;
+        Ok(provider)
+    }
+
+    /// The image used when a spec names none.
+    pub fn with_default_image(mut self, image: impl Into<String>) -> Self {
+        self.default_image = Some(image.into()).filter(|s: &String| !s.is_empty());
+        self
+    }
+
+    /// The container user (`uid:gid`, `uid` or a name the image knows) instead of the
+    /// workspace owner. A user resolving to root is refused at create time.
+    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// A label put on every container this provider creates and required on every
+    /// container it lists or sweeps (e.g. `grove.node=<name>`).
+    pub fn with_scope_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.scope.insert(key.into(), value.into());
+        self
+    }
+
+    /// Whether to use the host's `/proc` and cgroup files (killing process trees,
+    /// reading limit counters). On by default; without it timeouts restart the
+    /// container and counters are read inside the container. For tests and for
+    /// workers that do not share the engine's host.
+    pub fn with_host_access(mut self, enabled: bool) -> Self {
+        self.host_access = enabled;
+        self
+    }
+
+    /// The bollard client.
+    pub fn docker(&self) -> &Docker {
+        &self.docker
+    }
+
+    /// The default image, if one is configured.
+    pub fn default_image(&self) -> Option<&str> {
+        self.default_image.as_deref()
+    }
+
+    /// One cheap round trip to the engine.
+    pub async fn ping(&self) -> Result<(), RuntimeError> {
+        self.docker
+            .ping()
+            .await
+            .map(|_| ())
+            .map_err(|e| RuntimeError::Unavailable(format!("no Docker engine answers: {e}")))
+    }
+
+    /// The container name of a runtime id.
+    pub fn container_name(runtime_id: &str) -> String {
+        format!("{CONTAINER_PREFIX}{runtime_id}")
+    }
+
+    /// The runtime id in a container name made by [`Self::container_name`].
+    pub fn runtime_id_of(container_name: &str) -> Option<&str> {
+        container_name
+            .trim_start_matches('/')
+            .strip_prefix(CONTAINER_PREFIX)
+    }
+
+    /// [`RuntimeProvider::create`] with the concrete type: finds the container of the
+    /// spec's runtime by name (re-attaching, starting it if stopped, replacing it if
+    /// its config hash differs) or creates and starts it.
+    pub async fn create_docker(&self, spec: RuntimeSpec) -> Result<DockerRuntime, RuntimeError> {
+        let plan = self.plan(&spec).await?;
+        let name = Self::container_name(&plan.runtime_id);
+        let mut attempts = 0;
+        let id = loop {
+            attempts += 1;
+            if attempts > 4 {
+                return Err(RuntimeError::Conflict(format!(
+                    "container {name} keeps changing under concurrent creates"
+                )));
+            }
+            match self
+                .docker
+                .inspect_container(&name, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(existing) => {
+                    let labels = existing
+                        .config
+                        .as_ref()
+                        .and_then(|c| c.labels.clone())
+                        .unwrap_or_default();
+                    if labels.get(LABEL_MANAGED).map(String::as_str) != Some("true") {
+                        return Err(RuntimeError::Conflict(format!(
+                            "a container named {name} exists and is not managed by grove"
+                        )));
+                    }
+                    let id = existing.id.clone().unwrap_or_else(|| name.clone());
+                    if labels.get(LABEL_SPEC) != Some(&plan.hash) {
+                        tracing::info!(
+                            container = %name,
+                            "runtime spec changed; replacing the container (the workspace stays)"
+                        );
+                        self.remove(&id).await?;
+                        continue;
+                    }
+                    let running = existing
+                        .state
+                        .as_ref()
+                        .and_then(|s| s.running)
+                        .unwrap_or(false);
+                    if !running {
+                        self.start(&id).await?;
+                    }
+                    break id;
+                }
+                Err(e) if status(&e) == Some(404) => {
+                    let options = CreateContainerOptionsBuilder::default().name(&name).build();
+                    match self
+                        .docker
+                        .create_container(Some(options), plan.body.clone())
+                        .await
+                    {
+                        Ok(created) => {
+                            if let Err(e) = self.start(&created.id).await {
+                                // A container that cannot start is useless; do not leave it.
+                                let _ = self.remove(&created.id).await;
+                                return Err(e);
+                            }
+                            break created.id;
+                        }
+                        // Someone else created it meanwhile: attach to theirs.
+                        Err(e) if status(&e) == Some(409) => continue,
+                        Err(e) => return Err(create_error(&e, &plan.image)),
+                    }
+                }
+                Err(e) => return Err(engine_error("inspecting the container", &e)),
+            }
+        };
+        let cgroups = if self.host_access {
+            self.host_cgroups(&id).await
+        } else {
+            None
+        };
+        Ok(DockerRuntime {
+            inner: Arc::new(exec::Inner {
+                docker: self.docker.clone(),
+                container_id: id,
+                name,
+                runtime_id: plan.runtime_id,
+                host_workdir: plan.host_workdir,
+                inside_workdir: plan.inside_workdir,
+                workdir_writable: plan.workdir_writable,
+                memory_mb: plan.memory_mb,
+                pids: plan.pids,
+                host_access: self.host_access,
+                cgroups: std::sync::Mutex::new(cgroups),
+            }),
+        })
+    }
+
+    /// Starts a container (by name or id); a running one is left alone.
+    pub async fn start(&self, name: &str) -> Result<(), RuntimeError> {
+        match self.docker.start_container(name, None).await {
+            Ok(()) => Ok(()),
+            Err(e) if status(&e) == Some(304) => Ok(()),
+            Err(e) if status(&e) == Some(404) => Err(RuntimeError::NotFound(format!(
+                "container {name} does not exist"
+            ))),
+            Err(e) => Err(start_error(&e)),
+        }
+    }
+
+    /// Stops (hibernates) a container: its processes end, the container and the
+    /// workspace stay. Stopping a stopped container is fine.
+    pub async fn stop(&self, name: &str) -> Result<(), RuntimeError> {
+        let options = StopContainerOptionsBuilder::default()
+            .t(STOP_TIMEOUT_SECS)
+            .build();
+        match self.docker.stop_container(name, Some(options)).await {
+            Ok(()) => Ok(()),
+            Err(e) if status(&e) == Some(304) => Ok(()),
+            Err(e) if status(&e) == Some(404) => Err(RuntimeError::NotFound(format!(
+                "container {name} does not exist"
+            ))),
+            Err(e) => Err(engine_error("stopping the container", &e)),
+        }
+    }
+
+    /// Removes a container (running or not). Bind-mounted host directories are never
+    /// touched. Returns whether there was one to remove.
+    pub async fn destroy(&self, name: &str) -> Result<bool, RuntimeError> {
+        self.remove(name).await
+    }
+
+    async fn remove(&self, name: &str) -> Result<bool, RuntimeError> {
+        let options = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        match self.docker.remove_container(name, Some(options)).await {
+            Ok(()) => Ok(true),
+            Err(e) if status(&e) == Some(404) => Ok(false),
+            // Removal already in progress (a concurrent destroy).
+            Err(e) if status(&e) == Some(409) => Ok(false),
+            Err(e) => Err(engine_error("removing the container", &e)),
+        }
+    }
+
+    /// Managed containers (in this provider's scope) carrying `key=value`, running
+    /// or not.
+    pub async fn list_by_label(
+        &self,
+        key: &str,
+        value: &str,
+    ) -> Result<Vec<ContainerInfo>, RuntimeError> {
+        self.list(&[(key, value)]).await
+    }
+
+    /// All managed containers in this provider's scope.
+    pub async fn list_managed(&self) -> Result<Vec<ContainerInfo>, RuntimeError> {
+        self.list(&[]).await
+    }
+
+    async fn list(&self, extra: &[(&str, &str)]) -> Result<Vec<ContainerInfo>, RuntimeError> {
+        let mut labels = vec![format!("{LABEL_MANAGED}=true")];
+        labels.extend(self.scope.iter().map(|(k, v)| format!("{k}={v}")));
+        labels.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
+        let filters: HashMap<String, Vec<String>> = [("label".to_string(), labels)].into();
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let found = self
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| engine_error("listing containers", &e))?;
+        Ok(found
+            .into_iter()
+            .map(|c| ContainerInfo {
+                id: c.id.unwrap_or_default(),
+                name: c
+                    .names
+                    .and_then(|n| n.into_iter().next())
+                    .map(|n| n.trim_start_matches('/').to_string())
+                    .unwrap_or_default(),
+                state: c.state.map(|s| s.to_string()).unwrap_or_default(),
+                labels: c.labels.unwrap_or_default().into_iter().collect(),
+                created: c.created.unwrap_or(0),
+            })
+            .collect())
+    }
+
+    /// Removes every managed container in this provider's scope whose runtime id
+    /// (label [`LABEL_RUNTIME`]) is not in `owned`, and returns the names of those it
+    /// removed. A container created a moment ago by another worker whose record is not
+    /// committed yet is an orphan too: callers that sweep while others create pass
+    /// only containers older than a grace period, see [`Self::sweep_orphans_older_than`].
+    pub async fn sweep_orphans(
+        &self,
+        owned: &HashSet<String>,
+    ) -> Result<Vec<String>, RuntimeError> {
+        self.sweep_orphans_older_than(owned, Duration::ZERO).await
+    }
+
+    /// [`Self::sweep_orphans`], sparing containers created less than `grace` ago.
+    pub async fn sweep_orphans_older_than(
+        &self,
+        owned: &HashSet<String>,
+        grace: Duration,
+    ) -> Result<Vec<String>, RuntimeError> {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let mut removed = Vec::new();
+        for c in self.list_managed().await? {
+            let is_owned = c.runtime_id().is_some_and(|r| owned.contains(r));
+            if is_owned || now - c.created < grace.as_secs() as i64 {
+                continue;
+            }
+            if self.remove(&c.id).await? {
+                tracing::info!(container = %c.name, "removed an orphaned runtime container");
+                removed.push(c.name);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Everything about a spec that decides the container, checked and resolved.
+    async fn plan(&self, spec: &RuntimeSpec) -> Result<Plan, RuntimeError> {
+        if spec.network == NetworkPolicy::Limited {
+            return Err(RuntimeError::CommandRejected(
+                "network policy 'limited' is not enforceable by the docker runtime; \
+                 ask for 'none' or 'default'"
+                    .into(),
+            ));
+        }
+        for (k, v) in &spec.env {
+            validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        }
+        let image = spec
+            .image
+            .clone()
+            .filter(|s| !s.is_empty())
+            .or_else(|| self.default_image.clone())
+            .ok_or_else(|| {
+                RuntimeError::Unavailable(
+                    "no image for the docker runtime: set RuntimeSpec.image or \
+                     GROVE_DOCKER_IMAGE, or build one (grove image build --minimal)"
+                        .into(),
+                )
+            })?;
+
+        let host_workdir = std::fs::canonicalize(&spec.workdir).map_err(|_| {
+            RuntimeError::NotFound(format!(
+                "workspace directory {} does not exist",
+                spec.workdir.display()
+            ))
+        })?;
+        if !host_workdir.is_dir() {
+            return Err(RuntimeError::NotFound(format!(
+                "workspace {} is not a directory",
+                spec.workdir.display()
+            )));
+        }
+
+        let mut mounts = Vec::with_capacity(spec.mounts.len() + 1);
+        for m in &spec.mounts {
+            if !m.target.is_absolute() || m.target.components().any(|c| c == Component::ParentDir) {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "mount target {} must be an absolute path without '..'",
+                    m.target.display()
+                )));
+            }
+            let source = std::fs::canonicalize(&m.source).map_err(|_| {
+                RuntimeError::NotFound(format!(
+                    "mount source {} does not exist",
+                    m.source.display()
+                ))
+            })?;
+            mounts.push((source, m.target.clone(), m.writable));
+        }
+        // The workspace inside: through the deepest mount whose source contains it; a
+        // spec that mounts no part of it gets it read-only, never more.
+        let (inside_workdir, workdir_writable) = match mounts
+            .iter()
+            .filter(|(source, _, _)| host_workdir.starts_with(source))
+            .max_by_key(|(source, _, _)| source.components().count())
+        {
+            Some((source, target, writable)) => (
+                target.join(
+                    host_workdir
+                        .strip_prefix(source)
+                        .expect("checked by starts_with"),
+                ),
+                *writable,
+            ),
+            None => {
+                mounts.push((host_workdir.clone(), host_workdir.clone(), false));
+                (host_workdir.clone(), false)
+            }
+        };
+
+        let user = match &self.user {
+            Some(u) => u.clone(),
+            None => {
+                let meta = std::fs::metadata(&host_workdir).map_err(|e| {
+                    RuntimeError::NotFound(format!("workspace {}: {e}", spec.workdir.display()))
+                })?;
+                if meta.uid() == 0 {
+                    FALLBACK_USER.to_string()
+                } else {
+                    format!("{}:{}", meta.uid(), meta.gid())
+                }
+            }
+        };
+        let uid = user.split(':').next().unwrap_or("");
+        if uid == "0" || uid == "root" || uid.is_empty() {
+            return Err(RuntimeError::CommandRejected(format!(
+                "the docker runtime runs commands as a non-root user; {user:?} is root"
+            )));
+        }
+
+        let memory_mb = spec.resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB).max(6);
+        let pids = spec.resources.pids.unwrap_or(DEFAULT_PIDS).max(8);
+        let mut cpus = spec.resources.cpu.unwrap_or(DEFAULT_CPUS);
+        if !(cpus.is_finite() && cpus > 0.0) {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cpu limit {cpus} must be a positive number"
+            )));
+        }
+        if let Some(ncpu) = self.engine_cpus().await {
+            cpus = cpus.min(ncpu as f64);
+        }
+
+        let mut labels: BTreeMap<String, String> = spec.labels.clone();
+        labels.extend(self.scope.clone());
+        let runtime_id = match spec.labels.get(LABEL_RUNTIME) {
+            Some(id) => id.clone(),
+            None => {
+                // Deterministic, so a retried create of the same spec re-attaches.
+                let digest =
+                    Sha256::digest(serde_json::to_vec(spec).expect("a RuntimeSpec serializes"));
+                format!("spec-{}", &hex::encode(digest)[..20])
+            }
+        };
+        validate_runtime_id(&runtime_id)?;
+        labels.insert(LABEL_RUNTIME.into(), runtime_id.clone());
+        labels.insert(LABEL_MANAGED.into(), "true".into());
+
+        let mut env = vec![
+            format!("PATH={BASE_PATH}"),
+            "HOME=/tmp".to_string(),
+            "LANG=C.UTF-8".to_string(),
+        ];
+        env.retain(|kv| {
+            let key = kv.split('=').next().unwrap_or("");
+            !spec.env.contains_key(key)
+        });
+        env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
+
+        let network_mode = match spec.network {
+            NetworkPolicy::None => "none",
+            NetworkPolicy::Default => "bridge",
+            NetworkPolicy::Limited => unreachable!("refused above"),
+        };
+        let docker_mounts = mounts
+            .iter()
+            .map(|(source, target, writable)| DockerMount {
+                target: Some(target.to_string_lossy().into_owned()),
+                source: Some(source.to_string_lossy().into_owned()),
+                typ: Some(MountType::BIND),
+                read_only: Some(!writable),
+                ..Default::default()
+            })
+            .collect();
+        let memory = (memory_mb * 1024 * 1024) as i64;
+        let host_config = HostConfig {
+            mounts: Some(docker_mounts),
+            network_mode: Some(network_mode.into()),
+            cap_drop: Some(vec!["ALL".into()]),
+            security_opt: Some(vec!["no-new-privileges".into()]),
+            privileged: Some(false),
+            init: Some(true),
+            pids_limit: Some(pids as i64),
+            memory: Some(memory),
+            memory_swap: Some(memory),
+            nano_cpus: Some((cpus * 1e9) as i64),
+            ipc_mode: Some("private".into()),
+            restart_policy: Some(RestartPolicy {
+                name: Some(RestartPolicyNameEnum::NO),
+                maximum_retry_count: None,
+            }),
+            log_config: Some(HostConfigLogConfig {
+                typ: Some("none".into()),
+                config: None,
+            }),
+            ..Default::default()
+        };
+        let mut body = ContainerCreateBody {
+            image: Some(image.clone()),
+            user: Some(user),
+            env: Some(env),
+            working_dir: Some(inside_workdir.to_string_lossy().into_owned()),
+            entrypoint: Some(vec!["sleep".into()]),
+            cmd: Some(vec!["2147483647".into()]),
+            hostname: Some("grove".into()),
+            labels: Some(labels.clone().into_iter().collect()),
+            host_config: Some(host_config),
+            attach_stdin: Some(false),
+            attach_stdout: Some(false),
+            attach_stderr: Some(false),
+            tty: Some(false),
+            open_stdin: Some(false),
+            ..Default::default()
+        };
+        let canonical = serde_json::to_string(
+            &serde_json::to_value(&body).expect("a container config serializes"),
+        )
+        .expect("a JSON value serializes");
+        let hash = hex::encode(Sha256::digest(canonical.as_bytes()))[..16].to_string();
+        labels.insert(LABEL_SPEC.into(), hash.clone());
+        body.labels = Some(labels.into_iter().collect());
+
+        Ok(Plan {
+            body,
+            hash,
+            image,
+            runtime_id,
+            host_workdir,
+            inside_workdir,
+            workdir_writable,
+            memory_mb,
+            pids,
+        })
+    }
+
+    async fn engine_cpus(&self) -> Option<i64> {
+        static NCPU: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
+        if let Some(n) = NCPU.get() {
+            return Some(*n);
+        }
+        let n = self.docker.info().await.ok()?.ncpu.filter(|n| *n > 0)?;
+        Some(*NCPU.get_or_init(|| n))
+    }
+
+    async fn host_cgroups(&self, id: &str) -> Option<host::Cgroups> {
+        let pid = self
+            .docker
+            .inspect_container(id, None::<InspectContainerOptions>)
+            .await
+            .ok()?
+            .state?
+            .pid
+            .filter(|p| *p > 0)?;
+        let found = host::Cgroups::of_pid(pid as u32, id);
+        if found.is_none() {
+            tracing::warn!(
+                container = %id,
+                "cannot see the container's processes or cgroup from here; timeouts will \
+                 restart the container and limit counters are read inside it"
+            );
+        }
+        found
+    }
+}
+
+struct Plan {
+    body: ContainerCreateBody,
+    hash: String,
+    image: String,
+    runtime_id: String,
+    host_workdir: PathBuf,
+    inside_workdir: PathBuf,
+    workdir_writable: bool,
+    memory_mb: u64,
+    pids: u64,
+}
+
+fn validate_runtime_id(id: &str) -> Result<(), RuntimeError> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && id.as_bytes()[0].is_ascii_alphanumeric();
+    if ok {
+        Ok(())
+    } else {
+        Err(RuntimeError::CommandRejected(format!(
+            "runtime id {id:?} must be letters, digits, '-', '_' or '.'"
+        )))
+    }
+}
+
+impl RuntimeProvider for DockerRuntimeProvider {
+    fn kind(&self) -> &'static str {
+        "docker"
+    }
+
+    fn capabilities(&self) -> RuntimeCapabilities {
+        RuntimeCapabilities {
+            writable: true,
+            isolated: true,
+            network_none: true,
+            network_limited: false,
+            snapshot: false,
+            preview_url: false,
+            interactive_session: false,
+        }
+    }
+
+    fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
+        Box::pin(async move {
+            let runtime = self.create_docker(spec).await?;
+            Ok(Box::new(runtime) as Box<dyn Runtime>)
+        })
+    }
+}
+
+/// The runtime of one workspace: a handle on its container. Cheap to clone.
+#[derive(Clone)]
+pub struct DockerRuntime {
+    inner: Arc<exec::Inner>,
+}
+
+impl std::fmt::Debug for DockerRuntime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerRuntime")
+            .field("name", &self.inner.name)
+            .field("container_id", &self.inner.container_id)
+            .finish()
+    }
+}
+
+impl DockerRuntime {
+    /// The container's name (`grove-rt-<runtime id>`).
+    pub fn container_name(&self) -> &str {
+        &self.inner.name
+    }
+    /// The container's id.
+    pub fn container_id(&self) -> &str {
+        &self.inner.container_id
+    }
+    /// The runtime id (label [`LABEL_RUNTIME`]).
+    pub fn runtime_id(&self) -> &str {
+        &self.inner.runtime_id
+    }
+    /// The workspace root as commands see it.
+    pub fn inside_workdir(&self) -> &Path {
+        &self.inner.inside_workdir
+    }
+    /// Whether the workspace is mounted writable.
+    pub fn is_writable(&self) -> bool {
+        self.inner.workdir_writable
+    }
+
+    fn prepare(&self, req: ExecRequest) -> Result<exec::Plan, RuntimeError> {
+        validate_command(&req.argv).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        for (k, v) in &req.env {
+            validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        }
+        if req.mutating && !self.inner.workdir_writable {
+            return Err(RuntimeError::CommandRejected(
+                "the workspace is mounted read-only; mutating commands are refused".into(),
+            ));
+        }
+        let cwd = self.resolve_cwd(req.cwd.as_deref())?;
+        Ok(exec::Plan {
+            argv: req.argv,
+            env: req.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
+            working_dir: cwd.to_string_lossy().into_owned(),
+            stdin: req.stdin,
+            timeout: req.timeout,
+            max_output: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
+        })
+    }
+
+    /// The cwd inside the container, refusing anything that is not a directory inside
+    /// the workspace after resolving symlinks on the host.
+    fn resolve_cwd(&self, cwd: Option<&Path>) -> Result<PathBuf, RuntimeError> {
+        let Some(rel) = cwd else {
+            return Ok(self.inner.inside_workdir.clone());
+        };
+        if rel.is_absolute() {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cwd {} must be relative to the workspace root",
+                rel.display()
+            )));
+        }
+        if rel
+            .components()
+            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
+        {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cwd {} must not contain '..'",
+                rel.display()
+            )));
+        }
+        let host = std::fs::canonicalize(self.inner.host_workdir.join(rel)).map_err(|_| {
+            RuntimeError::CommandRejected(format!(
+                "cwd {} does not exist in the workspace",
+                rel.display()
+            ))
+        })?;
+        let inner = host.strip_prefix(&self.inner.host_workdir).map_err(|_| {
+            RuntimeError::CommandRejected(format!(
+                "cwd {} resolves outside the workspace",
+                rel.display()
+            ))
+        })?;
+        if !host.is_dir() {
+            return Err(RuntimeError::CommandRejected(format!(
+                "cwd {} is not a directory",
+                rel.display()
+            )));
+        }
+        Ok(self.inner.inside_workdir.join(inner))
+    }
+}
+
+impl Runtime for DockerRuntime {
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
+        Box::pin(async move {
+            let plan = self.prepare(req)?;
+            exec::collect(exec::start(self.inner.clone(), plan).await?).await
+        })
+    }
+
+    fn exec_stream(
+        &self,
+        req: ExecRequest,
+    ) -> BoxFuture<'_, Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError>>
+    {
+        Box::pin(async move {
+            let plan = self.prepare(req)?;
+            exec::start(self.inner.clone(), plan).await
+        })
+    }
+}
+
+/// The HTTP status of an engine error, if it is one.
+pub(crate) fn status(e: &BollardError) -> Option<u16> {
+    match e {
+        BollardError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// An engine failure as a runtime error: unreachable engines and 5xx are
+/// `Unavailable`, 404 `NotFound`, 409 `Conflict`.
+pub(crate) fn engine_error(what: &str, e: &BollardError) -> RuntimeError {
+    let msg = one_line(&e.to_string());
+    match status(e) {
+        Some(404) => RuntimeError::NotFound(format!("{what}: {msg}")),
+        Some(409) => RuntimeError::Conflict(format!("{what}: {msg}")),
+        Some(400) => RuntimeError::CommandRejected(format!("{what}: {msg}")),
+        _ => RuntimeError::Unavailable(format!("{what}: {msg}")),
+    }
+}
+
+fn create_error(e: &BollardError, image: &str) -> RuntimeError {
+    match status(e) {
+        Some(404) => RuntimeError::Unavailable(format!(
+            "image {image} is not on the engine (images are never pulled): build one with \
+             grove image build --minimal or --debian, or point RuntimeSpec.image at a local image"
+        )),
+        _ => engine_error("creating the container", e),
+    }
+}
+
+fn start_error(e: &BollardError) -> RuntimeError {
+    let msg = one_line(&e.to_string());
+    if msg.contains("executable file not found") || msg.contains("no such file or directory") {
+        return RuntimeError::Unavailable(format!(
+            "the container cannot start its main process (the image needs `sleep`): {msg}"
+        ));
+    }
+    engine_error("starting the container", e)
+}
+
+pub(crate) fn one_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}

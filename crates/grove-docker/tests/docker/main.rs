@@ -1,0 +1,835 @@
+//! The Docker runtime on a real engine: the runtime contract, lifecycle, isolation,
+//! limits, streaming and the orphan sweep.
+//!
+//! Every test first asks whether an engine answers and, if none does, prints
+//! `skipped: no Docker engine: ...` and returns. Tests build the minimal busybox image
+//! once per process (offline, from the `busybox-static` package), run in parallel, and
+//! remove their containers when they end: each test's provider puts a unique
+//! `grove.test` scope label on what it creates, and a guard removes everything with
+//! that label on drop (also when the test panics).
+//!
+//! Workspaces live under cargo's per-target tmp dir and are made by root here, so the
+//! harness hands each one to [`TEST_UID`] (as a deployment would create workspaces
+//! owned by the sandbox user); the provider then runs commands as the workspace owner.
+
+mod support;
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use grove_core::error::RuntimeError;
+use grove_core::ports::{
+    ExecChunk, ExecRequest, Mount, NetworkPolicy, ResourceHints, Runtime, RuntimeProvider,
+};
+use grove_docker::{DockerRuntimeProvider, LABEL_MANAGED, LABEL_RUNTIME, LABEL_WORKSPACE};
+use grove_runtime_contract::{request, unique_token};
+
+use support::{chown_tree, env_or_skip, text, TestEnv, TEST_UID};
+
+macro_rules! contract_tests {
+    ($($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some(env) = env_or_skip(stringify!($check)).await else { return };
+                let outcome = grove_runtime_contract::$check(&env).await;
+                assert_eq!(outcome, grove_runtime_contract::Outcome::Passed,
+                    "the docker runtime claims every capability the contract checks");
+            }
+        )*
+    };
+}
+
+/// The runtime contract, one test per check.
+mod contract {
+    use super::*;
+
+    contract_tests!(
+        echo_and_exit_codes_pass_through,
+        a_missing_program_is_a_failed_command,
+        stdin_reaches_the_command,
+        only_the_given_env_is_visible,
+        cwd_inside_the_workspace_works,
+        cwd_escaping_the_workspace_is_rejected,
+        a_read_only_workspace_refuses_writes,
+        a_writable_workspace_keeps_writes_on_the_host,
+        network_none_leaves_only_loopback,
+        a_timeout_kills_the_whole_process_tree,
+        output_over_the_cap_is_truncated,
+        exec_stream_delivers_output_as_it_is_produced,
+        dropping_an_exec_stream_kills_the_command,
+        other_workspaces_are_not_visible,
+    );
+}
+
+/// The contract again with the provider forbidden to look at the host's /proc and
+/// cgroups: timeouts and drops fall back to restarting the container, counters are
+/// read inside it.
+mod contract_without_host_access {
+    use super::*;
+
+    macro_rules! no_host_tests {
+        ($($check:ident),* $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let Some(mut env) = env_or_skip(stringify!($check)).await else { return };
+                    env.provider = env.provider.clone().with_host_access(false);
+                    let outcome = grove_runtime_contract::$check(&env).await;
+                    assert_eq!(outcome, grove_runtime_contract::Outcome::Passed);
+                }
+            )*
+        };
+    }
+
+    no_host_tests!(
+        echo_and_exit_codes_pass_through,
+        stdin_reaches_the_command,
+        a_timeout_kills_the_whole_process_tree,
+        output_over_the_cap_is_truncated,
+        exec_stream_delivers_output_as_it_is_produced,
+        dropping_an_exec_stream_kills_the_command,
+    );
+}
+
+fn sh(script: &str) -> ExecRequest {
+    request(&["sh", "-c", script])
+}
+
+async fn run(rt: &dyn Runtime, req: ExecRequest) -> grove_core::ports::ExecResult {
+    let argv = req.argv.clone();
+    rt.exec(req)
+        .await
+        .unwrap_or_else(|e| panic!("exec of {argv:?} failed: {e}"))
+}
+
+async fn assert_usable(rt: &dyn Runtime, after: &str) {
+    let r = run(rt, request(&["true"])).await;
+    assert_eq!(r.exit_code, 0, "`true` fails after {after}: {r:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capabilities_are_truthful_and_limited_network_is_refused() {
+    let Some(env) = env_or_skip("capabilities_are_truthful_and_limited_network_is_refused").await
+    else {
+        return;
+    };
+    let caps = env.provider.capabilities();
+    assert_eq!(env.provider.kind(), "docker");
+    assert!(caps.writable && caps.isolated && caps.network_none);
+    assert!(!caps.network_limited && !caps.snapshot && !caps.preview_url);
+    assert!(!caps.interactive_session);
+    env.provider.ping().await.expect("ping");
+
+    let ws = env.workspace("limited");
+    let spec = env.spec_for(&ws, true, NetworkPolicy::Limited, "limited");
+    match env.provider.create(spec).await {
+        Err(RuntimeError::CommandRejected(msg)) => assert!(msg.contains("limited"), "{msg}"),
+        Err(e) => panic!("limited must be CommandRejected, got {e}"),
+        Ok(_) => panic!("limited was accepted (the runtime cannot enforce it)"),
+    }
+    assert!(
+        env.containers().await.is_empty(),
+        "a refused spec left a container"
+    );
+
+    // No image anywhere: a clear error, never a pull.
+    let bare = DockerRuntimeProvider::connect().await.unwrap();
+    let mut spec = env.spec_for(&ws, true, NetworkPolicy::None, "noimage");
+    spec.image = None;
+    match bare.create(spec.clone()).await {
+        Err(RuntimeError::Unavailable(msg)) => assert!(msg.contains("image"), "{msg}"),
+        other => panic!("no image must be Unavailable, got {:?}", other.err()),
+    }
+    spec.image = Some(format!("grove-sandbox:does-not-exist-{}", unique_token()));
+    match env.provider.create(spec).await {
+        Err(RuntimeError::Unavailable(msg)) => assert!(msg.contains("never pulled"), "{msg}"),
+        other => panic!("a missing image must be Unavailable, got {:?}", other.err()),
+    }
+
+    // Root is refused as the container user.
+    let rooted = env.provider.clone().with_user("0:0");
+    let spec = env.spec_for(&ws, true, NetworkPolicy::None, "root");
+    match rooted.create(spec).await {
+        Err(RuntimeError::CommandRejected(msg)) => assert!(msg.contains("root"), "{msg}"),
+        other => panic!("user 0 must be refused, got {:?}", other.err()),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labels_name_grove_the_workspace_and_the_runtime_and_create_reattaches() {
+    let Some(env) = env_or_skip("labels_and_reattach").await else {
+        return;
+    };
+    let ws = env.workspace("labels");
+    let spec = env.spec_for(&ws, true, NetworkPolicy::None, "labels");
+    let rid = spec.labels[LABEL_RUNTIME].clone();
+    let first = env.provider.create_docker(spec.clone()).await.unwrap();
+    assert_eq!(
+        first.container_name(),
+        DockerRuntimeProvider::container_name(&rid)
+    );
+    let again = env.provider.create_docker(spec.clone()).await.unwrap();
+    assert_eq!(
+        first.container_id(),
+        again.container_id(),
+        "a second create of the same runtime must re-attach"
+    );
+    let listed = env
+        .provider
+        .list_by_label(LABEL_RUNTIME, &rid)
+        .await
+        .unwrap();
+    assert_eq!(
+        listed.len(),
+        1,
+        "exactly one container per runtime: {listed:?}"
+    );
+    let c = &listed[0];
+    assert_eq!(
+        c.labels.get(LABEL_MANAGED).map(String::as_str),
+        Some("true")
+    );
+    assert_eq!(
+        c.labels.get(LABEL_WORKSPACE),
+        spec.labels.get(LABEL_WORKSPACE)
+    );
+    assert_eq!(c.runtime_id(), Some(rid.as_str()));
+    assert_eq!(c.state, "running");
+
+    // Concurrent creates of one runtime end with one container.
+    let ws2 = env.workspace("race");
+    let spec2 = env.spec_for(&ws2, true, NetworkPolicy::None, "race");
+    let rid2 = spec2.labels[LABEL_RUNTIME].clone();
+    let (a, b, c2) = tokio::join!(
+        env.provider.create_docker(spec2.clone()),
+        env.provider.create_docker(spec2.clone()),
+        env.provider.create_docker(spec2.clone()),
+    );
+    let ids: HashSet<String> = [a, b, c2]
+        .into_iter()
+        .map(|r| r.expect("concurrent create").container_id().to_string())
+        .collect();
+    assert_eq!(ids.len(), 1, "concurrent creates made several containers");
+    assert_eq!(
+        env.provider
+            .list_by_label(LABEL_RUNTIME, &rid2)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+
+    // A changed spec replaces the container; the workspace stays.
+    std::fs::write(ws.join("keep.txt"), "kept").unwrap();
+    let mut changed = spec.clone();
+    changed.env.insert("GROVE_TEST_CHANGED".into(), "1".into());
+    let replaced = env.provider.create_docker(changed).await.unwrap();
+    assert_ne!(replaced.container_id(), first.container_id());
+    let r = run(&replaced, request(&["cat", "keep.txt"])).await;
+    assert_eq!(text(&r.stdout), "kept");
+    assert_eq!(
+        env.provider
+            .list_by_label(LABEL_RUNTIME, &rid)
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_survive_stop_start_and_destroy() {
+    let Some(env) = env_or_skip("files_survive_stop_start_and_destroy").await else {
+        return;
+    };
+    let ws = env.workspace("lifecycle");
+    let spec = env.spec_for(&ws, true, NetworkPolicy::None, "lifecycle");
+    let rt = env.provider.create_docker(spec.clone()).await.unwrap();
+    let name = rt.container_name().to_string();
+
+    // A file, and an "installed dependency" (a tool under the workspace) used later.
+    let mut req = sh("echo from-container > made.txt && mkdir -p .deps/bin && \
+                      printf '#!/bin/sh\\necho tool-ok\\n' > .deps/bin/tool && chmod +x .deps/bin/tool");
+    req.mutating = true;
+    let r = run(&rt, req).await;
+    assert_eq!(r.exit_code, 0, "{}", text(&r.stderr));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made.txt")).unwrap(),
+        "from-container\n"
+    );
+
+    let t0 = Instant::now();
+    env.provider.stop(&name).await.unwrap();
+    let stop_took = t0.elapsed();
+    let state = env.state_of(&name).await;
+    assert_eq!(state, "exited", "after stop");
+    assert!(ws.join("made.txt").exists(), "stop lost the file");
+
+    let t0 = Instant::now();
+    env.provider.start(&name).await.unwrap();
+    let r = run(&rt, request(&[".deps/bin/tool"])).await;
+    let resume_took = t0.elapsed();
+    assert_eq!(text(&r.stdout), "tool-ok\n", "{r:?}");
+    let r = run(&rt, request(&["cat", "made.txt"])).await;
+    assert_eq!(text(&r.stdout), "from-container\n");
+    eprintln!("measured: stop {stop_took:?}, start + first exec {resume_took:?}");
+
+    // A stopped container resumes on the next exec too.
+    env.provider.stop(&name).await.unwrap();
+    let r = run(&rt, request(&["cat", "made.txt"])).await;
+    assert_eq!(
+        text(&r.stdout),
+        "from-container\n",
+        "exec after stop resumes"
+    );
+    // And create re-attaches to a stopped container, starting it.
+    env.provider.stop(&name).await.unwrap();
+    let again = env.provider.create_docker(spec.clone()).await.unwrap();
+    assert_eq!(again.container_id(), rt.container_id());
+    assert_eq!(env.state_of(&name).await, "running");
+
+    assert!(env.provider.destroy(&name).await.unwrap());
+    assert!(
+        !env.provider.destroy(&name).await.unwrap(),
+        "destroy is idempotent"
+    );
+    assert!(env.containers().await.is_empty());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("made.txt")).unwrap(),
+        "from-container\n",
+        "destroy must keep the workspace"
+    );
+    assert!(ws.join(".deps/bin/tool").exists());
+    match rt.exec(request(&["true"])).await {
+        Err(RuntimeError::NotFound(_)) => {}
+        other => panic!("exec on a destroyed runtime must be NotFound, got {other:?}"),
+    }
+    // Creating again gives a fresh container over the same files.
+    let fresh = env.provider.create_docker(spec).await.unwrap();
+    let r = run(&fresh, request(&["cat", "made.txt"])).await;
+    assert_eq!(text(&r.stdout), "from-container\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn network_none_has_only_loopback_and_the_hosts_loopback_is_unreachable() {
+    let Some(env) = env_or_skip("network_none").await else {
+        return;
+    };
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+
+    let ws = env.workspace("net");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "net"))
+        .await
+        .unwrap();
+    let r = run(&*rt, request(&["cat", "/proc/net/dev"])).await;
+    let ifaces: Vec<String> = text(&r.stdout)
+        .lines()
+        .skip(2)
+        .filter_map(|l| l.split(':').next())
+        .map(|s| s.trim().to_string())
+        .collect();
+    assert_eq!(ifaces, ["lo"]);
+
+    // Control: nc works on the container's own loopback, so a failure below is the
+    // network's doing, not a missing tool.
+    let r = run(
+        &*rt,
+        sh(
+            "nc -l -p 7777 > /tmp/got & sleep 0.3; echo ping | nc -w 2 127.0.0.1 7777; \
+            sleep 0.3; cat /tmp/got",
+        ),
+    )
+    .await;
+    assert!(text(&r.stdout).contains("ping"), "loopback control: {r:?}");
+
+    let r = run(
+        &*rt,
+        sh(&format!(
+            "echo hello | nc -w 2 127.0.0.1 {port}; echo rc=$?"
+        )),
+    )
+    .await;
+    std::thread::sleep(Duration::from_millis(200));
+    match listener.accept() {
+        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+        Ok((_, from)) => {
+            panic!("the host's loopback server was reached from the container ({from})")
+        }
+        Err(e) => panic!("accept: {e}"),
+    }
+    assert!(
+        !text(&r.stdout).contains("rc=0"),
+        "connecting to the host's port succeeded: {r:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_shows_none_of_the_worker_environment() {
+    let Some(env) = env_or_skip("env_shows_none_of_the_worker_environment").await else {
+        return;
+    };
+    let ws = env.workspace("env");
+    let mut spec = env.spec_for(&ws, false, NetworkPolicy::None, "env");
+    spec.env.insert("FROM_SPEC".into(), "1".into());
+    let rt = env.provider.create(spec).await.unwrap();
+    let mut req = request(&["env"]);
+    req.env.insert("FROM_REQUEST".into(), "2".into());
+    let r = run(&*rt, req).await;
+    let keys: BTreeMap<String, String> = text(&r.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let allowed = [
+        "PATH",
+        "HOME",
+        "LANG",
+        "HOSTNAME",
+        "FROM_SPEC",
+        "FROM_REQUEST",
+    ];
+    for k in keys.keys() {
+        assert!(
+            allowed.contains(&k.as_str()),
+            "unexpected variable {k} in the container: {keys:?}"
+        );
+    }
+    for (k, v) in std::env::vars() {
+        if !["PATH", "HOME", "LANG"].contains(&k.as_str()) {
+            assert!(keys.get(&k) != Some(&v), "worker variable {k} leaked");
+        }
+    }
+    assert_eq!(keys.get("HOME").map(String::as_str), Some("/tmp"));
+    assert_eq!(keys.get("FROM_SPEC").map(String::as_str), Some("1"));
+    assert_eq!(keys.get("FROM_REQUEST").map(String::as_str), Some("2"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn other_workspaces_are_invisible_the_cache_is_read_only_and_the_user_is_not_root() {
+    let Some(env) = env_or_skip("isolation").await else {
+        return;
+    };
+    let ws = env.workspace("iso");
+    let other = env.workspace("other");
+    std::fs::write(other.join("secret.txt"), "other-secret").unwrap();
+    let cache = env.workspace("cache");
+    std::fs::write(cache.join("objects.txt"), "cached").unwrap();
+
+    let mut spec = env.spec_for(&ws, true, NetworkPolicy::None, "iso");
+    spec.mounts.push(Mount {
+        source: cache.clone(),
+        target: cache.clone(),
+        writable: false,
+    });
+    let rt = env.provider.create(spec).await.unwrap();
+
+    let r = run(&*rt, request(&["id", "-u"])).await;
+    assert_eq!(
+        text(&r.stdout).trim(),
+        TEST_UID.to_string(),
+        "runs as the workspace owner"
+    );
+    let r = run(&*rt, request(&["cat", "/proc/self/status"])).await;
+    let status = text(&r.stdout);
+    for line in [
+        "CapEff:\t0000000000000000",
+        "CapPrm:\t0000000000000000",
+        "NoNewPrivs:\t1",
+    ] {
+        assert!(status.contains(line), "{line} missing:\n{status}");
+    }
+
+    let r = run(
+        &*rt,
+        request(&["cat", other.join("secret.txt").to_str().unwrap()]),
+    )
+    .await;
+    assert_ne!(r.exit_code, 0);
+    assert!(!text(&r.stdout).contains("other-secret"));
+    let r = run(&*rt, request(&["ls", "-a", env.root().to_str().unwrap()])).await;
+    let listing = text(&r.stdout);
+    let other_name = other.file_name().unwrap().to_str().unwrap();
+    assert!(
+        !listing.contains(other_name),
+        "other workspace listed:\n{listing}"
+    );
+
+    let r = run(
+        &*rt,
+        request(&["cat", cache.join("objects.txt").to_str().unwrap()]),
+    )
+    .await;
+    assert_eq!(text(&r.stdout), "cached", "the cache is readable");
+    let mut req = sh(&format!(
+        "echo x > {0}/new.txt; echo y > {0}/objects.txt",
+        cache.display()
+    ));
+    req.mutating = true;
+    let r = run(&*rt, req).await;
+    assert_ne!(r.exit_code, 0, "writing the cache succeeded");
+    assert!(!cache.join("new.txt").exists());
+    assert_eq!(
+        std::fs::read_to_string(cache.join("objects.txt")).unwrap(),
+        "cached"
+    );
+
+    // A root-owned workspace without a configured user runs as nobody.
+    let rooted = env.workspace_owned_by_root("rooted");
+    let rt = env
+        .provider
+        .create(env.spec_for(&rooted, false, NetworkPolicy::None, "rooted"))
+        .await
+        .unwrap();
+    let r = run(&*rt, request(&["id", "-u"])).await;
+    assert_eq!(text(&r.stdout).trim(), "65534");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_memory_hog_fork_bomb_and_timeout_each_come_back_typed() {
+    let Some(env) = env_or_skip("limits").await else {
+        return;
+    };
+    limits_on(&env, "host").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn limits_are_typed_without_host_access_too() {
+    let Some(mut env) = env_or_skip("limits_without_host_access").await else {
+        return;
+    };
+    env.provider = env.provider.clone().with_host_access(false);
+    limits_on(&env, "inside").await;
+}
+
+async fn limits_on(env: &TestEnv, tag: &str) {
+    let ws = env.workspace("limits");
+    let mut spec = env.spec_for(&ws, true, NetworkPolicy::None, &format!("limits-{tag}"));
+    spec.resources = ResourceHints {
+        cpu: Some(1.0),
+        memory_mb: Some(64),
+        pids: Some(32),
+    };
+    let rt = env.provider.create(spec).await.unwrap();
+
+    let r = run(
+        &*rt,
+        request(&["cat", "/sys/fs/cgroup/memory/memory.limit_in_bytes"]),
+    )
+    .await;
+    if r.exit_code == 0 {
+        assert_eq!(text(&r.stdout).trim(), (64u64 << 20).to_string());
+    }
+
+    let mut hog = sh("x=a; while :; do x=$x$x; done");
+    hog.timeout = Some(Duration::from_secs(60));
+    match rt.exec(hog).await {
+        Err(RuntimeError::ResourceLimit(msg)) => {
+            assert!(msg.contains("memory"), "{msg}");
+            eprintln!("memory hog ({tag}): {msg}");
+        }
+        other => panic!("a memory hog must be ResourceLimit, got {other:?}"),
+    }
+    assert_usable(&*rt, "the OOM kill").await;
+
+    let mut bomb = sh("f() { f | f & }; f; wait");
+    bomb.timeout = Some(Duration::from_secs(30));
+    match rt.exec(bomb).await {
+        Err(RuntimeError::ResourceLimit(msg)) => {
+            assert!(msg.contains("process"), "{msg}");
+            eprintln!("fork bomb ({tag}): {msg}");
+        }
+        other => panic!("a fork bomb must be ResourceLimit, got {other:?}"),
+    }
+    // The bomb's leftovers are gone and new processes can start.
+    let mut settle = None;
+    for _ in 0..50 {
+        let r = run(&*rt, request(&["true"])).await;
+        if r.exit_code == 0 {
+            settle = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        settle.is_some(),
+        "the container never recovered from the fork bomb"
+    );
+    let r = run(&*rt, sh("ls /proc | grep -c '^[0-9]'")).await;
+    let procs: u32 = text(&r.stdout).trim().parse().unwrap_or(99);
+    assert!(
+        procs <= 6,
+        "fork bomb processes survived: {procs} processes"
+    );
+
+    let mut nap = request(&["sleep", "30"]);
+    nap.timeout = Some(Duration::from_secs(1));
+    let t0 = Instant::now();
+    let r = run(&*rt, nap).await;
+    assert!(r.timed_out, "{r:?}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "timeout took {:?}",
+        t0.elapsed()
+    );
+    assert_usable(&*rt, "a timeout").await;
+
+    // A command that ran normally after all that is an ordinary result.
+    let r = run(&*rt, sh("exit 3")).await;
+    assert_eq!(r.exit_code, 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_chunk_arrives_while_the_command_runs() {
+    let Some(env) = env_or_skip("the_first_chunk_arrives_while_the_command_runs").await else {
+        return;
+    };
+    let ws = env.workspace("stream");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "stream"))
+        .await
+        .unwrap();
+    let t0 = Instant::now();
+    let mut s = rt.exec_stream(sh("echo a; sleep 2; echo b")).await.unwrap();
+    let mut first = None;
+    let mut out = Vec::new();
+    let mut done = None;
+    while let Some(item) = s.next().await {
+        match item.unwrap() {
+            ExecChunk::Output { data, .. } => {
+                first.get_or_insert(t0.elapsed());
+                out.extend(data);
+            }
+            ExecChunk::Finished(r) => done = Some((r, t0.elapsed())),
+        }
+    }
+    let first = first.expect("no output");
+    let (r, end) = done.expect("no result");
+    eprintln!("measured: first chunk after {first:?}, result after {end:?}");
+    assert!(
+        first < Duration::from_millis(1500),
+        "first chunk after {first:?}"
+    );
+    assert!(end >= Duration::from_secs(2));
+    assert_eq!(text(&out), "a\nb\n");
+    assert_eq!(r.exit_code, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_children_are_reaped_by_the_containers_init() {
+    let Some(env) = env_or_skip("zombies").await else {
+        return;
+    };
+    let ws = env.workspace("zombies");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "zombies"))
+        .await
+        .unwrap();
+    // The subshell exits at once; its `sleep` child is orphaned, reparented to the
+    // container's pid 1 and, when it ends, must be reaped by it.
+    let r = run(
+        &*rt,
+        sh("(sleep 0.2 &); sleep 1; cat /proc/[0-9]*/stat 2>/dev/null | awk '$3 == \"Z\"' | wc -l"),
+    )
+    .await;
+    assert_eq!(text(&r.stdout).trim(), "0", "zombies left: {r:?}");
+    let r = run(&*rt, request(&["cat", "/proc/1/cmdline"])).await;
+    assert!(
+        text(&r.stdout).contains("init"),
+        "pid 1 is {:?}",
+        text(&r.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_processes_do_not_outlive_their_command() {
+    let Some(env) = env_or_skip("background_processes").await else {
+        return;
+    };
+    let ws = env.workspace("bg");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "bg"))
+        .await
+        .unwrap();
+    let nap = format!("3602.{}", unique_token());
+    let t0 = Instant::now();
+    let r = run(&*rt, sh(&format!("sleep {nap} & echo started"))).await;
+    assert_eq!(text(&r.stdout), "started\n");
+    assert!(
+        t0.elapsed() < Duration::from_secs(5),
+        "took {:?}",
+        t0.elapsed()
+    );
+    let deadline = Instant::now() + Duration::from_secs(3);
+    while !grove_runtime_contract::host_processes_matching(&nap).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the background sleep outlived its command"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_removes_unowned_containers_and_keeps_owned_ones() {
+    let Some(env) = env_or_skip("sweep").await else {
+        return;
+    };
+    let ws = env.workspace("sweep");
+    let owned_spec = env.spec_for(&ws, false, NetworkPolicy::None, "owned");
+    let orphan_spec = env.spec_for(&ws, false, NetworkPolicy::None, "orphan");
+    let owned = env.provider.create_docker(owned_spec).await.unwrap();
+    let orphan = env.provider.create_docker(orphan_spec).await.unwrap();
+
+    let keep: HashSet<String> = [owned.runtime_id().to_string()].into();
+    // A grace period spares young containers.
+    let spared = env
+        .provider
+        .sweep_orphans_older_than(&keep, Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(spared.is_empty(), "{spared:?}");
+
+    let removed = env.provider.sweep_orphans(&keep).await.unwrap();
+    assert_eq!(removed, vec![orphan.container_name().to_string()]);
+    let left: Vec<String> = env.containers().await.into_iter().map(|c| c.name).collect();
+    assert_eq!(left, vec![owned.container_name().to_string()]);
+    assert!(ws.exists(), "the sweep touched the workspace");
+    assert_usable(&owned, "a sweep").await;
+    assert!(env.provider.sweep_orphans(&keep).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn git_status_and_commit_work_inside_the_debian_image() {
+    let Some(env) = env_or_skip("git_status_and_commit_work_inside_the_debian_image").await else {
+        return;
+    };
+    let Some(image) = support::debian_image(&env).await else {
+        return;
+    };
+    // A workspace checked out the way grove-git does it: a clone whose objects come
+    // from a cache through alternates; the cache is mounted read-only.
+    let cache = env.workspace("git-cache");
+    let ws = env.workspace("git-ws");
+    let git = |dir: &Path, args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .env("GIT_AUTHOR_NAME", "t")
+            .env("GIT_AUTHOR_EMAIL", "t@example.invalid")
+            .env("GIT_COMMITTER_NAME", "t")
+            .env("GIT_COMMITTER_EMAIL", "t@example.invalid")
+            .output()
+            .expect("git on the host");
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let src = env.workspace("git-src");
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("README"), "hello\n").unwrap();
+    git(&src, &["add", "README"]);
+    git(&src, &["commit", "-q", "-m", "first"]);
+    std::fs::remove_dir(&cache).unwrap();
+    git(
+        env.root(),
+        &[
+            "clone",
+            "-q",
+            "--bare",
+            src.to_str().unwrap(),
+            cache.to_str().unwrap(),
+        ],
+    );
+    std::fs::remove_dir(&ws).unwrap();
+    git(
+        env.root(),
+        &[
+            "clone",
+            "-q",
+            "--shared",
+            cache.to_str().unwrap(),
+            ws.to_str().unwrap(),
+        ],
+    );
+    chown_tree(&ws, TEST_UID, TEST_UID);
+
+    let mut spec = env.spec_for(&ws, true, NetworkPolicy::None, "git");
+    spec.image = Some(image);
+    spec.mounts.push(Mount {
+        source: cache.clone(),
+        target: cache.clone(),
+        writable: false,
+    });
+    let rt = env.provider.create(spec).await.unwrap();
+    let mut req = sh("echo change >> README && echo new > added.txt && git status --short");
+    req.mutating = true;
+    let r = run(&*rt, req).await;
+    assert_eq!(r.exit_code, 0, "git status: {}", text(&r.stderr));
+    assert!(text(&r.stdout).contains("README"), "{r:?}");
+    assert!(text(&r.stdout).contains("added.txt"), "{r:?}");
+    let mut req =
+        sh("git add -A && git commit -q -m 'from the container' && git log --oneline | head -1");
+    req.mutating = true;
+    req.env.insert("GIT_AUTHOR_NAME".into(), "agent".into());
+    req.env
+        .insert("GIT_AUTHOR_EMAIL".into(), "agent@example.invalid".into());
+    req.env.insert("GIT_COMMITTER_NAME".into(), "agent".into());
+    req.env
+        .insert("GIT_COMMITTER_EMAIL".into(), "agent@example.invalid".into());
+    let r = run(&*rt, req).await;
+    assert_eq!(r.exit_code, 0, "git commit: {}", text(&r.stderr));
+    let log = git(&ws, &["log", "--format=%s %an", "-1"]);
+    assert_eq!(
+        log.trim(),
+        "from the container agent",
+        "commit not visible on the host"
+    );
+    let r = run(&*rt, request(&["git", "diff", "HEAD~1", "--stat"])).await;
+    assert_eq!(r.exit_code, 0, "git diff: {}", text(&r.stderr));
+    // The cache stays untouched by the container.
+    let r = run(&*rt, sh(&format!("touch {}/objects/x", cache.display()))).await;
+    assert_ne!(r.exit_code, 0, "the container wrote into the cache");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_execs_in_one_container_do_not_disturb_each_other() {
+    let Some(env) = env_or_skip("concurrent_execs").await else {
+        return;
+    };
+    let ws = env.workspace("conc");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "conc"))
+        .await
+        .unwrap();
+    let long = async {
+        let r = run(&*rt, sh("sleep 1.5; echo long-done")).await;
+        assert_eq!(text(&r.stdout), "long-done\n", "{r:?}");
+    };
+    let timed = async {
+        let mut req = request(&["sleep", "20"]);
+        req.timeout = Some(Duration::from_millis(300));
+        let r = run(&*rt, req).await;
+        assert!(r.timed_out);
+    };
+    let quick = async {
+        for i in 0..5 {
+            let r = run(&*rt, request(&["echo", &i.to_string()])).await;
+            assert_eq!(text(&r.stdout), format!("{i}\n"));
+        }
+    };
+    tokio::join!(long, timed, quick);
+}
