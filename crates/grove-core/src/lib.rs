@@ -6,6 +6,7 @@
 //! - [`layout`]: deterministic, hostile-safe paths under `$GROVE_HOME`.
 //! - [`events`]: the event catalogue and its envelope.
 //! - [`projection`]: the pure fold from events to projection rows.
+//! - [`eviction`]: the eviction policy as pure data: inventory in, ordered plan out.
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`ports`]: the traits adapters implement (git, runtimes).
 //! - [`error`]: typed errors of this layer.
@@ -16,6 +17,7 @@
 pub mod commands;
 pub mod error;
 pub mod events;
+pub mod eviction;
 pub mod layout;
 pub mod model;
 pub mod ports;
