@@ -249,6 +249,7 @@ pub(crate) async fn start(
         inner.counters_inside().await.map(Before::Inside)
     };
     let shown = plan.argv[0].clone();
+    let shown_name = shown.clone();
     let exec_id = inner
         .create_exec(
             plan.argv,
@@ -299,13 +300,14 @@ pub(crate) async fn start(
     tokio::spawn(async move {
         let _guard = driver_guard;
         let outcome = drive(&inner, &exec_id, output, &tracker, &tx, &budget, deadline).await;
+        let shown = shown_name;
         tracker.finish();
         if let Some(w) = writer {
             w.abort();
         }
         let item = match outcome {
             Err(e) => Err(e),
-            Ok((exit_code, timed_out, first_output)) => {
+            Ok((exit_code, timed_out, held)) => {
                 let mut result = ExecResult {
                     exit_code,
                     stdout: Vec::new(),
@@ -313,15 +315,25 @@ pub(crate) async fn start(
                     timed_out,
                     truncated: budget.truncated.load(Ordering::SeqCst),
                 };
-                if (exit_code == 126 || exit_code == 127) && is_exec_failure(&first_output) {
-                    // The engine could not start the program: report it as a shell does.
-                    result.exit_code = if first_output.contains("not found")
-                        || first_output.contains("no such file")
-                    {
-                        127
+                if let Some(held) = held {
+                    let msg = String::from_utf8_lossy(&held).into_owned();
+                    if exit_code == 126 || exit_code == 127 {
+                        // The engine could not start the program (its message came
+                        // on stdout): report it as a shell does, on stderr.
+                        let not_found = msg.contains("not found") || msg.contains("no such file");
+                        result.exit_code = if not_found { 127 } else { 126 };
+                        let what = if not_found {
+                            "command not found".to_string()
+                        } else {
+                            one_line(&msg)
+                        };
+                        let line = format!("grove: {shown}: {what}\n").into_bytes();
+                        send_capped(&tx, &budget, StreamKind::Stderr, &line);
                     } else {
-                        126
-                    };
+                        // The program itself printed it: pass it on.
+                        send_capped(&tx, &budget, StreamKind::Stdout, &held);
+                    }
+                    result.truncated = budget.truncated.load(Ordering::SeqCst);
                 }
                 match limit_hit(&inner, before, &result).await {
                     Some(e) => {
@@ -356,9 +368,9 @@ enum Before {
 async fn limit_hit(inner: &Inner, before: Option<Before>, r: &ExecResult) -> Option<RuntimeError> {
     let (before, after) = match before? {
         Before::Host(b) => (b, inner.host_counters()?),
-        // Reading inside costs an exec: only when the command failed or was killed.
-        Before::Inside(b) if r.exit_code != 0 || r.timed_out => (b, inner.counters_inside().await?),
-        Before::Inside(_) => return None,
+        // A command that hit the pids limit may still exit 0 (its shell shrugs off
+        // the failed forks), so the counters are read after every command.
+        Before::Inside(b) => (b, inner.counters_inside().await?),
     };
     if after.oom_kills > before.oom_kills {
         return Some(RuntimeError::ResourceLimit(format!(
@@ -376,7 +388,8 @@ async fn limit_hit(inner: &Inner, before: Option<Before>, r: &ExecResult) -> Opt
     None
 }
 
-/// Runs the exec to its end: (exit code, timed out, the first output as text).
+/// Runs the exec to its end: (exit code, timed out, the engine's own "exec failed"
+/// message if that was the first output, held back from the stream).
 async fn drive(
     inner: &Inner,
     exec_id: &str,
@@ -385,9 +398,10 @@ async fn drive(
     tx: &mpsc::UnboundedSender<Item>,
     budget: &Budget,
     deadline: Option<Instant>,
-) -> Result<(i32, bool, String), RuntimeError> {
+) -> Result<(i32, bool, Option<bytes::Bytes>), RuntimeError> {
     let mut output = output.fuse();
-    let mut first_output = String::new();
+    let mut first = true;
+    let mut held = None;
     let mut eof = false;
     let mut exit: Option<i64> = None;
     let mut timed_out = false;
@@ -433,19 +447,14 @@ async fn drive(
                         LogOutput::StdIn { .. } => continue,
                     };
                     last_data = Instant::now();
-                    if first_output.len() < 512 {
-                        first_output.push_str(&String::from_utf8_lossy(
-                            &data[..data.len().min(512)],
-                        ));
+                    if std::mem::take(&mut first)
+                        && stream == StreamKind::Stdout
+                        && is_exec_failure(&String::from_utf8_lossy(&data[..data.len().min(512)]))
+                    {
+                        held = Some(data);
+                        continue;
                     }
-                    let keep = budget.take(data.len());
-                    if keep > 0 {
-                        // A dropped receiver means nobody listens; keep draining.
-                        let _ = tx.send(Ok(ExecChunk::Output {
-                            stream,
-                            data: data[..keep].to_vec(),
-                        }));
-                    }
+                    send_capped(tx, budget, stream, &data);
                 }
                 Some(Err(e)) => {
                     tracing::debug!(error = %e, "exec output stream failed");
@@ -506,12 +515,25 @@ async fn drive(
         }
     }
     let code = exit.unwrap_or(-1);
-    Ok((i32::try_from(code).unwrap_or(-1), timed_out, first_output))
+    Ok((i32::try_from(code).unwrap_or(-1), timed_out, held))
+}
+
+/// Forwards what fits in the budget (dropping the rest; a dropped receiver only
+/// means nobody listens any more).
+fn send_capped(tx: &mpsc::UnboundedSender<Item>, budget: &Budget, stream: StreamKind, data: &[u8]) {
+    let keep = budget.take(data.len());
+    if keep > 0 {
+        let _ = tx.send(Ok(ExecChunk::Output {
+            stream,
+            data: data[..keep].to_vec(),
+        }));
+    }
 }
 
 /// Whether an engine message says the program could not be started.
 fn is_exec_failure(msg: &str) -> bool {
-    msg.contains("OCI runtime exec failed") || msg.contains("executable file not found")
+    let msg = msg.trim_start();
+    msg.starts_with("OCI runtime exec failed") || msg.starts_with("exec failed:")
 }
 
 /// The result of a program the engine could not start: a failed command, as a shell

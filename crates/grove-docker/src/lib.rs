@@ -268,10 +268,15 @@ impl DockerRuntimeProvider {
         let mut attempts = 0;
         let id = loop {
             attempts += 1;
-            if attempts > 4 {
+            if attempts > 40 {
                 return Err(RuntimeError::Conflict(format!(
                     "container {name} keeps changing under concurrent creates"
                 )));
+            }
+            if attempts > 1 {
+                // A concurrent create holds the name but has not registered the
+                // container yet (inspect says 404, create says 409): give it a moment.
+                tokio::time::sleep(Duration::from_millis(25 * attempts.min(8))).await;
             }
             match self
                 .docker

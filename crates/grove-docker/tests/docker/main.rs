@@ -105,6 +105,20 @@ async fn run(rt: &dyn Runtime, req: ExecRequest) -> grove_core::ports::ExecResul
         .unwrap_or_else(|e| panic!("exec of {argv:?} failed: {e}"))
 }
 
+/// A result in one line, output cut short.
+fn brief(r: &Result<grove_core::ports::ExecResult, RuntimeError>) -> String {
+    match r {
+        Ok(r) => format!(
+            "Ok(exit {}, timed_out {}, stdout {:?}, stderr {:?})",
+            r.exit_code,
+            r.timed_out,
+            text(&r.stdout[..r.stdout.len().min(200)]),
+            text(&r.stderr[..r.stderr.len().min(200)])
+        ),
+        Err(e) => format!("Err({e:?})"),
+    }
+}
+
 async fn assert_usable(rt: &dyn Runtime, after: &str) {
     let r = run(rt, request(&["true"])).await;
     assert_eq!(r.exit_code, 0, "`true` fails after {after}: {r:?}");
@@ -534,7 +548,7 @@ async fn limits_on(env: &TestEnv, tag: &str) {
             assert!(msg.contains("memory"), "{msg}");
             eprintln!("memory hog ({tag}): {msg}");
         }
-        other => panic!("a memory hog must be ResourceLimit, got {other:?}"),
+        other => panic!("a memory hog must be ResourceLimit, got {}", brief(&other)),
     }
     assert_usable(&*rt, "the OOM kill").await;
 
@@ -545,7 +559,7 @@ async fn limits_on(env: &TestEnv, tag: &str) {
             assert!(msg.contains("process"), "{msg}");
             eprintln!("fork bomb ({tag}): {msg}");
         }
-        other => panic!("a fork bomb must be ResourceLimit, got {other:?}"),
+        other => panic!("a fork bomb must be ResourceLimit, got {}", brief(&other)),
     }
     // The bomb's leftovers are gone and new processes can start.
     let mut settle = None;
@@ -718,10 +732,12 @@ async fn git_status_and_commit_work_inside_the_debian_image() {
     };
     // A workspace checked out the way grove-git does it: a clone whose objects come
     // from a cache through alternates; the cache is mounted read-only.
-    let cache = env.workspace("git-cache");
-    let ws = env.workspace("git-ws");
+    let cache = env.workspace_owned_by_root("git-cache");
+    let ws = env.workspace_owned_by_root("git-ws");
     let git = |dir: &Path, args: &[&str]| {
         let out = std::process::Command::new("git")
+            // The workspace belongs to the sandbox user, not to this (root) process.
+            .args(["-c", "safe.directory=*"])
             .args(args)
             .current_dir(dir)
             .env("GIT_AUTHOR_NAME", "t")
@@ -737,7 +753,7 @@ async fn git_status_and_commit_work_inside_the_debian_image() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let src = env.workspace("git-src");
+    let src = env.workspace_owned_by_root("git-src");
     git(&src, &["init", "-q", "-b", "main"]);
     std::fs::write(src.join("README"), "hello\n").unwrap();
     git(&src, &["add", "README"]);
@@ -832,4 +848,32 @@ async fn concurrent_execs_in_one_container_do_not_disturb_each_other() {
         }
     };
     tokio::join!(long, timed, quick);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_program_exits_127_and_a_bad_cwd_is_refused() {
+    let Some(env) = env_or_skip("a_missing_program_exits_127").await else {
+        return;
+    };
+    let ws = env.workspace("missing");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "missing"))
+        .await
+        .unwrap();
+    let r = run(&*rt, request(&["grove-no-such-program"])).await;
+    assert_eq!(r.exit_code, 127, "{}", brief(&Ok(r.clone())));
+    assert!(text(&r.stderr).contains("not found"), "{}", text(&r.stderr));
+    let mut req = request(&["pwd"]);
+    req.cwd = Some("does/not/exist".into());
+    assert!(matches!(
+        rt.exec(req).await,
+        Err(RuntimeError::CommandRejected(_))
+    ));
+    let mut req = request(&["sh", "-c", "echo x > f"]);
+    req.mutating = true;
+    assert!(
+        matches!(rt.exec(req).await, Err(RuntimeError::CommandRejected(_))),
+        "a mutating command on a read-only runtime is refused up front"
+    );
 }
