@@ -441,7 +441,9 @@ impl Deps {
                 image: spec.image.clone(),
             }],
         };
-        let runtime = provider.create(spec).await.map_err(CommandError::from)?;
+        // Recorded before the runtime is created or the command runs: a container made
+        // by this exec is then never mistaken for an orphan, and a worker that dies
+        // mid-command leaves the trace that ends it as worker_lost.
         start_events.push(Event::ExecStarted {
             exec_id: command_id,
             workspace_id: ws.id,
@@ -468,7 +470,19 @@ impl Deps {
             max_output_bytes: Some(e.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES) as usize),
             mutating: kind.is_mutating(),
         };
-        let outcome = runtime.exec(request).await;
+        if provider.kind() == "docker" && ws.capabilities.writable {
+            // Containers run as the unprivileged sandbox user, so a writable workspace
+            // is handed over to it (once; later execs find it already owned).
+            let dir = ws_dir.clone();
+            tokio::task::spawn_blocking(move || hand_over(&dir, SANDBOX_UID, SANDBOX_GID))
+                .await
+                .map_err(|e| internal(format!("ownership task failed: {e}")))?
+                .map_err(|e| internal(format!("handing the workspace to the sandbox user failed: {e}")))?;
+        }
+        let outcome = match provider.create(spec).await {
+            Ok(runtime) => runtime.exec(request).await,
+            Err(e) => Err(e),
+        };
         let duration_ms = started.elapsed().as_millis() as u64;
         let mut events = Vec::new();
         let result = match outcome {
@@ -495,11 +509,15 @@ impl Deps {
                 })
             }
             Err(err) => {
+                let outcome = match err {
+                    grove_core::error::RuntimeError::ResourceLimit(_) => "resource_limit",
+                    _ => "rejected",
+                };
                 events.push(Event::ExecFinished {
                     exec_id: command_id,
                     workspace_id: ws.id,
                     runtime_id,
-                    outcome: "rejected".into(),
+                    outcome: outcome.into(),
                     exit_code: None,
                     timed_out: false,
                     truncated: false,
@@ -649,6 +667,34 @@ impl Deps {
             correlation: correlation_of(&ws),
         })
     }
+}
+
+/// The unprivileged user (and group) containers run as: `nobody:nogroup`.
+pub const SANDBOX_UID: u32 = 65534;
+pub const SANDBOX_GID: u32 = 65534;
+
+/// Gives every file under `dir` to `uid:gid`, unless `dir` already belongs to it.
+/// Symlinks are re-owned themselves, never followed.
+fn hand_over(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::symlink_metadata(dir)?.uid() == uid {
+        return Ok(());
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+        // The top directory is re-owned last: a tree whose top belongs to `uid` was
+        // handed over completely, and a crash midway repeats the walk next time.
+        if path != dir {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+    }
+    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
 }
 
 pub fn correlation_of(ws: &WorkspaceRow) -> Correlation {

@@ -74,6 +74,22 @@ enum Top {
     /// The private Postgres cluster used when DATABASE_URL is unset.
     #[command(subcommand)]
     Db(DbCmd),
+    /// Sandbox images for `--runtime docker`, built offline from this machine's packages.
+    #[command(subcommand)]
+    Image(ImageCmd),
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Build an image; its tag is printed on the last line and becomes the default.
+    Build {
+        /// A static busybox only (small; enough for shell commands and tests).
+        #[arg(long, conflicts_with = "debian", required_unless_present = "debian")]
+        minimal: bool,
+        /// Debian (debootstrap) with git and CA certificates.
+        #[arg(long)]
+        debian: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -351,6 +367,18 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Top::Worker { node, concurrency } => run_worker(node, concurrency).await,
+        Top::Image(ImageCmd::Build { minimal, debian }) => {
+            let docker = grove_docker::DockerRuntimeProvider::connect().await?;
+            let tag = if minimal && !debian {
+                grove_docker::image::build_minimal(docker.docker()).await?
+            } else {
+                grove_docker::image::build_debian(docker.docker()).await?
+            };
+            let home = grove_home();
+            grove_docker::image::record_default_image(&home, &tag)?;
+            println!("{tag}");
+            Ok(ExitCode::SUCCESS)
+        }
         Top::Repo(RepoCmd::Ensure {
             repo,
             url,
@@ -416,7 +444,7 @@ async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
     if let Some(secs) = env_secs("GROVE_WORKER_LOST_AFTER") {
         config.worker_lost_after = secs;
     }
-    let deps = grove_workers::build_deps(pool, config);
+    let deps = grove_workers::build_deps(pool, config).await;
     let worker = grove_workers::Worker::new(deps);
     worker.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)

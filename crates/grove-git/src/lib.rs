@@ -47,6 +47,19 @@ pub unsafe fn set_network_timeouts(connect: Duration, io: Duration) -> Result<()
     Ok(())
 }
 
+/// Lets the worker open repositories it does not own. Writable workspaces handed to a
+/// container belong to the sandbox user, while the worker (root) still inspects them
+/// (dirty checks, preservation); libgit2's ownership check would refuse that.
+///
+/// # Safety
+///
+/// Same as [`set_network_timeouts`]: once, at process start, before any thread exists.
+pub unsafe fn trust_foreign_owners() -> Result<(), GitError> {
+    // SAFETY: forwarded to the caller (see the function's safety section).
+    unsafe { git2::opts::set_verify_owner_validation(false) }
+        .map_err(|e| GitError::Other(errors::scrub(e.message(), None)))
+}
+
 /// The git2 implementation of [`GitPort`]. Stateless: every call opens what it needs.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Git2Adapter;
