@@ -48,8 +48,10 @@
 //!
 //! The memory and pids cgroup counters of the container are read before and after
 //! each command (`oom_kill` in `memory.oom_control` / `memory.events`, `max` in
-//! `pids.events`; from the host when it can see them, else, after a failed command, by
-//! reading them inside the container). A command during which the OOM killer struck
+//! `pids.events`; from the host when it can see them, else by a helper exec of `sh`
+//! inside the container before and after the command, which costs two extra execs).
+//! Docker 20.10 does not set `State.OOMKilled` when the OOM killer takes an exec's
+//! process rather than the container's init, so the counters are the reliable signal. A command during which the OOM killer struck
 //! or a fork was refused by the pids limit returns [`RuntimeError::ResourceLimit`];
 //! the container is started again if the OOM killer took its init. A limit hit by
 //! another command running concurrently in the same container is attributed to every

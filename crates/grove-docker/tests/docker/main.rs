@@ -877,3 +877,16 @@ async fn a_missing_program_exits_127_and_a_bad_cwd_is_refused() {
         "a mutating command on a read-only runtime is refused up front"
     );
 }
+
+/// Needs no engine: a socket nobody listens on is a clear `Unavailable`.
+#[tokio::test]
+async fn connecting_where_no_engine_answers_is_unavailable() {
+    let path = std::env::temp_dir().join(format!("grove-no-engine-{}.sock", unique_token()));
+    match DockerRuntimeProvider::connect_unix(path.to_str().unwrap()).await {
+        Err(RuntimeError::Unavailable(msg)) => {
+            assert!(msg.contains("Docker engine"), "{msg}")
+        }
+        Ok(_) => panic!("connected to a socket that does not exist"),
+        Err(e) => panic!("expected Unavailable, got {e}"),
+    }
+}
