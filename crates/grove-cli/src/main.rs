@@ -5,6 +5,7 @@
 //! `grove exec` exits with the command's own code (124 on timeout).
 
 mod client;
+mod evict;
 mod localdb;
 
 use std::collections::BTreeMap;
@@ -676,6 +677,8 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
             }
         }
         CommandResult::Exec(o) => println!("{}", serde_json::to_string(o)?),
+        CommandResult::Sweep(report) => evict::print_report(report, json)?,
+        CommandResult::Released(report) => evict::print_released(report, json)?,
         CommandResult::Done => {}
     }
     Ok(ExitCode::SUCCESS)

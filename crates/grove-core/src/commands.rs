@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -85,6 +86,40 @@ pub struct Exec {
     pub network: Option<NetworkPolicy>,
 }
 
+/// One eviction sweep of one node (job `evict_sweep`, on that node's queue).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EvictSweep {
+    /// The node whose `$GROVE_HOME` is swept; only a worker of that node takes it.
+    pub node: String,
+    /// The schedule tick this sweep belongs to (cron sweeps: the command id is derived
+    /// from `(node, tick)`, so every worker of the node enqueues the same one).
+    #[serde(default)]
+    pub tick: Option<DateTime<Utc>>,
+    /// A clock override for the plan (ages, TTLs, idle times). Refused unless the worker
+    /// runs with `GROVE_ALLOW_CLOCK_OVERRIDE=1`: it exists so tests need not sleep.
+    #[serde(default)]
+    pub now: Option<DateTime<Utc>>,
+    #[serde(default)]
+    pub trigger: crate::sweep::SweepTrigger,
+}
+
+/// Everything of one conversation or one task in one call (job `release_scope`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseScope {
+    pub user_id: String,
+    /// Limits the release to one project; `None`: every project of the user.
+    #[serde(default)]
+    pub project_id: Option<String>,
+    /// Exactly one of `conversation_id` (edit workspaces) and `task_id` (task workspaces).
+    #[serde(default)]
+    pub conversation_id: Option<String>,
+    #[serde(default)]
+    pub task_id: Option<String>,
+    /// Destroy the workspaces (files, runtimes, saved work) instead of releasing them.
+    #[serde(default)]
+    pub destroy_workspaces: bool,
+}
+
 /// A command, as stored in the job payload and the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
@@ -106,6 +141,17 @@ pub enum Command {
     DestroyWorkspace {
         workspace_id: Uuid,
     },
+    EvictSweep(EvictSweep),
+    /// Checks an evicted workspace out again (same id, path and branch) with its saved work.
+    RestoreWorkspace {
+        workspace_id: Uuid,
+    },
+    ReleaseScope(ReleaseScope),
+    /// Pins a workspace until a time (`None` unpins): eviction never takes a pinned one.
+    PinWorkspace {
+        workspace_id: Uuid,
+        until: Option<DateTime<Utc>>,
+    },
 }
 
 impl Command {
@@ -118,6 +164,10 @@ impl Command {
             Self::HibernateRuntime { .. } => "hibernate_runtime",
             Self::DestroyRuntime { .. } => "destroy_runtime",
             Self::DestroyWorkspace { .. } => "destroy_workspace",
+            Self::EvictSweep(_) => "evict_sweep",
+            Self::RestoreWorkspace { .. } => "restore_workspace",
+            Self::ReleaseScope(_) => "release_scope",
+            Self::PinWorkspace { .. } => "pin_workspace",
         }
     }
 
@@ -134,7 +184,9 @@ impl Command {
             Self::ReleaseSession { workspace_id, .. }
             | Self::HibernateRuntime { workspace_id }
             | Self::DestroyRuntime { workspace_id }
-            | Self::DestroyWorkspace { workspace_id } => Some(*workspace_id),
+            | Self::DestroyWorkspace { workspace_id }
+            | Self::RestoreWorkspace { workspace_id }
+            | Self::PinWorkspace { workspace_id, .. } => Some(*workspace_id),
             _ => None,
         }
     }
@@ -198,10 +250,28 @@ impl Command {
                     return Err(ValidationError::Request("max output exceeds 16 MiB".into()));
                 }
             }
+            Self::EvictSweep(c) => validate_owner_id("node", &c.node)?,
+            Self::ReleaseScope(c) => {
+                validate_owner_id("user", &c.user_id)?;
+                if let Some(p) = &c.project_id {
+                    validate_owner_id("project", p)?;
+                }
+                match (&c.conversation_id, &c.task_id) {
+                    (Some(conv), None) => validate_branch_scope_id("conversation", conv)?,
+                    (None, Some(task)) => validate_branch_scope_id("task", task)?,
+                    _ => {
+                        return Err(ValidationError::Request(
+                            "release needs exactly one of --conversation and --task".into(),
+                        ))
+                    }
+                }
+            }
             Self::ReleaseSession { .. }
             | Self::HibernateRuntime { .. }
             | Self::DestroyRuntime { .. }
-            | Self::DestroyWorkspace { .. } => {}
+            | Self::DestroyWorkspace { .. }
+            | Self::RestoreWorkspace { .. }
+            | Self::PinWorkspace { .. } => {}
         }
         Ok(())
     }
@@ -214,7 +284,23 @@ pub enum CommandResult {
     RepoCache(RepoCacheRow),
     Workspace(WorkspaceRow),
     Exec(ExecOutcome),
+    Sweep(crate::sweep::SweepReport),
+    Released(ReleaseReport),
     Done,
+}
+
+/// What a `release_scope` did, per workspace.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReleaseReport {
+    /// Released (runtimes stopped, files kept).
+    pub released: Vec<Uuid>,
+    /// Destroyed (with `destroy_workspaces`).
+    pub destroyed: Vec<Uuid>,
+    /// Evicted workspaces left as they are (nothing runs; their saved work is kept).
+    pub already_evicted: Vec<Uuid>,
+    /// Workspaces of another node: a `release_session` or `destroy_workspace` command was
+    /// enqueued on that node's queue, with this command id.
+    pub delegated: Vec<(Uuid, Uuid)>,
 }
 
 #[cfg(test)]

@@ -8,7 +8,9 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use crate::model::{Capabilities, ExecKind, WorkspaceMode};
+use crate::eviction::Reason;
+use crate::model::{Capabilities, ExecKind, SavedWork, WorkspaceMode};
+use crate::sweep::SweepReport;
 
 /// The stream a repo cache's events belong to.
 pub fn repo_cache_stream(id: Uuid) -> String {
@@ -21,6 +23,24 @@ pub fn workspace_stream(id: Uuid) -> String {
 /// The stream a runtime's events belong to.
 pub fn runtime_stream(id: Uuid) -> String {
     format!("runtime:{id}")
+}
+/// The stream of one eviction sweep (named by its command id).
+pub fn sweep_stream(id: Uuid) -> String {
+    format!("sweep:{id}")
+}
+
+/// Why a sweep acted on a runtime, a workspace or a repo cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "cause", rename_all = "snake_case")]
+pub enum EvictionCause {
+    /// Planned by `grove_core::eviction::plan`: the planner's reason, carrying the policy
+    /// values that triggered it (thresholds, TTLs, budget and water marks in bytes).
+    Policy(Reason),
+    /// The record said the files exist but its directory was gone when a sweep looked.
+    DirectoryMissing,
+    /// An eviction interrupted by a crash after its directory was moved to the trash,
+    /// finished by the next sweep (or acquire).
+    Interrupted,
 }
 
 /// One state change. The serde tag is the stored `event_type`.
@@ -106,10 +126,78 @@ pub enum Event {
         backend_runtime_id: String,
         image: Option<String>,
     },
+    /// `reason` is free text; a sweep's says `eviction: ` and the values that triggered it
+    /// (the same action, structured, is in the sweep's `eviction.sweep_finished`).
     #[serde(rename = "runtime.stopped")]
     RuntimeStopped { runtime_id: Uuid, reason: String },
     #[serde(rename = "runtime.destroyed")]
     RuntimeDestroyed { runtime_id: Uuid, reason: String },
+    /// A sweep measured a workspace's apparent size (its last use was after the last
+    /// measurement). Not a use: `last_used_at` is unchanged.
+    #[serde(rename = "workspace.size_measured")]
+    WorkspaceSizeMeasured { workspace_id: Uuid, size_bytes: i64 },
+    /// The workspace is pinned until `until` (`None` unpins): eviction never takes it.
+    #[serde(rename = "workspace.pinned")]
+    WorkspacePinned {
+        workspace_id: Uuid,
+        until: Option<DateTime<Utc>>,
+    },
+    /// A sweep saved the workspace's work (if any) and is about to delete its files.
+    #[serde(rename = "workspace.evicting")]
+    WorkspaceEvicting {
+        workspace_id: Uuid,
+        cause: EvictionCause,
+        saved: Option<SavedWork>,
+    },
+    /// The workspace's files are gone; the record stays so it can be restored.
+    #[serde(rename = "workspace.evicted")]
+    WorkspaceEvicted {
+        workspace_id: Uuid,
+        cause: EvictionCause,
+        /// The cached size the eviction freed (apparent bytes).
+        bytes_freed: i64,
+        /// Where the work was saved: ref and commit in the repo cache, patch artifact.
+        saved: Option<SavedWork>,
+    },
+    /// An eviction did not happen and the files are untouched: preserving the work
+    /// failed, or an interrupted eviction was rolled back. `state`, when set, is the state
+    /// the workspace returns to.
+    #[serde(rename = "workspace.eviction_blocked")]
+    WorkspaceEvictionBlocked {
+        workspace_id: Uuid,
+        cause: Option<EvictionCause>,
+        error: String,
+        state: Option<String>,
+    },
+    /// An evicted workspace was checked out again at its path, branch and saved state.
+    #[serde(rename = "workspace.restored")]
+    WorkspaceRestored {
+        workspace_id: Uuid,
+        /// The commit HEAD was restored at.
+        head_commit: String,
+        /// What was restored from (`None`: the base commit, nothing had been saved).
+        saved: Option<SavedWork>,
+        dirty: bool,
+        size_bytes: i64,
+    },
+    /// A sweep re-measured a repo cache (after saving work into it).
+    #[serde(rename = "repo_cache.size_measured")]
+    RepoCacheSizeMeasured {
+        repo_cache_id: Uuid,
+        size_bytes: i64,
+    },
+    /// A sweep deleted a repo cache's directory; the record stays (state `evicted`) and
+    /// the next ensure or acquire clones it again.
+    #[serde(rename = "repo_cache.evicted")]
+    RepoCacheEvicted {
+        repo_cache_id: Uuid,
+        cause: EvictionCause,
+        bytes_freed: i64,
+    },
+    /// One eviction sweep of one node finished: what it planned, did, skipped and why.
+    /// Changes no projection.
+    #[serde(rename = "eviction.sweep_finished")]
+    SweepFinished { sweep_id: Uuid, report: SweepReport },
 }
 
 impl Event {
@@ -133,6 +221,15 @@ impl Event {
             Self::RuntimeStarted { .. } => "runtime.started",
             Self::RuntimeStopped { .. } => "runtime.stopped",
             Self::RuntimeDestroyed { .. } => "runtime.destroyed",
+            Self::WorkspaceSizeMeasured { .. } => "workspace.size_measured",
+            Self::WorkspacePinned { .. } => "workspace.pinned",
+            Self::WorkspaceEvicting { .. } => "workspace.evicting",
+            Self::WorkspaceEvicted { .. } => "workspace.evicted",
+            Self::WorkspaceEvictionBlocked { .. } => "workspace.eviction_blocked",
+            Self::WorkspaceRestored { .. } => "workspace.restored",
+            Self::RepoCacheSizeMeasured { .. } => "repo_cache.size_measured",
+            Self::RepoCacheEvicted { .. } => "repo_cache.evicted",
+            Self::SweepFinished { .. } => "eviction.sweep_finished",
         }
     }
     /// The stream this event is appended to.
@@ -140,17 +237,26 @@ impl Event {
         match self {
             Self::RepoCacheCreated { repo_cache_id, .. }
             | Self::RepoCacheFetched { repo_cache_id, .. }
-            | Self::RepoCacheUsed { repo_cache_id } => repo_cache_stream(*repo_cache_id),
+            | Self::RepoCacheUsed { repo_cache_id }
+            | Self::RepoCacheSizeMeasured { repo_cache_id, .. }
+            | Self::RepoCacheEvicted { repo_cache_id, .. } => repo_cache_stream(*repo_cache_id),
             Self::WorkspaceCreated { workspace_id, .. }
             | Self::WorkspaceAcquired { workspace_id }
             | Self::WorkspaceReleased { workspace_id }
             | Self::WorkspaceDirtyChanged { workspace_id, .. }
             | Self::WorkspaceDestroyed { workspace_id }
+            | Self::WorkspaceSizeMeasured { workspace_id, .. }
+            | Self::WorkspacePinned { workspace_id, .. }
+            | Self::WorkspaceEvicting { workspace_id, .. }
+            | Self::WorkspaceEvicted { workspace_id, .. }
+            | Self::WorkspaceEvictionBlocked { workspace_id, .. }
+            | Self::WorkspaceRestored { workspace_id, .. }
             | Self::ExecStarted { workspace_id, .. }
             | Self::ExecFinished { workspace_id, .. } => workspace_stream(*workspace_id),
             Self::RuntimeStarted { runtime_id, .. }
             | Self::RuntimeStopped { runtime_id, .. }
             | Self::RuntimeDestroyed { runtime_id, .. } => runtime_stream(*runtime_id),
+            Self::SweepFinished { sweep_id, .. } => sweep_stream(*sweep_id),
         }
     }
     /// Splits into the stored `(event_type, payload)` pair.

@@ -1941,6 +1941,9 @@ mod tests {
             capabilities: crate::model::Capabilities::from_mode(WorkspaceMode::Task),
             created_at: at,
             updated_at: at,
+            size_measured_at: None,
+            evicted_at: None,
+            saved: None,
         };
         let item = WorkspaceItem::from_row(&row, true);
         assert_eq!(item.state, WorkspaceState::Ready);

@@ -7,6 +7,7 @@
 //! - [`events`]: the event catalogue and its envelope.
 //! - [`projection`]: the pure fold from events to projection rows.
 //! - [`eviction`]: the eviction policy as pure data: inventory in, ordered plan out.
+//! - [`sweep`]: what one eviction sweep did (its report and event payload).
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`ports`]: the traits adapters implement (git, runtimes).
 //! - [`error`]: typed errors of this layer.
@@ -22,4 +23,5 @@ pub mod layout;
 pub mod model;
 pub mod ports;
 pub mod projection;
+pub mod sweep;
 pub mod validate;

@@ -172,6 +172,44 @@ pub struct WorkspaceRow {
     pub capabilities: Capabilities,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
+    /// When `size_bytes` was last measured (creation, a sweep's re-measurement, a restore).
+    #[serde(default)]
+    pub size_measured_at: Option<DateTime<Utc>>,
+    /// When the workspace was evicted (state `evicting` or `evicted`); `None` otherwise.
+    #[serde(default)]
+    pub evicted_at: Option<DateTime<Utc>>,
+    /// Where the work of an evicted workspace was saved; `None` when there was nothing to
+    /// save (clean, and HEAD still at `base_commit`) or the workspace is live.
+    #[serde(default)]
+    pub saved: Option<SavedWork>,
+}
+
+/// The work of an evicted workspace, kept in its repo cache so it can be restored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SavedWork {
+    /// The internal ref in the repo cache, `refs/grove/saved/<workspace id>`.
+    pub ref_name: String,
+    /// The commit the ref points at: the working tree (tracked and untracked files, not
+    /// ignored ones) as a commit whose parent is `head_commit`, or `head_commit` itself
+    /// when the tree had no uncommitted changes.
+    pub commit: String,
+    /// The workspace's HEAD at eviction: its branch is restored at this commit.
+    pub head_commit: String,
+    /// The binary-safe patch of the uncommitted changes against `head_commit`
+    /// (`$GROVE_HOME/saved/<workspace id>.patch`); `None` when there were none.
+    pub patch_path: Option<String>,
+}
+
+impl SavedWork {
+    /// Whether the saved commit carries uncommitted changes on top of HEAD.
+    pub fn has_changes(&self) -> bool {
+        self.commit != self.head_commit
+    }
+}
+
+/// The internal ref that holds a workspace's saved work in its repo cache.
+pub fn saved_ref_name(workspace_id: uuid::Uuid) -> String {
+    format!("refs/grove/saved/{workspace_id}")
 }
 
 impl WorkspaceRow {

@@ -46,14 +46,25 @@ impl Reads {
             match event {
                 Event::RepoCacheCreated { repo_cache_id, .. }
                 | Event::RepoCacheFetched { repo_cache_id, .. }
-                | Event::RepoCacheUsed { repo_cache_id } => reads.repo_caches.push(*repo_cache_id),
+                | Event::RepoCacheUsed { repo_cache_id }
+                | Event::RepoCacheSizeMeasured { repo_cache_id, .. }
+                | Event::RepoCacheEvicted { repo_cache_id, .. } => {
+                    reads.repo_caches.push(*repo_cache_id)
+                }
                 Event::WorkspaceCreated { workspace_id, .. }
                 | Event::WorkspaceAcquired { workspace_id }
                 | Event::WorkspaceReleased { workspace_id }
                 | Event::WorkspaceDirtyChanged { workspace_id, .. }
-                | Event::WorkspaceDestroyed { workspace_id } => {
+                | Event::WorkspaceDestroyed { workspace_id }
+                | Event::WorkspaceSizeMeasured { workspace_id, .. }
+                | Event::WorkspacePinned { workspace_id, .. }
+                | Event::WorkspaceEvicting { workspace_id, .. }
+                | Event::WorkspaceEvicted { workspace_id, .. }
+                | Event::WorkspaceEvictionBlocked { workspace_id, .. }
+                | Event::WorkspaceRestored { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
                 }
+                Event::SweepFinished { .. } => {}
                 Event::ExecStarted {
                     workspace_id,
                     runtime_id,
@@ -127,6 +138,8 @@ impl Projections {
                     row.last_fetched_at = Some(at);
                     row.last_used_at = at;
                     row.size_bytes = size_bytes;
+                    // A fetch of an evicted cache is its re-clone.
+                    row.state = "ready".into();
                     row.updated_at = at;
                     self.touched.repo_caches.insert(repo_cache_id);
                 }
@@ -177,6 +190,9 @@ impl Projections {
                         capabilities,
                         created_at: at,
                         updated_at: at,
+                        size_measured_at: Some(at),
+                        evicted_at: None,
+                        saved: None,
                     },
                 );
                 self.touched.workspaces.insert(workspace_id);
@@ -255,6 +271,91 @@ impl Projections {
                 self.runtimes.remove(&runtime_id);
                 self.touched.runtimes.insert(runtime_id);
             }
+            Event::WorkspaceSizeMeasured {
+                workspace_id,
+                size_bytes,
+            } => self.change_workspace(workspace_id, at, |row| {
+                row.size_bytes = size_bytes;
+                row.size_measured_at = Some(at);
+            }),
+            Event::WorkspacePinned {
+                workspace_id,
+                until,
+            } => self.change_workspace(workspace_id, at, |row| row.pinned_until = until),
+            Event::WorkspaceEvicting {
+                workspace_id,
+                saved,
+                ..
+            } => self.change_workspace(workspace_id, at, |row| {
+                row.state = "evicting".into();
+                row.evicted_at = Some(at);
+                row.saved = saved;
+            }),
+            Event::WorkspaceEvicted {
+                workspace_id,
+                saved,
+                ..
+            } => self.change_workspace(workspace_id, at, |row| {
+                row.state = "evicted".into();
+                row.evicted_at = Some(at);
+                row.saved = saved;
+                // Its files take no space any more; `dirty` keeps saying whether it had
+                // uncommitted changes (now in `saved`).
+                row.size_bytes = 0;
+                row.size_measured_at = Some(at);
+            }),
+            Event::WorkspaceEvictionBlocked {
+                workspace_id,
+                state,
+                ..
+            } => self.change_workspace(workspace_id, at, |row| {
+                if let Some(state) = state {
+                    row.state = state;
+                    row.evicted_at = None;
+                    row.saved = None;
+                }
+            }),
+            Event::WorkspaceRestored {
+                workspace_id,
+                dirty,
+                size_bytes,
+                ..
+            } => self.update_workspace(workspace_id, at, |row| {
+                row.state = "ready".into();
+                row.dirty = dirty;
+                row.size_bytes = size_bytes;
+                row.size_measured_at = Some(at);
+                row.evicted_at = None;
+                row.saved = None;
+            }),
+            Event::RepoCacheSizeMeasured {
+                repo_cache_id,
+                size_bytes,
+            } => {
+                if let Some(row) = self.repo_caches.get_mut(&repo_cache_id) {
+                    row.size_bytes = size_bytes;
+                    row.updated_at = at;
+                    self.touched.repo_caches.insert(repo_cache_id);
+                }
+            }
+            Event::RepoCacheEvicted { repo_cache_id, .. } => {
+                if let Some(row) = self.repo_caches.get_mut(&repo_cache_id) {
+                    row.state = "evicted".into();
+                    row.size_bytes = 0;
+                    row.updated_at = at;
+                    self.touched.repo_caches.insert(repo_cache_id);
+                }
+            }
+            Event::SweepFinished { .. } => {}
+        }
+    }
+
+    /// Changes a workspace row without counting as a use (`last_used_at` is kept).
+    fn change_workspace(&mut self, id: Uuid, at: DateTime<Utc>, f: impl FnOnce(&mut WorkspaceRow)) {
+        if let Some(row) = self.workspaces.get_mut(&id) {
+            f(row);
+            row.updated_at = at;
+            self.touched.workspaces.insert(id);
         }
     }
 
@@ -345,5 +446,115 @@ mod tests {
         p.apply(&Event::WorkspaceDestroyed { workspace_id: id }, at(4));
         assert!(p.workspaces.is_empty());
         assert_eq!(Reads::of(&[created(id)]).workspaces, vec![id]);
+    }
+
+    #[test]
+    fn an_evicted_workspace_keeps_its_record_with_the_saved_work_and_a_restore_brings_it_back() {
+        let id = Uuid::from_u128(1);
+        let mut p = Projections::default();
+        p.apply(&created(id), at(1));
+        assert_eq!(p.workspaces[&id].size_measured_at, Some(at(1)));
+        p.apply(
+            &Event::WorkspaceSizeMeasured {
+                workspace_id: id,
+                size_bytes: 500,
+            },
+            at(2),
+        );
+        p.apply(
+            &Event::WorkspacePinned {
+                workspace_id: id,
+                until: Some(at(100)),
+            },
+            at(3),
+        );
+        let row = &p.workspaces[&id];
+        assert_eq!((row.size_bytes, row.pinned_until), (500, Some(at(100))));
+        assert_eq!(
+            row.last_used_at,
+            at(1),
+            "measuring and pinning are not uses"
+        );
+        let saved = crate::model::SavedWork {
+            ref_name: crate::model::saved_ref_name(id),
+            commit: "c2".into(),
+            head_commit: "c1".into(),
+            patch_path: Some("/g/saved/x.patch".into()),
+        };
+        p.apply(
+            &Event::WorkspaceEvicting {
+                workspace_id: id,
+                cause: crate::events::EvictionCause::DirectoryMissing,
+                saved: Some(saved.clone()),
+            },
+            at(4),
+        );
+        assert_eq!(p.workspaces[&id].state, "evicting");
+        p.apply(
+            &Event::WorkspaceEvicted {
+                workspace_id: id,
+                cause: crate::events::EvictionCause::Interrupted,
+                bytes_freed: 500,
+                saved: Some(saved.clone()),
+            },
+            at(5),
+        );
+        let row = &p.workspaces[&id];
+        assert_eq!(row.state, "evicted");
+        assert_eq!(row.size_bytes, 0);
+        assert_eq!(row.saved.as_ref(), Some(&saved));
+        assert_eq!(row.evicted_at, Some(at(5)));
+        p.apply(
+            &Event::WorkspaceRestored {
+                workspace_id: id,
+                head_commit: "c1".into(),
+                saved: Some(saved),
+                dirty: true,
+                size_bytes: 600,
+            },
+            at(6),
+        );
+        let row = &p.workspaces[&id];
+        assert_eq!(row.state, "ready");
+        assert!(row.dirty && row.saved.is_none() && row.evicted_at.is_none());
+        assert_eq!((row.size_bytes, row.last_used_at), (600, at(6)));
+    }
+
+    #[test]
+    fn a_rolled_back_eviction_returns_to_the_given_state_and_a_blocked_one_changes_nothing() {
+        let id = Uuid::from_u128(1);
+        let mut p = Projections::default();
+        p.apply(&created(id), at(1));
+        let before = p.workspaces[&id].clone();
+        p.apply(
+            &Event::WorkspaceEvictionBlocked {
+                workspace_id: id,
+                cause: None,
+                error: "disk full".into(),
+                state: None,
+            },
+            at(2),
+        );
+        assert_eq!(p.workspaces[&id].state, before.state);
+        p.apply(
+            &Event::WorkspaceEvicting {
+                workspace_id: id,
+                cause: crate::events::EvictionCause::DirectoryMissing,
+                saved: None,
+            },
+            at(3),
+        );
+        p.apply(
+            &Event::WorkspaceEvictionBlocked {
+                workspace_id: id,
+                cause: None,
+                error: "interrupted".into(),
+                state: Some("released".into()),
+            },
+            at(4),
+        );
+        let row = &p.workspaces[&id];
+        assert_eq!(row.state, "released");
+        assert_eq!(row.evicted_at, None);
     }
 }

@@ -17,12 +17,16 @@ mod cache;
 mod checkout;
 mod errors;
 mod fsutil;
+mod preserve;
 
 use std::path::Path;
 use std::time::Duration;
 
 use grove_core::error::GitError;
-use grove_core::ports::{CacheReport, CheckoutReport, CheckoutRequest, GitPort, GitToken};
+use grove_core::ports::{
+    CacheReport, CheckoutReport, CheckoutRequest, GitPort, GitToken, RestoreRequest,
+    SaveWorkReport, SaveWorkRequest,
+};
 
 pub use fsutil::dir_size_bytes;
 
@@ -91,5 +95,30 @@ impl GitPort for Git2Adapter {
 
     fn remove_checkout(&self, workspace_dir: &Path) -> Result<(), GitError> {
         checkout::remove_checkout(workspace_dir)
+    }
+
+    fn save_work(&self, req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
+        preserve::save_work(req)
+    }
+
+    fn restore_checkout(&self, req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError> {
+        preserve::restore_checkout(req)
+    }
+
+    fn discard_saved_work(
+        &self,
+        cache_dir: &Path,
+        ref_name: &str,
+        patch_path: &Path,
+    ) -> Result<(), GitError> {
+        preserve::discard_saved_work(cache_dir, ref_name, patch_path)
+    }
+
+    fn measure(&self, dir: &Path) -> Result<i64, GitError> {
+        dir_size_bytes(dir).map_err(|e| errors::map_io("cannot measure a directory", &e))
+    }
+
+    fn remove_trash(&self, trash_dir: &Path) -> Result<(), GitError> {
+        preserve::remove_trash(trash_dir)
     }
 }

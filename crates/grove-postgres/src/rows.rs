@@ -3,7 +3,9 @@
 //! The same write functions serve live handlers and `grove replay`, so a rebuilt row is
 //! written exactly as a live one would be.
 
-use grove_core::model::{Capabilities, RepoCacheRow, RuntimeRow, WorkspaceMode, WorkspaceRow};
+use grove_core::model::{
+    Capabilities, RepoCacheRow, RuntimeRow, SavedWork, WorkspaceMode, WorkspaceRow,
+};
 use grove_core::projection::{Projections, Reads, Touched};
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row};
@@ -15,7 +17,7 @@ use crate::{trusted, StoreError};
 pub const LIVE: &str = "grove";
 
 pub const REPO_CACHE_COLUMNS: &str = "id, node, identity, repo_name, repo_url, provider, provider_host, local_path, auth_scope_hash, last_fetched_at, last_used_at, size_bytes, state, created_at, updated_at";
-pub const WORKSPACE_COLUMNS: &str = "id, repo_cache_id, node, project_id, user_id, mode, conversation_id, task_id, base_ref, base_commit, branch_name, local_path, state, dirty, pinned_until, last_used_at, size_bytes, writable, isolated, persistent, created_at, updated_at";
+pub const WORKSPACE_COLUMNS: &str = "id, repo_cache_id, node, project_id, user_id, mode, conversation_id, task_id, base_ref, base_commit, branch_name, local_path, state, dirty, pinned_until, last_used_at, size_bytes, writable, isolated, persistent, created_at, updated_at, size_measured_at, evicted_at, saved_ref, saved_commit, saved_head, saved_patch";
 pub const RUNTIME_COLUMNS: &str = "id, workspace_id, backend_kind, backend_runtime_id, image, state, last_started_at, last_used_at, expires_at, created_at, updated_at";
 
 pub fn repo_cache_from_row(r: &PgRow) -> Result<RepoCacheRow, StoreError> {
@@ -65,6 +67,30 @@ pub fn workspace_from_row(r: &PgRow) -> Result<WorkspaceRow, StoreError> {
         },
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
+        size_measured_at: r.try_get("size_measured_at")?,
+        evicted_at: r.try_get("evicted_at")?,
+        saved: saved_from_row(r)?,
+    })
+}
+
+/// The saved work of an evicted workspace: all of ref, commit and head, or none.
+fn saved_from_row(r: &PgRow) -> Result<Option<SavedWork>, StoreError> {
+    let ref_name: Option<String> = r.try_get("saved_ref")?;
+    let commit: Option<String> = r.try_get("saved_commit")?;
+    let head: Option<String> = r.try_get("saved_head")?;
+    Ok(match (ref_name, commit, head) {
+        (Some(ref_name), Some(commit), Some(head_commit)) => Some(SavedWork {
+            ref_name,
+            commit,
+            head_commit,
+            patch_path: r.try_get("saved_patch")?,
+        }),
+        (None, None, None) => None,
+        _ => {
+            return Err(StoreError::Corrupt(
+                "saved_ref, saved_commit and saved_head must be all set or all null".into(),
+            ))
+        }
     })
 }
 
@@ -248,6 +274,12 @@ pub async fn upsert_workspace(
     .bind(r.capabilities.persistent)
     .bind(r.created_at)
     .bind(r.updated_at)
+    .bind(r.size_measured_at)
+    .bind(r.evicted_at)
+    .bind(r.saved.as_ref().map(|s| &s.ref_name))
+    .bind(r.saved.as_ref().map(|s| &s.commit))
+    .bind(r.saved.as_ref().map(|s| &s.head_commit))
+    .bind(r.saved.as_ref().and_then(|s| s.patch_path.as_ref()))
     .execute(conn)
     .await?;
     Ok(())

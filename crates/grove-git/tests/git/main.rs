@@ -2,4 +2,5 @@
 
 mod cache;
 mod checkout;
+mod preserve;
 mod support;
