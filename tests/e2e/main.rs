@@ -2,6 +2,7 @@
 
 mod concurrency;
 mod crash;
+mod docker;
 mod input;
 mod lifecycle;
 mod queue;

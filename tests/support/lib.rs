@@ -313,6 +313,9 @@ pub fn git(dir: &Path, args: &[&str]) -> String {
             "user.email=test@grove.invalid",
             "-c",
             "init.defaultBranch=main",
+            // Workspaces handed to the sandbox user are not owned by the test (root).
+            "-c",
+            "safe.directory=*",
         ])
         .args(args)
         .current_dir(dir)

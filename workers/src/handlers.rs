@@ -477,7 +477,11 @@ impl Deps {
             tokio::task::spawn_blocking(move || hand_over(&dir, SANDBOX_UID, SANDBOX_GID))
                 .await
                 .map_err(|e| internal(format!("ownership task failed: {e}")))?
-                .map_err(|e| internal(format!("handing the workspace to the sandbox user failed: {e}")))?;
+                .map_err(|e| {
+                    internal(format!(
+                        "handing the workspace to the sandbox user failed: {e}"
+                    ))
+                })?;
         }
         let outcome = match provider.create(spec).await {
             Ok(runtime) => runtime.exec(request).await,
@@ -626,7 +630,12 @@ impl Deps {
                 } else {
                     provider.stop(&r.backend_runtime_id).await
                 };
-                effect.map_err(CommandError::from)?;
+                match effect {
+                    // Already gone (removed by hand or by an orphan sweep): the record
+                    // catches up with the backend.
+                    Ok(()) | Err(grove_core::error::RuntimeError::NotFound(_)) => {}
+                    Err(e) => return Err(CommandError::from(e)),
+                }
             }
             events.push(if destroy {
                 Event::RuntimeDestroyed {

@@ -162,6 +162,8 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
     let cfg = &deps.config;
     let mut tick = tokio::time::interval(cfg.heartbeat_every);
     let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
+    // Due at once: a worker's first tick sweeps what a crash left behind.
+    let mut last_orphan_sweep = std::time::Instant::now() - ORPHAN_SWEEP_EVERY;
     loop {
         tick.tick().await;
         match queue::heartbeat(&deps.pool, &cfg.worker_id).await {
@@ -203,11 +205,82 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
             }
             Err(e) => warn!(error = %e, "orphan recovery failed"),
         }
+        if last_orphan_sweep.elapsed() > ORPHAN_SWEEP_EVERY {
+            last_orphan_sweep = std::time::Instant::now();
+            sweep_orphans(&deps).await;
+        }
         if last_prune.elapsed() > Duration::from_secs(3600) {
             last_prune = std::time::Instant::now();
             if let Err(e) = queue::prune(&deps.pool, cfg.prune_after).await {
                 warn!(error = %e, "pruning failed");
             }
+        }
+    }
+}
+
+/// How often each worker looks for runtimes that no record owns.
+const ORPHAN_SWEEP_EVERY: Duration = Duration::from_secs(60);
+/// Runtimes younger than this are spared: their record may not be committed yet.
+const ORPHAN_GRACE: Duration = Duration::from_secs(30);
+
+/// Removes backend runtimes (containers) that no runtime record owns, recording each
+/// removal as a `runtime.destroyed` event with reason `orphan`.
+async fn sweep_orphans(deps: &Deps) {
+    for kind in deps.runtimes.kinds() {
+        let Some(provider) = deps.runtimes.get(kind) else {
+            continue;
+        };
+        let owned = match sqlx::query_scalar::<_, uuid::Uuid>(
+            "SELECT id FROM grove.sandbox_runtimes WHERE backend_kind = $1",
+        )
+        .bind(kind)
+        .fetch_all(&deps.pool)
+        .await
+        {
+            Ok(ids) => ids.into_iter().map(|id| id.to_string()).collect(),
+            Err(e) => {
+                warn!(error = %e, "orphan sweep: reading runtime records failed");
+                continue;
+            }
+        };
+        let removed = match provider.sweep_orphans(&owned, ORPHAN_GRACE).await {
+            Ok(removed) => removed,
+            Err(e) => {
+                warn!(runtime = kind, error = %e, "orphan sweep failed");
+                continue;
+            }
+        };
+        let events: Vec<Event> = removed
+            .iter()
+            .filter_map(|id| uuid::Uuid::parse_str(id).ok())
+            .map(|runtime_id| Event::RuntimeDestroyed {
+                runtime_id,
+                reason: "orphan: no runtime record owns it".into(),
+            })
+            .collect();
+        if events.is_empty() {
+            continue;
+        }
+        info!(
+            runtime = kind,
+            removed = events.len(),
+            "removed orphaned runtimes"
+        );
+        let md = Metadata {
+            command_id: uuid::Uuid::now_v7(),
+            correlation: Correlation::default(),
+            worker_id: deps.config.worker_id.clone(),
+            node: deps.config.node.clone(),
+        };
+        let recorded = async {
+            let mut tx = deps.pool.begin().await?;
+            grove_postgres::store::append(&mut tx, &events, &md, now()).await?;
+            tx.commit().await?;
+            Ok::<_, StoreError>(())
+        }
+        .await;
+        if let Err(e) = recorded {
+            warn!(error = %e, "recording orphan removals failed");
         }
     }
 }
@@ -369,6 +442,37 @@ async fn finish_worker_lost(
     }
     if ws.is_none() {
         events.clear();
+    }
+    // The lost command may still be running inside a long-lived runtime (a container
+    // outlives the worker that exec'd into it): destroy that runtime so nothing of the
+    // command survives. The workspace stays; the next exec creates a fresh runtime.
+    let runtime_ids: Vec<uuid::Uuid> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ExecFinished { runtime_id, .. } => Some(*runtime_id),
+            _ => None,
+        })
+        .collect();
+    if let Some(ws) = &ws {
+        let mut conn = deps.pool.acquire().await?;
+        let runtimes = grove_postgres::rows::runtimes_of(&mut conn, ws.id).await?;
+        drop(conn);
+        for r in runtimes.into_iter().filter(|r| runtime_ids.contains(&r.id)) {
+            let Some(provider) = deps.runtimes.get(&r.backend_kind) else {
+                continue;
+            };
+            match provider.destroy(&r.backend_runtime_id).await {
+                Ok(()) | Err(grove_core::error::RuntimeError::NotFound(_)) => {
+                    events.push(Event::RuntimeDestroyed {
+                        runtime_id: r.id,
+                        reason: "worker lost during an exec".into(),
+                    });
+                }
+                Err(e) => {
+                    warn!(runtime = %r.id, error = %e, "destroying the runtime of a lost exec failed")
+                }
+            }
+        }
     }
     let correlation = ws.as_ref().map(correlation_of).unwrap_or_default();
     let md = metadata(deps, job, correlation);

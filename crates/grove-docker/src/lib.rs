@@ -779,6 +779,44 @@ impl RuntimeProvider for DockerRuntimeProvider {
             Ok(Box::new(runtime) as Box<dyn Runtime>)
         })
     }
+
+    /// The container name, `grove-rt-<runtime id>`.
+    fn backend_id(&self, spec: &RuntimeSpec) -> String {
+        let runtime = spec
+            .labels
+            .get(LABEL_RUNTIME)
+            .map(String::as_str)
+            .unwrap_or("");
+        Self::container_name(runtime)
+    }
+
+    fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        let name = backend_id.to_string();
+        Box::pin(async move { DockerRuntimeProvider::stop(self, &name).await })
+    }
+
+    fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        let name = backend_id.to_string();
+        Box::pin(async move {
+            DockerRuntimeProvider::destroy(self, &name)
+                .await
+                .map(|_| ())
+        })
+    }
+
+    fn sweep_orphans<'a>(
+        &'a self,
+        owned: &'a HashSet<String>,
+        grace: Duration,
+    ) -> BoxFuture<'a, Result<Vec<String>, RuntimeError>> {
+        Box::pin(async move {
+            let removed = self.sweep_orphans_older_than(owned, grace).await?;
+            Ok(removed
+                .iter()
+                .filter_map(|name| Self::runtime_id_of(name).map(str::to_string))
+                .collect())
+        })
+    }
 }
 
 /// The runtime of one workspace: a handle on its container. Cheap to clone.
