@@ -30,6 +30,8 @@ pub struct WorkerConfig {
     /// The image `--runtime docker` execs run in (`GROVE_DOCKER_IMAGE`, else the last
     /// `grove image build`); `None` when there is none.
     pub docker_image: Option<String>,
+    /// Eviction policy, schedule and measurement settings (`GROVE_DISK_BUDGET`, ...).
+    pub eviction: crate::eviction::EvictionSettings,
 }
 
 impl WorkerConfig {
@@ -52,6 +54,7 @@ impl WorkerConfig {
             cache_freshness: Duration::from_secs(600),
             prune_after: Duration::from_secs(7 * 24 * 3600),
             docker_image: None,
+            eviction: crate::eviction::EvictionSettings::default(),
         }
     }
 }

@@ -3,12 +3,15 @@
 //! # Layout
 //! - [`config`]: worker settings and their defaults.
 //! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
+//! - [`eviction`]: the eviction sweep, restore, release of a conversation or task, the
+//!   schedule.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
 //! Architecture invariant: handlers reach git and runtimes only through the ports of
 //! `grove-core`; the concrete adapters are chosen in [`build_deps`].
 
 pub mod config;
+pub mod eviction;
 pub mod handlers;
 pub mod runner;
 

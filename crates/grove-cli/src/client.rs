@@ -29,6 +29,9 @@ async fn route(pool: &PgPool, command: &Command) -> Result<String> {
         })?;
         return Ok(queue::node_queue(&ws.node));
     }
+    if let Command::EvictSweep(c) = command {
+        return Ok(queue::node_queue(&c.node));
+    }
     if let Command::AcquireWorkspace(c) = command {
         if let Some(ws) = rows::workspace_by_key(&mut conn, &c.key("")).await? {
             return Ok(queue::node_queue(&ws.node));

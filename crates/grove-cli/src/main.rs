@@ -78,6 +78,38 @@ enum Top {
     /// Sandbox images for `--runtime docker`, built offline from this machine's packages.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// Run an eviction sweep of a node now (or print its plan with --dry-run).
+    Evict {
+        #[arg(long, allow_hyphen_values = true)]
+        node: Option<String>,
+        /// Print the plan (what, why, bytes freed) without changing anything.
+        #[arg(long = "dry-run")]
+        dry_run: bool,
+        #[arg(long)]
+        json: bool,
+        /// Plan as if it were this time (RFC 3339). Workers accept it only with
+        /// GROVE_ALLOW_CLOCK_OVERRIDE=1; for tests.
+        #[arg(long, hide = true)]
+        now: Option<String>,
+        #[arg(long = "command-id")]
+        command_id: Option<Uuid>,
+    },
+    /// Release everything of one conversation or task of a user: runtimes stopped,
+    /// workspaces kept (or destroyed with --destroy-workspaces).
+    Release {
+        #[arg(long, allow_hyphen_values = true)]
+        user: String,
+        #[arg(long, allow_hyphen_values = true)]
+        project: Option<String>,
+        #[arg(long, allow_hyphen_values = true, conflicts_with = "task")]
+        conversation: Option<String>,
+        #[arg(long, allow_hyphen_values = true)]
+        task: Option<String>,
+        #[arg(long = "destroy-workspaces")]
+        destroy_workspaces: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -178,6 +210,26 @@ enum WorkspaceCmd {
     Hibernate { id: String },
     /// Destroy the workspace's runtime; files stay.
     DestroyRuntime { id: String },
+    /// Check an evicted workspace out again (same id, path, branch) with its saved work.
+    Restore {
+        id: String,
+        #[arg(long = "token-env")]
+        token_env: Option<String>,
+        #[arg(long = "command-id")]
+        command_id: Option<Uuid>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Pin a workspace until a time (RFC 3339): eviction never takes it. --clear unpins.
+    Pin {
+        id: String,
+        #[arg(long)]
+        until: Option<String>,
+        #[arg(long)]
+        clear: bool,
+        #[arg(long)]
+        json: bool,
+    },
     /// Delete the workspace and its runtimes.
     Destroy {
         id: String,
@@ -403,6 +455,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             print_result(&result, common.json)
         }
         Top::Workspace(cmd) => workspace(cmd).await,
+        Top::Evict {
+            node,
+            dry_run,
+            json,
+            now,
+            command_id,
+        } => evict::evict(node, dry_run, json, now, command_id).await,
+        Top::Release {
+            user,
+            project,
+            conversation,
+            task,
+            destroy_workspaces,
+            json,
+        } => evict::release(user, project, conversation, task, destroy_workspaces, json).await,
         Top::Exec(args) => exec(args).await,
         Top::Events {
             stream,
@@ -441,6 +508,7 @@ async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
     let pool = connect((concurrency as u32) * 2 + 6).await?;
     grove_postgres::migrate::migrate(&pool).await?;
     let mut config = grove_workers::WorkerConfig::new(home, node);
+    config.eviction = grove_workers::eviction::EvictionSettings::from_env().map_err(invalid)?;
     config.concurrency = concurrency.max(1);
     if let Some(secs) = env_secs("GROVE_WORKER_LOST_AFTER") {
         config.worker_lost_after = secs;
@@ -503,18 +571,25 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             let pool = connect(2).await?;
             let mut conn = pool.acquire().await?;
             let list = rows::workspaces(&mut conn, user.as_deref()).await?;
+            drop(conn);
+            // What eviction would take next: position in the node's order (1 = first).
+            let order = evict::queue_positions(&pool, &list).await?;
             let mut out = std::io::stdout().lock();
             for ws in list {
+                let (eviction, short) = evict::queue_field(order.get(&ws.id));
                 if json {
-                    writeln!(out, "{}", serde_json::to_string(&ws)?)?;
+                    let mut value = serde_json::to_value(&ws)?;
+                    value["eviction"] = eviction;
+                    writeln!(out, "{value}")?;
                 } else {
                     writeln!(
                         out,
-                        "{}  {:<8} {:<9} dirty={:<5} {}  {}",
+                        "{}  {:<8} {:<9} dirty={:<5} {:<18} {}  {}",
                         ws.id,
                         ws.mode.as_str(),
                         ws.state,
                         ws.dirty,
+                        short,
                         ws.branch_name.as_deref().unwrap_or(&ws.base_ref),
                         ws.local_path
                     )?;
@@ -522,6 +597,18 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        WorkspaceCmd::Restore {
+            id,
+            token_env,
+            command_id,
+            json,
+        } => evict::restore(id, token_env, command_id, json).await,
+        WorkspaceCmd::Pin {
+            id,
+            until,
+            clear,
+            json,
+        } => evict::pin(id, until, clear, json).await,
         WorkspaceCmd::Show { id, json } => {
             let id = parse_id(&id)?;
             let pool = connect(2).await?;

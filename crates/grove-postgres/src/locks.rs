@@ -22,6 +22,8 @@ pub enum LockScope {
     WorkspaceKey,
     /// Commands (and lifecycle changes) on one workspace.
     WorkspaceCommands,
+    /// The eviction sweep of one node: one at a time per node.
+    NodeSweep,
 }
 
 impl LockScope {
@@ -30,6 +32,7 @@ impl LockScope {
             Self::RepoCache => "repo_cache",
             Self::WorkspaceKey => "workspace_key",
             Self::WorkspaceCommands => "workspace_commands",
+            Self::NodeSweep => "node_sweep",
         }
     }
 }

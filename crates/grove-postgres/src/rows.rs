@@ -411,3 +411,105 @@ pub async fn runtimes_of(
         .map(runtime_from_row)
         .collect()
 }
+
+/// Every workspace record of a node (evicted ones included), for an eviction sweep.
+pub async fn workspaces_of_node(
+    conn: &mut PgConnection,
+    node: &str,
+) -> Result<Vec<WorkspaceRow>, StoreError> {
+    let sql = format!(
+        "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE node = $1 ORDER BY id"
+    );
+    sqlx::query(trusted(sql))
+        .bind(node)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(workspace_from_row)
+        .collect()
+}
+
+/// The runtimes of a node's workspaces, plus every runtime whose workspace record is gone
+/// (an orphan: the sweep of any node may destroy it).
+pub async fn runtimes_of_node(
+    conn: &mut PgConnection,
+    node: &str,
+) -> Result<Vec<RuntimeRow>, StoreError> {
+    let cols: Vec<String> = RUNTIME_COLUMNS
+        .split(", ")
+        .map(|c| format!("r.{c}"))
+        .collect();
+    let sql = format!(
+        "SELECT {} FROM grove.sandbox_runtimes r LEFT JOIN grove.sandbox_workspaces w ON w.id = r.workspace_id
+         WHERE w.node = $1 OR w.id IS NULL ORDER BY r.id",
+        cols.join(", ")
+    );
+    sqlx::query(trusted(sql))
+        .bind(node)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(runtime_from_row)
+        .collect()
+}
+
+/// Every repo cache record of a node (evicted ones included).
+pub async fn repo_caches_of_node(
+    conn: &mut PgConnection,
+    node: &str,
+) -> Result<Vec<RepoCacheRow>, StoreError> {
+    let sql = format!(
+        "SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE node = $1 ORDER BY id"
+    );
+    sqlx::query(trusted(sql))
+        .bind(node)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(repo_cache_from_row)
+        .collect()
+}
+
+/// The workspaces some queued or running command names (other than `except`).
+pub async fn workspaces_with_open_commands(
+    conn: &mut PgConnection,
+    except: Option<Uuid>,
+) -> Result<Vec<Uuid>, StoreError> {
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT payload ->> 'workspace_id' FROM grove.commands
+         WHERE status IN ('queued', 'running') AND payload ? 'workspace_id'
+           AND ($1::uuid IS NULL OR command_id <> $1)",
+    )
+    .bind(except)
+    .fetch_all(conn)
+    .await?;
+    Ok(ids.iter().filter_map(|s| Uuid::parse_str(s).ok()).collect())
+}
+
+/// One runtime record.
+pub async fn runtime(conn: &mut PgConnection, id: Uuid) -> Result<Option<RuntimeRow>, StoreError> {
+    let sql = format!("SELECT {RUNTIME_COLUMNS} FROM grove.sandbox_runtimes WHERE id = $1");
+    sqlx::query(trusted(sql))
+        .bind(id)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| runtime_from_row(&r))
+        .transpose()
+}
+
+/// How many workspace records keep a repo cache: live ones (not evicted) and evicted ones
+/// whose saved work is in it.
+pub async fn cache_dependents(
+    conn: &mut PgConnection,
+    repo_cache_id: Uuid,
+) -> Result<(i64, i64), StoreError> {
+    let row = sqlx::query(
+        "SELECT count(*) FILTER (WHERE state <> 'evicted') AS live,
+                count(*) FILTER (WHERE state = 'evicted' AND saved_ref IS NOT NULL) AS saved
+         FROM grove.sandbox_workspaces WHERE repo_cache_id = $1",
+    )
+    .bind(repo_cache_id)
+    .fetch_one(conn)
+    .await?;
+    Ok((row.try_get("live")?, row.try_get("saved")?))
+}
