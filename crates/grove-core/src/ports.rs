@@ -13,6 +13,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GitError, RuntimeError};
+use crate::model::SavedWork;
 
 /// A secret used for one clone or fetch. Its `Debug` never shows the value.
 #[derive(Clone)]
@@ -65,6 +66,50 @@ pub struct CheckoutRequest<'a> {
     pub upstream_url: &'a str,
 }
 
+/// The request to save a workspace's work into its repo cache before it is deleted.
+#[derive(Debug, Clone)]
+pub struct SaveWorkRequest<'a> {
+    pub workspace_dir: &'a Path,
+    pub cache_dir: &'a Path,
+    /// The internal ref to write in the cache (`refs/grove/saved/<workspace id>`).
+    pub ref_name: &'a str,
+    /// Where to write the binary-safe patch of the uncommitted changes.
+    pub patch_path: &'a Path,
+    /// The commit the workspace was created at: a clean workspace whose HEAD is still
+    /// there has nothing to save.
+    pub base_commit: &'a str,
+    /// The message of the commit that holds the uncommitted changes.
+    pub message: &'a str,
+}
+
+/// What [`GitPort::save_work`] found and saved.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SaveWorkReport {
+    /// The working tree differed from HEAD (tracked or untracked files, not ignored ones).
+    pub dirty: bool,
+    pub head_commit: String,
+    /// `None` when there was nothing to save (clean, HEAD at the base commit).
+    pub saved: Option<SavedWork>,
+}
+
+/// The request to check an evicted workspace out again.
+#[derive(Debug, Clone)]
+pub struct RestoreRequest<'a> {
+    pub cache_dir: &'a Path,
+    pub workspace_dir: &'a Path,
+    /// The workspace's base ref and the commit it resolved to at creation (for its
+    /// `origin/<base>` ref).
+    pub base_ref: &'a str,
+    pub base_commit: &'a str,
+    /// Branch to recreate at `head_commit`; `None` for a detached checkout (analysis).
+    pub branch: Option<&'a str>,
+    pub head_commit: &'a str,
+    /// A commit (in the cache) whose tree becomes the working tree, left uncommitted on
+    /// top of `head_commit`.
+    pub work_commit: Option<&'a str>,
+    pub upstream_url: &'a str,
+}
+
 /// Repo caches and workspace checkouts. Blocking: callers run it on a blocking thread.
 ///
 /// Implementations must keep credentials out of remote URLs, git config, error
@@ -86,6 +131,25 @@ pub trait GitPort: Send + Sync {
     fn is_dirty(&self, workspace_dir: &Path) -> Result<bool, GitError>;
     /// Deletes a checkout's directory. Never touches the repo cache.
     fn remove_checkout(&self, workspace_dir: &Path) -> Result<(), GitError>;
+    /// Saves the workspace's uncommitted changes (tracked and untracked, binary included)
+    /// and its local commits into the repo cache: every object the saved commit needs is
+    /// written to the cache's object store, then the ref; the patch is written too. The
+    /// workspace itself is not changed (its index stays as it was).
+    fn save_work(&self, req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError>;
+    /// Recreates a checkout at `workspace_dir` (which must not exist) with HEAD at
+    /// `head_commit` and, when given, the working tree of `work_commit` left uncommitted.
+    fn restore_checkout(&self, req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError>;
+    /// Deletes a saved-work ref from the cache and its patch artifact (absent is Ok).
+    fn discard_saved_work(
+        &self,
+        cache_dir: &Path,
+        ref_name: &str,
+        patch_path: &Path,
+    ) -> Result<(), GitError>;
+    /// Apparent size of a directory tree in bytes (file lengths; see `dir_size_bytes`).
+    fn measure(&self, dir: &Path) -> Result<i64, GitError>;
+    /// Deletes a workspace or repo cache directory that was moved into grove's trash.
+    fn remove_trash(&self, trash_dir: &Path) -> Result<(), GitError>;
 }
 
 /// Network policy of a runtime.
@@ -235,6 +299,11 @@ pub trait RuntimeProvider: Send + Sync {
         _grace: Duration,
     ) -> BoxFuture<'a, Result<Vec<String>, RuntimeError>> {
         Box::pin(futures::future::ready(Ok(Vec::new())))
+    }
+    /// Whether a runtime is healthy; the eviction sweep destroys one that is not. A
+    /// provider without long-lived runtimes has nothing to check, hence the default.
+    fn healthy(&self, _backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
+        Box::pin(futures::future::ready(Ok(true)))
     }
 }
 
