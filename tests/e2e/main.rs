@@ -3,6 +3,7 @@
 mod concurrency;
 mod crash;
 mod docker;
+mod eviction;
 mod input;
 mod lifecycle;
 mod queue;

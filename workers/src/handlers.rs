@@ -62,12 +62,12 @@ pub fn store_error(e: StoreError) -> CommandError {
     }
 }
 
-fn internal(msg: impl std::fmt::Display) -> CommandError {
+pub(crate) fn internal(msg: impl std::fmt::Display) -> CommandError {
     CommandError::new(ErrorKind::Internal, msg.to_string())
 }
 
 /// Runs a blocking git call off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, grove_core::error::GitError> + Send + 'static,
 ) -> Result<T, CommandError> {
     tokio::task::spawn_blocking(f)
@@ -82,7 +82,7 @@ pub fn now() -> DateTime<Utc> {
 }
 
 impl Deps {
-    async fn lock(
+    pub(crate) async fn lock(
         &self,
         scope: LockScope,
         value: &str,
@@ -93,11 +93,13 @@ impl Deps {
             .map_err(store_error)
     }
 
-    async fn conn(&self) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, CommandError> {
+    pub(crate) async fn conn(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, CommandError> {
         self.pool.acquire().await.map_err(|e| store_error(e.into()))
     }
 
-    async fn workspace(&self, id: Uuid) -> Result<WorkspaceRow, CommandError> {
+    pub(crate) async fn workspace(&self, id: Uuid) -> Result<WorkspaceRow, CommandError> {
         let mut conn = self.conn().await?;
         rows::workspace(&mut conn, id)
             .await
@@ -108,8 +110,28 @@ impl Deps {
     }
 
     /// Takes the workspace's command lock, then reads its row: a workspace destroyed
-    /// while we waited is reported as not found rather than used half-gone.
-    async fn lock_workspace(
+    /// while we waited is reported as not found rather than used half-gone, and one
+    /// evicted meanwhile (its files are gone) as a conflict that says how to get it back.
+    pub(crate) async fn lock_workspace(
+        &self,
+        id: Uuid,
+        shared: bool,
+    ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
+        let (ws, lock) = self.lock_workspace_any(id, shared).await?;
+        if matches!(ws.state.as_str(), "evicted" | "evicting") {
+            lock.release().await.ok();
+            return Err(CommandError::new(
+                ErrorKind::Conflict,
+                format!(
+                    "workspace {id} is evicted (its files were removed to free disk space); run `grove workspace restore {id}` or acquire it again"
+                ),
+            ));
+        }
+        Ok((ws, lock))
+    }
+
+    /// [`Self::lock_workspace`] that also accepts an evicted workspace (for destroy).
+    pub(crate) async fn lock_workspace_any(
         &self,
         id: Uuid,
         shared: bool,
@@ -139,7 +161,7 @@ impl Deps {
     /// Ensures the repo cache on this node: clones if absent, fetches if asked or stale.
     /// Returns the row as it will be after `events` commit, and the lock (if one was
     /// needed) that must be held until then.
-    async fn ensure_cache(
+    pub(crate) async fn ensure_cache(
         &self,
         repo_name: &str,
         repo_url: &str,
@@ -159,12 +181,38 @@ impl Deps {
         let scope = token.map(|t| short_hash(t.expose(), 16));
         let foreign =
             |row: &RepoCacheRow| row.auth_scope_hash.is_some() && row.auth_scope_hash != scope;
-        if let Some(row) = &existing {
-            if !fetch && !stale(row) && !foreign(row) && PathBuf::from(&row.local_path).is_dir() {
-                let events = vec![Event::RepoCacheUsed {
-                    repo_cache_id: row.id,
-                }];
-                return Ok((fold_cache(Some(row.clone()), &events, at), events, None));
+        let usable = |row: &RepoCacheRow| {
+            !fetch
+                && !stale(row)
+                && !foreign(row)
+                && row.state != "evicted"
+                && PathBuf::from(&row.local_path).is_dir()
+        };
+        if existing.as_ref().is_some_and(usable) {
+            // Shared: concurrent users of a fresh cache do not wait for each other, and an
+            // eviction sweep (exclusive) cannot delete it while a checkout reads it.
+            let shared = self
+                .lock(
+                    LockScope::RepoCache,
+                    &format!("{node}\u{0}{}", url.identity()),
+                    true,
+                )
+                .await?;
+            match self.cache_by_identity(url.identity()).await {
+                Ok(Some(row)) if usable(&row) => {
+                    let events = vec![Event::RepoCacheUsed {
+                        repo_cache_id: row.id,
+                    }];
+                    return Ok((fold_cache(Some(row), &events, at), events, Some(shared)));
+                }
+                Ok(_) => {
+                    // Evicted while we waited: clone it again below.
+                    shared.release().await.ok();
+                }
+                Err(e) => {
+                    shared.release().await.ok();
+                    return Err(e);
+                }
             }
         }
         let lock = self
@@ -261,6 +309,16 @@ impl Deps {
                         row.id, row.node
                     ),
                 ));
+            }
+            if matches!(row.state.as_str(), "evicted" | "evicting") {
+                // An acquire of an evicted key restores it (same id, path and branch).
+                let cmd_lock = self
+                    .lock(LockScope::WorkspaceCommands, &row.id.to_string(), false)
+                    .await?;
+                let row = self.workspace(row.id).await?;
+                return self
+                    .restore_locked(row, token, at, vec![cmd_lock, key_lock])
+                    .await;
             }
             if !PathBuf::from(&row.local_path).is_dir() {
                 return Err(internal(format!(
@@ -659,13 +717,14 @@ impl Deps {
         let key_lock = self
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
             .await?;
-        let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
+        let (ws, lock) = self.lock_workspace_any(workspace_id, false).await?;
         let mut events = self
             .runtime_events(ws.id, true, "workspace destroyed")
             .await?;
         let git = self.git.clone();
         let dir = PathBuf::from(&ws.local_path);
         blocking(move || git.remove_checkout(&dir)).await?;
+        self.discard_saved_work(&ws).await;
         events.push(Event::WorkspaceDestroyed {
             workspace_id: ws.id,
         });
@@ -732,7 +791,7 @@ fn fold_cache(existing: Option<RepoCacheRow>, events: &[Event], at: DateTime<Utc
         .expect("a cache event always names the cache")
 }
 
-fn fold_workspace(
+pub(crate) fn fold_workspace(
     existing: Option<WorkspaceRow>,
     events: &[Event],
     at: DateTime<Utc>,

@@ -71,6 +71,7 @@ impl Worker {
         let wake = Arc::new(Notify::new());
         let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone(), self.queues.clone()));
         let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
+        let eviction_schedule = tokio::spawn(crate::eviction::cron_loop(deps.clone()));
 
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
         tokio::pin!(shutdown);
@@ -120,6 +121,7 @@ impl Worker {
         let _ = permits.acquire_many(cfg.concurrency as u32).await;
         maintenance.abort();
         listener.abort();
+        eviction_schedule.abort();
         Ok(())
     }
 }
@@ -502,8 +504,13 @@ async fn handle(
     match command {
         Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
         Command::AcquireWorkspace(c) => {
-            deps.acquire_workspace(c, job.command_id, token.as_ref(), at)
-                .await
+            let handled = deps
+                .acquire_workspace(c, job.command_id, token.as_ref(), at)
+                .await;
+            if let Ok(h) = &handled {
+                crate::eviction::after_acquire(deps, h).await;
+            }
+            handled
         }
         Command::Exec(e) => {
             let md = metadata(deps, job, Correlation::default());
@@ -518,6 +525,16 @@ async fn handle(
         }
         Command::DestroyRuntime { workspace_id } => deps.runtimes_down(*workspace_id, true).await,
         Command::DestroyWorkspace { workspace_id } => deps.destroy_workspace(*workspace_id).await,
+        Command::EvictSweep(c) => deps.evict_sweep(c, job.command_id).await,
+        Command::RestoreWorkspace { workspace_id } => {
+            deps.restore_workspace(*workspace_id, token.as_ref(), at)
+                .await
+        }
+        Command::ReleaseScope(c) => deps.release_scope(c, job.command_id).await,
+        Command::PinWorkspace {
+            workspace_id,
+            until,
+        } => deps.pin_workspace(*workspace_id, *until, at).await,
         _ => Err(CommandError::new(
             ErrorKind::Rejected,
             "unknown command kind",
