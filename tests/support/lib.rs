@@ -155,6 +155,9 @@ impl TestEnv {
             .env("DATABASE_URL", &self.db_url)
             .env("GROVE_HOME", self.home())
             .env("GROVE_LOG", "info")
+            // No scheduled eviction sweeps unless a test asks for them (they would add
+            // ledger rows and events to tests that count them).
+            .env("GROVE_EVICT_SCHEDULE", "off")
             .kill_on_drop(true);
         cmd
     }
