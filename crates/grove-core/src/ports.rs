@@ -326,3 +326,33 @@ impl RuntimeRegistry {
         self.providers.iter().map(|p| p.kind()).collect()
     }
 }
+
+/// Collects an [`Runtime::exec_stream`] stream into one result: how a provider builds
+/// `exec` on its streaming form, so the two cannot disagree.
+pub async fn collect_exec(
+    mut stream: BoxStream<'static, Result<ExecChunk, RuntimeError>>,
+) -> Result<ExecResult, RuntimeError> {
+    use futures::StreamExt;
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item? {
+            ExecChunk::Output {
+                stream: StreamKind::Stdout,
+                data,
+            } => stdout.extend_from_slice(&data),
+            ExecChunk::Output {
+                stream: StreamKind::Stderr,
+                data,
+            } => stderr.extend_from_slice(&data),
+            ExecChunk::Finished(mut result) => {
+                result.stdout = stdout;
+                result.stderr = stderr;
+                return Ok(result);
+            }
+        }
+    }
+    Err(RuntimeError::Unavailable(
+        "the command's output ended without a result".into(),
+    ))
+}

@@ -712,34 +712,6 @@ impl Stream for ExecStream {
     }
 }
 
-/// Collects a stream into one result (how `exec` is built on `exec_stream`).
-pub(crate) async fn collect(
-    mut stream: BoxStream<'static, Item>,
-) -> Result<ExecResult, RuntimeError> {
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    while let Some(item) = stream.next().await {
-        match item? {
-            ExecChunk::Output {
-                stream: StreamKind::Stdout,
-                data,
-            } => stdout.extend_from_slice(&data),
-            ExecChunk::Output {
-                stream: StreamKind::Stderr,
-                data,
-            } => stderr.extend_from_slice(&data),
-            ExecChunk::Finished(mut result) => {
-                result.stdout = stdout;
-                result.stderr = stderr;
-                return Ok(result);
-            }
-        }
-    }
-    Err(RuntimeError::Unavailable(
-        "the command's output ended without a result".into(),
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -924,7 +924,7 @@ impl Runtime for DockerRuntime {
     fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
         Box::pin(async move {
             let plan = self.prepare(req)?;
-            exec::collect(exec::start(self.inner.clone(), plan).await?).await
+            grove_core::ports::collect_exec(exec::start(self.inner.clone(), plan).await?).await
         })
     }
 

@@ -370,7 +370,7 @@ impl Runtime for LocalRuntime {
     fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
         Box::pin(async move {
             let launch = self.prepare(req)?;
-            process::collect(process::start(launch)?).await
+            grove_core::ports::collect_exec(process::start(launch)?).await
         })
     }
 
