@@ -291,3 +291,631 @@ async fn a_dirty_workspace_is_evicted_with_its_work_saved_and_restored_byte_iden
     assert_records_match_disk(&env).await;
     replay_ok(&env).await;
 }
+
+async fn size_of(env: &TestEnv, id: &str) -> u64 {
+    workspace(env, id).await["size_bytes"].as_u64().unwrap()
+}
+
+async fn cache_bytes(env: &TestEnv) -> u64 {
+    sqlx::query_scalar::<_, i64>(
+        "SELECT coalesce(sum(size_bytes), 0)::bigint FROM grove.sandbox_repo_caches",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap() as u64
+}
+
+async fn wait_for_count(env: &TestEnv, sql: &str, at_least: i64, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_string()))
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+        if n >= at_least {
+            return;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sweep_with_a_tiny_budget_evicts_in_order_keeps_pinned_and_busy_workspaces_and_ends_below_low_water(
+) {
+    let mut env = env_or_skip!(
+        "a_sweep_with_a_tiny_budget_evicts_in_order_keeps_pinned_and_busy_workspaces_and_ends_below_low_water"
+    );
+    let setup = env.spawn_worker_env(BASE).await;
+    // Every checkout carries a 200 kB file that does not compress: sizes are dominated by it.
+    let blob = noise(200_000, 7);
+    let dir = env.dir.path().join("upstream/fixture");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("big.bin"), &blob).unwrap();
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let analysis = env.grove_json(&acquire_args(&url, "analysis", &[])).await;
+    let task = env
+        .grove_json(&acquire_args(&url, "task", &["--task", "t1"]))
+        .await;
+    let clean = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "clean"]))
+        .await;
+    let dirty = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "dirty"]))
+        .await;
+    let pinned = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "pinned"]))
+        .await;
+    let busy = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "busy"]))
+        .await;
+    let (dirty_id, pinned_id, busy_id) = (id_of(&dirty), id_of(&pinned), id_of(&busy));
+    let out = env
+        .grove(&["exec", &dirty_id, "--", "sh", "-c", "echo work >> f.txt"])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    env.grove(&["workspace", "release", &dirty_id]).await;
+    let until = from_now(3600);
+    let pin = env
+        .grove_json(&["workspace", "pin", &pinned_id, "--until", &until])
+        .await;
+    assert!(pin["pinned_until"].is_string());
+    env.worker(setup).kill9().await;
+
+    // A budget that holds the two kept workspaces and the cache below low water (70%),
+    // with some room for the dirty workspace's patch, but far less than everything.
+    let keep =
+        size_of(&env, &pinned_id).await + size_of(&env, &busy_id).await + cache_bytes(&env).await;
+    let budget = ((keep + 30_000) as f64 / 0.7) as u64;
+    let budget_s = budget.to_string();
+    let mut ids = vec![];
+    for ws in [&analysis, &task, &clean, &dirty, &pinned, &busy] {
+        ids.push(id_of(ws));
+    }
+    let mut total = cache_bytes(&env).await;
+    for id in &ids {
+        total += size_of(&env, id).await;
+    }
+    assert!(
+        total as f64 > budget as f64 * 0.85,
+        "the workload exceeds high water"
+    );
+    let policy = with(&[
+        ("GROVE_DISK_BUDGET", &budget_s),
+        ("GROVE_PRESSURE_GRACE", "0"),
+    ]);
+    env.spawn_worker_env(&policy).await;
+    // The busy workspace runs a command for the whole sweep.
+    let long = tokio::spawn(
+        env.command(&["exec", &busy_id, "--", "sleep", "20"])
+            .output(),
+    );
+    wait_for_count(
+        &env,
+        "SELECT count(*) FROM grove.commands WHERE kind = 'exec' AND status = 'running'",
+        1,
+        "the busy workspace's command to start",
+    )
+    .await;
+    let report = sweep(&env, &[]).await;
+    let done: Vec<(String, String)> = report["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["outcome"] == "done")
+        .map(|a| {
+            (
+                a["action"]["kind"]["kind"].as_str().unwrap().to_string(),
+                a["action"]["id"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    let evicted: Vec<&str> = done
+        .iter()
+        .filter(|(k, _)| k == "evict_workspace")
+        .map(|(_, id)| id.as_str())
+        .collect();
+    // Clean analysis, clean task, clean edit, then the dirty edit: the seed's order.
+    assert_eq!(
+        evicted,
+        [
+            ids[0].as_str(),
+            ids[1].as_str(),
+            ids[2].as_str(),
+            ids[3].as_str()
+        ],
+        "{report:#}"
+    );
+    // The dirty workspace's stopped runtime was destroyed first; no repo cache went.
+    assert!(
+        done.iter().any(|(k, _)| k == "destroy_runtime"),
+        "{report:#}"
+    );
+    assert!(
+        !done.iter().any(|(k, _)| k == "evict_repo_cache"),
+        "{report:#}"
+    );
+    for id in &ids[..4] {
+        assert_eq!(state_of(&env, id).await, "evicted");
+    }
+    assert_eq!(state_of(&env, &pinned_id).await, "ready");
+    assert_eq!(state_of(&env, &busy_id).await, "ready");
+    assert!(dir_of(&pinned).join("big.bin").is_file());
+    assert!(dir_of(&busy).join("big.bin").is_file());
+    let blocked: Vec<(String, String)> = report["blocked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| {
+            (
+                b["id"].as_str().unwrap().to_string(),
+                b["protection"]["kind"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert!(
+        blocked.contains(&(pinned_id.clone(), "pinned".into())),
+        "{blocked:?}"
+    );
+    assert!(
+        blocked.iter().any(|(id, _)| id == &busy_id),
+        "the busy workspace was reached and kept: {blocked:?}"
+    );
+    // Usage ends below low water: by the cached sizes, and by walking $GROVE_HOME.
+    let low = report["marks"]["low_water_bytes"].as_u64().unwrap();
+    assert_eq!(report["budget_met"], true, "{report:#}");
+    assert!(
+        report["used_bytes_after"].as_u64().unwrap() <= low,
+        "{report:#}"
+    );
+    let on_disk = apparent_bytes(&env.home());
+    assert!(on_disk <= low, "{on_disk} bytes on disk > low water {low}");
+    let out = long.await.unwrap().unwrap();
+    assert!(
+        out.status.success(),
+        "the busy command was not disturbed: {:?}",
+        text(&out)
+    );
+    assert_records_match_disk(&env).await;
+    // `grove workspace list` shows the order of what is left.
+    let listed = env.grove(&["workspace", "list"]).await;
+    assert!(text(&listed).0.contains("evict=#"), "{:?}", text(&listed));
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_idle_runtime_is_stopped_after_the_threshold_and_destroyed_later_with_the_files_intact()
+{
+    let mut env = env_or_skip!(
+        "an_idle_runtime_is_stopped_after_the_threshold_and_destroyed_later_with_the_files_intact"
+    );
+    env.spawn_worker_env(BASE).await;
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let id = id_of(&ws);
+    let out = env
+        .grove(&["exec", &id, "--", "sh", "-c", "echo made > made.txt"])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let runtime_state = || async {
+        sqlx::query_scalar::<_, String>("SELECT state FROM grove.sandbox_runtimes")
+            .fetch_optional(&env.pool)
+            .await
+            .unwrap()
+    };
+    assert_eq!(runtime_state().await.as_deref(), Some("running"));
+    // 29 minutes later: not idle long enough.
+    sweep(&env, &["--now", &from_now(29 * 60)]).await;
+    assert_eq!(runtime_state().await.as_deref(), Some("running"));
+    // 31 minutes later: stopped, with the values that triggered it.
+    let report = sweep(&env, &["--now", &from_now(31 * 60)]).await;
+    assert_eq!(
+        runtime_state().await.as_deref(),
+        Some("stopped"),
+        "{report:#}"
+    );
+    let stopped = events_of(&env, "runtime.stopped").await;
+    assert_eq!(stopped.len(), 1);
+    let reason = stopped[0]["reason"].as_str().unwrap();
+    assert!(reason.starts_with("eviction: idle for 18"), "{reason}");
+    assert!(reason.contains("threshold 1800 s"), "{reason}");
+    let action = &report["actions"][0];
+    assert_eq!(action["action"]["kind"]["kind"], "stop_runtime");
+    assert_eq!(action["action"]["reason"]["reason"], "idle_runtime");
+    assert_eq!(action["action"]["reason"]["threshold_secs"], 1800);
+    // Seven hours later it has been stopped for longer than 6 h: destroyed.
+    sweep(&env, &["--now", &from_now(7 * 3600)]).await;
+    assert_eq!(runtime_state().await, None);
+    assert_eq!(env.count_events("runtime.destroyed").await, 1);
+    // The workspace was never touched.
+    assert_eq!(state_of(&env, &id).await, "ready");
+    let dir = dir_of(&ws);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("made.txt")).unwrap(),
+        "made\n"
+    );
+    assert_eq!(std::fs::read_to_string(dir.join("f.txt")).unwrap(), "one\n");
+    let again = env.grove(&["exec", &id, "--", "cat", "made.txt"]).await;
+    assert_eq!(text(&again).0, "made\n");
+    // Without the override flag a worker refuses a clock override.
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn three_workers_of_one_node_run_one_sweep_per_cron_tick() {
+    let mut env = env_or_skip!("three_workers_of_one_node_run_one_sweep_per_cron_tick");
+    let every_two_seconds = [("GROVE_EVICT_SCHEDULE", "*/2 * * * * *")];
+    for _ in 0..3 {
+        env.spawn_worker_env(&every_two_seconds).await;
+    }
+    wait_for_count(
+        &env,
+        "SELECT count(*) FROM grove.commands WHERE kind = 'evict_sweep' AND status = 'succeeded'",
+        4,
+        "four scheduled sweeps",
+    )
+    .await;
+    // Let the ticks in flight finish, then compare ticks, ledger rows and sweep events.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let per_tick: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT payload ->> 'tick', count(*) FROM grove.commands WHERE kind = 'evict_sweep' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert!(per_tick.len() >= 4, "{per_tick:?}");
+    assert!(
+        per_tick.iter().all(|(_, n)| *n == 1),
+        "one ledger row per tick: {per_tick:?}"
+    );
+    let finished: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT payload -> 'report' ->> 'tick', count(*) FROM grove.events
+         WHERE event_type = 'eviction.sweep_finished' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    let succeeded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.commands WHERE kind = 'evict_sweep' AND status = 'succeeded'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(finished.len() as i64, succeeded, "{finished:?}");
+    assert!(
+        finished.iter().all(|(_, n)| *n == 1),
+        "one sweep per tick: {finished:?}"
+    );
+    // Every worker enqueued (each logs its schedule); the ledger kept one.
+    assert_eq!(
+        env.worker_logs()
+            .matches("eviction sweeps scheduled")
+            .count(),
+        3
+    );
+    let attempts: Vec<i32> = sqlx::query_scalar(
+        "SELECT attempts FROM grove.commands WHERE kind = 'evict_sweep' AND status = 'succeeded'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert!(attempts.iter().all(|a| *a == 1), "{attempts:?}");
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_eviction_racing_an_acquire_of_the_same_workspace_never_leaves_a_half_deleted_directory()
+{
+    let mut env = env_or_skip!(
+        "an_eviction_racing_an_acquire_of_the_same_workspace_never_leaves_a_half_deleted_directory"
+    );
+    env.spawn_worker_env(BASE).await;
+    env.spawn_worker_env(BASE).await;
+    let blob = noise(300_000, 3);
+    let up = env.dir.path().join("upstream/fixture");
+    std::fs::create_dir_all(&up).unwrap();
+    std::fs::write(up.join("big.bin"), &blob).unwrap();
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let id = id_of(&ws);
+    let dir = dir_of(&ws);
+    let env = std::sync::Arc::new(env);
+    // Watches the path the whole time: whenever it exists, it is a whole checkout.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watcher = {
+        let (dir, stop) = (dir.clone(), stop.clone());
+        std::thread::spawn(move || {
+            let mut seen_whole = 0u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                // One directory handle: a rename moves all of it or none of it.
+                if let Ok(entries) = std::fs::read_dir(&dir) {
+                    let names: Vec<String> = entries
+                        .flatten()
+                        .map(|e| e.file_name().to_string_lossy().to_string())
+                        .collect();
+                    for expected in [".git", "f.txt", "big.bin"] {
+                        assert!(
+                            names.iter().any(|n| n == expected),
+                            "half a workspace at {}: {names:?}",
+                            dir.display()
+                        );
+                    }
+                    seen_whole += 1;
+                }
+            }
+            seen_whole
+        })
+    };
+    let mut acquired = 0;
+    let mut refused = 0;
+    for round in 0..8 {
+        let far = from_now(30 * 86_400);
+        let evict = {
+            let env = env.clone();
+            tokio::spawn(async move { env.grove(&["evict", "--now", &far]).await })
+        };
+        if round % 2 == 1 {
+            tokio::time::sleep(Duration::from_millis(20 * round)).await;
+        }
+        let args = acquire_args(&url, "edit", &["--conversation", "c1", "--json"]);
+        let out = env.grove(&args).await;
+        if out.status.success() {
+            let got: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(id_of(&got), id, "the same workspace, not a new one");
+            acquired += 1;
+        } else {
+            // The only acceptable failure: a clear, retryable conflict.
+            assert_eq!(out.status.code(), Some(4), "{:?}", text(&out));
+            refused += 1;
+        }
+        let swept = evict.await.unwrap();
+        assert!(swept.status.success(), "{:?}", text(&swept));
+        let state = state_of(&env, &id).await;
+        assert!(state == "ready" || state == "evicted", "{state}");
+        assert_eq!(
+            dir.exists(),
+            state == "ready",
+            "record and disk agree ({state})"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let seen = watcher
+        .join()
+        .expect("no half-deleted directory was ever seen");
+    assert!(seen > 0);
+    assert!(acquired + refused == 8);
+    assert!(
+        env.count_events("workspace.evicted").await >= 1,
+        "evictions happened"
+    );
+    assert_eq!(env.count_events("workspace.created").await, 1);
+    // Whatever the interleaving, the workspace can be had again and works.
+    let last = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    assert_eq!(id_of(&last), id);
+    assert_eq!(std::fs::read_to_string(dir.join("f.txt")).unwrap(), "one\n");
+    assert_records_match_disk(&env).await;
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_worker_killed_in_the_middle_of_a_sweep_leaves_nothing_half_deleted_and_the_next_sweep_repairs_the_records(
+) {
+    let mut env = env_or_skip!(
+        "a_worker_killed_in_the_middle_of_a_sweep_leaves_nothing_half_deleted_and_the_next_sweep_repairs_the_records"
+    );
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let pause = [("GROVE_TEST_EVICT_PAUSE_MS", "2500")];
+    let fast_recovery = [("GROVE_WORKER_LOST_AFTER", "3")];
+    let far = from_now(30 * 86_400);
+
+    for (round, kill_after_ms, expect_dir) in [(0, 800u64, true), (1, 3300, false)] {
+        let a = env.spawn_worker_env(&with(&pause)).await;
+        let mut ids = vec![];
+        for n in 0..2 {
+            let conv = format!("r{round}-{n}");
+            let ws = env
+                .grove_json(&acquire_args(&url, "edit", &["--conversation", &conv]))
+                .await;
+            ids.push(ws);
+        }
+        let before = env.count_events("workspace.evicting").await;
+        let waiting = tokio::spawn(env.command(&["evict", "--now", &far, "--json"]).output());
+        wait_for_count(
+            &env,
+            &format!("SELECT count(*) FROM grove.events WHERE event_type = 'workspace.evicting'"),
+            before + 1,
+            "an eviction to start",
+        )
+        .await;
+        tokio::time::sleep(Duration::from_millis(kill_after_ms)).await;
+        env.worker(a).kill9().await;
+        let states: Vec<(String, String)> =
+            sqlx::query_as("SELECT id::text, state FROM grove.sandbox_workspaces")
+                .fetch_all(&env.pool)
+                .await
+                .unwrap();
+        eprintln!("round {round}: {states:?}");
+        // Killed during the first pause the files are still at their path; during the
+        // second they are in the trash. Either way the record says `evicting`.
+        let (id, path): (String, String) = sqlx::query_as(
+            "SELECT id::text, local_path FROM grove.sandbox_workspaces WHERE state = 'evicting'",
+        )
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+        assert_eq!(Path::new(&path).exists(), expect_dir, "round {round}");
+        if expect_dir {
+            assert!(
+                Path::new(&path).join(".git/HEAD").is_file()
+                    && Path::new(&path).join("f.txt").is_file()
+            );
+        }
+        // A new worker picks the sweep up again (the dead worker's job is recovered).
+        let b = env.spawn_worker_env(&with(&fast_recovery)).await;
+        let out = waiting.await.unwrap().unwrap();
+        assert!(out.status.success(), "{:?}", text(&out));
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let repaired = report["reconciled"].as_array().unwrap();
+        assert!(
+            repaired.iter().any(|r| r["id"] == id.as_str()),
+            "the interrupted eviction was repaired: {report:#}"
+        );
+        assert_records_match_disk(&env).await;
+        for ws in &ids {
+            assert_eq!(state_of(&env, &id_of(ws)).await, "evicted", "{report:#}");
+        }
+        // And the workspace that was interrupted comes back whole.
+        let restored = env.grove_json(&["workspace", "restore", &id]).await;
+        assert_eq!(restored["state"], "ready");
+        assert_eq!(
+            std::fs::read_to_string(Path::new(&path).join("f.txt")).unwrap(),
+            "one\n"
+        );
+        // The next round's sweep must reach a pausing worker only.
+        env.worker(b).kill9().await;
+    }
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_dry_run_prints_the_plan_and_changes_nothing() {
+    let mut env = env_or_skip!("a_dry_run_prints_the_plan_and_changes_nothing");
+    let policy = with(&[("GROVE_DISK_BUDGET", "1"), ("GROVE_PRESSURE_GRACE", "0")]);
+    env.spawn_worker_env(BASE).await;
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let a = env.grove_json(&acquire_args(&url, "analysis", &[])).await;
+    let e = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    env.grove(&["exec", &id_of(&e), "--", "sh", "-c", "echo x >> f.txt"])
+        .await;
+    env.grove(&["workspace", "release", &id_of(&e)]).await;
+    let snapshot_db = || async {
+        let mut all = vec![];
+        for table in [
+            "grove.sandbox_workspaces",
+            "grove.sandbox_runtimes",
+            "grove.sandbox_repo_caches",
+            "grove.commands",
+            "grove.events",
+            "apalis.jobs",
+        ] {
+            let rows: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                "SELECT t::text FROM {table} t ORDER BY 1"
+            )))
+            .fetch_all(&env.pool)
+            .await
+            .unwrap();
+            all.push((table, rows));
+        }
+        all
+    };
+    let tree = |root: &Path| {
+        let mut names = vec![];
+        let mut stack = vec![root.to_path_buf()];
+        while let Some(d) = stack.pop() {
+            for entry in std::fs::read_dir(&d).unwrap().flatten() {
+                let p = entry.path();
+                let meta = std::fs::symlink_metadata(&p).unwrap();
+                names.push((p.display().to_string(), meta.len()));
+                if meta.is_dir() {
+                    stack.push(p);
+                }
+            }
+        }
+        names.sort();
+        names
+    };
+    let db_before = snapshot_db().await;
+    let fs_before = tree(&env.home());
+    let out = env.grove_env(&["evict", "--dry-run"], &policy).await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stdout.contains("under pressure"), "{stdout}");
+    assert!(
+        stdout.contains(&format!("evict_workspace       {}", id_of(&a))),
+        "{stdout}"
+    );
+    assert!(stdout.contains("evict_workspace+save"), "{stdout}");
+    assert!(stdout.contains("frees"), "{stdout}");
+    assert!(stdout.contains("disk pressure"), "{stdout}");
+    let json = env
+        .grove_env(&["evict", "--dry-run", "--json"], &policy)
+        .await;
+    assert!(json.status.success());
+    let plan: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(plan["dry_run"], true);
+    let actions = plan["plan"]["actions"].as_array().unwrap();
+    assert!(actions.len() >= 3, "{plan:#}");
+    assert_eq!(actions[0]["kind"]["kind"], "evict_workspace");
+    assert_eq!(actions[0]["reason"]["reason"], "disk_pressure");
+    assert!(plan["bytes_freed"].as_u64().unwrap() > 0);
+    let listed = env
+        .grove_env(&["workspace", "list", "--json"], &policy)
+        .await;
+    let first: serde_json::Value =
+        serde_json::from_str(text(&listed).0.lines().next().unwrap()).unwrap();
+    assert!(first["eviction"]["position"].as_u64().is_some(), "{first}");
+    assert_eq!(snapshot_db().await, db_before, "no row changed");
+    assert_eq!(tree(&env.home()), fs_before, "no file changed");
+    assert_eq!(state_of(&env, &id_of(&a)).await, "ready");
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn releasing_a_conversation_stops_its_runtimes_and_destroying_it_removes_its_workspaces() {
+    let mut env = env_or_skip!(
+        "releasing_a_conversation_stops_its_runtimes_and_destroying_it_removes_its_workspaces"
+    );
+    env.spawn_worker_env(BASE).await;
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let c1 = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let c2 = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c2"]))
+        .await;
+    for ws in [&c1, &c2] {
+        env.grove(&["exec", &id_of(ws), "--", "true"]).await;
+    }
+    let report = env
+        .grove_json(&["release", "--user", "u1", "--conversation", "c1"])
+        .await;
+    assert_eq!(report["released"], serde_json::json!([id_of(&c1)]));
+    assert_eq!(state_of(&env, &id_of(&c1)).await, "released");
+    assert_eq!(
+        state_of(&env, &id_of(&c2)).await,
+        "ready",
+        "another conversation is untouched"
+    );
+    let running: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.sandbox_runtimes WHERE workspace_id = $1::uuid AND state = 'running'",
+    )
+    .bind(id_of(&c1))
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(running, 0);
+    assert!(dir_of(&c1).join("f.txt").is_file(), "released, files kept");
+    let report = env
+        .grove_json(&[
+            "release",
+            "--user",
+            "u1",
+            "--conversation",
+            "c1",
+            "--destroy-workspaces",
+        ])
+        .await;
+    assert_eq!(report["destroyed"], serde_json::json!([id_of(&c1)]));
+    assert!(!dir_of(&c1).exists());
+    let bad = env.grove(&["release", "--user", "u1"]).await;
+    assert_eq!(bad.status.code(), Some(2), "{:?}", text(&bad));
+    replay_ok(&env).await;
+}
