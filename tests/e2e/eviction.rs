@@ -919,3 +919,96 @@ async fn releasing_a_conversation_stops_its_runtimes_and_destroying_it_removes_i
     assert_eq!(bad.status.code(), Some(2), "{:?}", text(&bad));
     replay_ok(&env).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn repo_caches_go_last_never_with_saved_work_and_come_back_on_the_next_acquire() {
+    let mut env =
+        env_or_skip!("repo_caches_go_last_never_with_saved_work_and_come_back_on_the_next_acquire");
+    env.spawn_worker_env(&with(&[
+        ("GROVE_DISK_BUDGET", "1"),
+        ("GROVE_PRESSURE_GRACE", "60"),
+    ]))
+    .await;
+    let x = env.fixture_repo("x", &[("f.txt", "x\n")]);
+    let y = env.fixture_repo("y", &[("f.txt", "y\n")]);
+    let mut args_x = acquire_args(&x, "analysis", &[]);
+    args_x[7] = "o/x";
+    let mut args_y = acquire_args(&y, "edit", &["--conversation", "c1"]);
+    args_y[7] = "o/y";
+    let wx = env.grove_json(&args_x).await;
+    let wy = env.grove_json(&args_y).await;
+    let out = env
+        .grove(&["exec", &id_of(&wy), "--", "sh", "-c", "echo dirty >> f.txt"])
+        .await;
+    assert!(out.status.success());
+    env.grove(&["workspace", "release", &id_of(&wy)]).await;
+    // An on-demand sweep followed each acquire (usage is above high water), and kept what
+    // was just used.
+    let on_demand: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.commands WHERE kind = 'evict_sweep' AND payload ->> 'trigger' = 'on_demand'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(on_demand >= 1);
+    assert_eq!(env.count_events("workspace.evicted").await, 0);
+
+    let report = sweep(&env, &["--now", &from_now(3600)]).await;
+    let kinds: Vec<String> = report["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["outcome"] == "done")
+        .map(|a| a["action"]["kind"]["kind"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        kinds.last().map(String::as_str),
+        Some("evict_repo_cache"),
+        "caches go last: {report:#}"
+    );
+    let caches: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT repo_name, state, local_path FROM grove.sandbox_repo_caches ORDER BY repo_name",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(caches[0].0, "o/x");
+    assert_eq!(caches[0].1, "evicted", "no live workspace, no saved work");
+    assert!(!Path::new(&caches[0].2).exists());
+    assert_eq!(
+        caches[1].1, "ready",
+        "holds the saved work of an evicted workspace"
+    );
+    assert!(Path::new(&caches[1].2).is_dir());
+    assert!(report["blocked"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["target"] == "repo_cache" && b["protection"]["kind"] == "saved_work"));
+    // The next acquire of the analysis key clones the cache again and restores it.
+    let back = env.grove_json(&args_x).await;
+    assert_eq!(id_of(&back), id_of(&wx));
+    assert_eq!(
+        std::fs::read_to_string(dir_of(&back).join("f.txt")).unwrap(),
+        "x\n"
+    );
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM grove.sandbox_repo_caches WHERE repo_name = 'o/x'")
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "ready");
+    assert!(Path::new(&caches[0].2).is_dir());
+    // Destroying the evicted dirty workspace discards its saved work: ref, patch, record.
+    let wy_id = id_of(&wy);
+    let patch = env.home().join("saved").join(format!("{wy_id}.patch"));
+    assert!(patch.is_file());
+    let out = env.grove(&["workspace", "destroy", &wy_id]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(!patch.exists());
+    let refs = grove_e2e::git(Path::new(&caches[1].2), &["for-each-ref", "refs/grove"]);
+    assert_eq!(refs, "");
+    let gone = env.grove(&["workspace", "show", &wy_id]).await;
+    assert_eq!(gone.status.code(), Some(3));
+    replay_ok(&env).await;
+}

@@ -542,8 +542,14 @@ impl Deps {
             blocked: Vec::new(),
             duration_ms: 0,
         };
-        let Some(node_lock) = try_lock(&self.pool, LockScope::NodeSweep, &c.node, false).await?
-        else {
+        // A scheduled or on-demand sweep that finds another one running has nothing to
+        // add; one asked for by hand waits for it (up to the lock timeout) and runs.
+        let node_lock = if c.trigger == SweepTrigger::Manual {
+            Some(self.lock(LockScope::NodeSweep, &c.node, false).await?)
+        } else {
+            try_lock(&self.pool, LockScope::NodeSweep, &c.node, false).await?
+        };
+        let Some(node_lock) = node_lock else {
             report.skipped = Some("another sweep of this node is running".into());
             return Ok(self.sweep_done(command_id, report, None, started));
         };
@@ -1773,13 +1779,20 @@ pub(crate) async fn after_acquire(deps: &Deps, handled: &Handled) {
         return;
     }
     let used: Result<Option<i64>, sqlx::Error> = sqlx::query_scalar(
-        "SELECT (SELECT coalesce(sum(size_bytes), 0) FROM grove.sandbox_workspaces WHERE node = $1 AND state <> 'evicted')
-              + (SELECT coalesce(sum(size_bytes), 0) FROM grove.sandbox_repo_caches WHERE node = $1 AND state <> 'evicted')",
+        "SELECT ((SELECT coalesce(sum(size_bytes), 0) FROM grove.sandbox_workspaces WHERE node = $1 AND state <> 'evicted')
+              + (SELECT coalesce(sum(size_bytes), 0) FROM grove.sandbox_repo_caches WHERE node = $1 AND state <> 'evicted'))::bigint",
     )
     .bind(&row.node)
     .fetch_one(&deps.pool)
     .await;
-    let Ok(Some(used)) = used else { return };
+    let used = match used {
+        Ok(Some(used)) => used,
+        Ok(None) => 0,
+        Err(e) => {
+            warn!(error = %e, "reading the node's usage after an acquire failed");
+            return;
+        }
+    };
     let marks = deps
         .config
         .eviction
