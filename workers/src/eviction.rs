@@ -540,6 +540,7 @@ impl Deps {
             reconciled: Vec::new(),
             actions: Vec::new(),
             blocked: Vec::new(),
+            blocked_total: 0,
             duration_ms: 0,
         };
         // A scheduled or on-demand sweep that finds another one running has nothing to
@@ -652,7 +653,10 @@ impl Deps {
             0
         };
         report.budget_met = report.shortfall_bytes == 0;
-        report.blocked = last_plan.map(|p| p.blocked).unwrap_or_default();
+        let mut blocked = last_plan.map(|p| p.blocked).unwrap_or_default();
+        report.blocked_total = blocked.len() as u64;
+        blocked.truncate(grove_core::sweep::MAX_BLOCKED_IN_REPORT);
+        report.blocked = blocked;
         info!(
             node = %c.node,
             used_before = report.used_bytes_before,

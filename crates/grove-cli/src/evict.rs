@@ -190,6 +190,20 @@ pub fn print_report(report: &SweepReport, json: bool) -> Result<()> {
                 .unwrap_or_default()
         );
     }
+    for b in &report.blocked {
+        println!(
+            "  kept     {:?} {}: {}",
+            b.target,
+            b.id,
+            serde_json::to_string(&b.protection)?
+        );
+    }
+    if report.blocked_total > report.blocked.len() as u64 {
+        println!(
+            "  ... and {} more kept",
+            report.blocked_total - report.blocked.len() as u64
+        );
+    }
     println!(
         "freed {} bytes in {} ms ({} plan(s), {} size(s) measured)",
         report.bytes_freed(),

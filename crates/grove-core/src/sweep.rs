@@ -7,6 +7,10 @@ use uuid::Uuid;
 
 use crate::eviction::{Action, Blocked, Marks, Target};
 
+/// How many protected targets a report lists (a node with thousands of pinned
+/// workspaces would otherwise write them all into every sweep's event).
+pub const MAX_BLOCKED_IN_REPORT: usize = 100;
+
 /// What started a sweep.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -79,8 +83,11 @@ pub struct SweepReport {
     pub measured: u32,
     pub reconciled: Vec<Reconciled>,
     pub actions: Vec<ActionRecord>,
-    /// What the last plan reached but left for a protection (pinned, busy, ...).
+    /// What the last plan reached but left for a protection (pinned, busy, ...): the
+    /// first [`MAX_BLOCKED_IN_REPORT`], in the order reached; `blocked_total` counts all.
     pub blocked: Vec<Blocked>,
+    #[serde(default)]
+    pub blocked_total: u64,
     pub duration_ms: u64,
 }
 
