@@ -1531,7 +1531,19 @@ impl Deps {
             head.clone(),
             work.clone(),
         );
+        // A directory at the path of an `evicted` record can only be a restore whose
+        // worker died after moving the finished checkout into place (an eviction moves the
+        // directory away before it records `evicted`): it is whole, so it is kept.
+        let already_built = ws.state == "evicted" && dir.join(".git").is_dir();
         let restored = blocking(move || {
+            if already_built {
+                return git
+                    .measure(&ws_dir)
+                    .map(|size_bytes| grove_core::ports::CheckoutReport {
+                        base_commit: base_commit.clone(),
+                        size_bytes,
+                    });
+            }
             git.restore_checkout(&RestoreRequest {
                 cache_dir: &cache_dir,
                 workspace_dir: &ws_dir,
