@@ -22,7 +22,7 @@ use uuid::Uuid;
 use crate::{client, connect, grove_home, invalid, parse_id, print_result, read_token};
 
 fn settings() -> Result<EvictionSettings> {
-    EvictionSettings::from_env().map_err(|e| invalid(e))
+    EvictionSettings::from_env().map_err(invalid)
 }
 
 fn parse_time(flag: &str, raw: &str) -> Result<DateTime<Utc>> {

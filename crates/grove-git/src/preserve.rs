@@ -192,11 +192,9 @@ fn copy_tree(
         let id = entry.id();
         match entry.kind() {
             Some(ObjectType::Tree) => copy_tree(ws, src, dst, id, done)?,
-            Some(ObjectType::Blob) => {
-                if !done.contains(&id) && !dst.exists(id) {
-                    copy_object(src, dst, id)?;
-                    done.insert(id);
-                }
+            Some(ObjectType::Blob) if !done.contains(&id) && !dst.exists(id) => {
+                copy_object(src, dst, id)?;
+                done.insert(id);
             }
             // Gitlinks (submodules, nested repositories) name commits of another repo.
             _ => {}
