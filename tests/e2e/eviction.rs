@@ -1012,3 +1012,73 @@ async fn repo_caches_go_last_never_with_saved_work_and_come_back_on_the_next_acq
     assert_eq!(gone.status.code(), Some(3));
     replay_ok(&env).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn dirtiness_is_decided_by_git_at_eviction_time_not_by_the_record() {
+    let mut env = env_or_skip!("dirtiness_is_decided_by_git_at_eviction_time_not_by_the_record");
+    let first = env.spawn_worker_env(BASE).await;
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let id = id_of(&ws);
+    // Changed behind grove's back: the record still says clean.
+    std::fs::write(dir_of(&ws).join("f.txt"), "changed outside\n").unwrap();
+    assert_eq!(workspace(&env, &id).await["dirty"], false);
+    // Thirty days on, a clean edit workspace is past its TTL, but a dirty one never goes
+    // for a TTL: the sweep asks git, records the change and keeps it.
+    let report = sweep(&env, &["--now", &from_now(30 * 86_400)]).await;
+    assert_eq!(state_of(&env, &id).await, "ready", "{report:#}");
+    assert_eq!(workspace(&env, &id).await["dirty"], true);
+    assert_eq!(env.count_events("workspace.evicted").await, 0);
+    assert_eq!(
+        std::fs::read_to_string(dir_of(&ws).join("f.txt")).unwrap(),
+        "changed outside\n"
+    );
+    // Changed behind its back again, and under pressure: the plan (from the record) says
+    // clean, git says dirty, the re-plan saves the work before the files go.
+    env.worker(first).kill9().await;
+    env.spawn_worker_env(&with(&[
+        ("GROVE_DISK_BUDGET", "1"),
+        ("GROVE_PRESSURE_GRACE", "0"),
+    ]))
+    .await;
+    let out = env
+        .grove(&["exec", &id, "--", "git", "checkout", "--", "f.txt"])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(workspace(&env, &id).await["dirty"], false);
+    std::fs::write(dir_of(&ws).join("new.txt"), "untracked, outside\n").unwrap();
+    env.grove(&["workspace", "release", &id]).await;
+    let report = sweep(&env, &[]).await;
+    assert_eq!(state_of(&env, &id).await, "evicted", "{report:#}");
+    let outcomes: Vec<(String, String)> = report["actions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["action"]["kind"]["kind"] == "evict_workspace")
+        .map(|a| {
+            (
+                a["outcome"].as_str().unwrap().to_string(),
+                a["action"]["kind"]["preserve_dirty"].to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        outcomes,
+        [
+            ("skipped".to_string(), "false".to_string()),
+            ("done".to_string(), "true".to_string())
+        ],
+        "{report:#}"
+    );
+    let evicted = events_of(&env, "workspace.evicted").await;
+    assert!(evicted[0]["saved"]["patch_path"].is_string(), "{evicted:?}");
+    let restored = env.grove_json(&["workspace", "restore", &id]).await;
+    assert_eq!(restored["dirty"], true);
+    assert_eq!(
+        std::fs::read_to_string(dir_of(&ws).join("new.txt")).unwrap(),
+        "untracked, outside\n"
+    );
+    replay_ok(&env).await;
+}

@@ -398,6 +398,9 @@ struct Ended {
     detail: Option<String>,
     /// A repo cache that received saved work (re-measured at the end).
     cache_written: Option<Uuid>,
+    /// Leave the target out of the re-plans of this sweep (false: only its record was
+    /// stale, and the re-plan sees it as it is now).
+    exclude: bool,
 }
 
 impl Ended {
@@ -406,6 +409,7 @@ impl Ended {
             outcome: ActionOutcome::Done,
             detail: None,
             cache_written: None,
+            exclude: true,
         }
     }
     fn skipped(why: impl Into<String>) -> Self {
@@ -413,6 +417,7 @@ impl Ended {
             outcome: ActionOutcome::Skipped,
             detail: Some(why.into()),
             cache_written: None,
+            exclude: true,
         }
     }
     fn blocked(why: impl Into<String>) -> Self {
@@ -420,6 +425,7 @@ impl Ended {
             outcome: ActionOutcome::Blocked,
             detail: Some(why.into()),
             cache_written: None,
+            exclude: true,
         }
     }
     fn failed(why: impl Into<String>) -> Self {
@@ -427,6 +433,7 @@ impl Ended {
             outcome: ActionOutcome::Failed,
             detail: Some(why.into()),
             cache_written: None,
+            exclude: true,
         }
     }
 }
@@ -619,7 +626,9 @@ impl Deps {
                     detail: ended.detail,
                 });
                 if !ok {
-                    excluded.insert(action.id);
+                    if ended.exclude {
+                        excluded.insert(action.id);
+                    }
                     if round < MAX_ROUNDS {
                         replan = true;
                         break;
@@ -1177,7 +1186,12 @@ impl Deps {
             .await?;
         }
         if dirty && !preserve_dirty {
-            return skip("it has uncommitted changes the plan did not know of (re-planned)");
+            // The record said clean: re-plan with what git says (its tier changed).
+            let mut ended = Ended::skipped(
+                "it has uncommitted changes the plan did not know of (re-planned)",
+            );
+            ended.exclude = false;
+            return Ok((ended, None));
         }
         let saved = if ws.capabilities.writable || dirty {
             let cache = state
