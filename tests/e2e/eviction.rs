@@ -699,6 +699,12 @@ async fn an_eviction_racing_an_acquire_of_the_same_workspace_never_leaves_a_half
         .await;
     assert_eq!(id_of(&last), id);
     assert_eq!(std::fs::read_to_string(dir.join("f.txt")).unwrap(), "one\n");
+    eprintln!(
+        "acquired {acquired}, refused {refused}, evicted {}, restored {}",
+        env.count_events("workspace.evicted").await,
+        env.count_events("workspace.restored").await
+    );
+    assert!(env.count_events("workspace.restored").await >= 1);
     assert_records_match_disk(&env).await;
     replay_ok(&env).await;
 }
