@@ -19,7 +19,9 @@
 //!    projections and the ledger (commands queued or running per workspace), `plan`
 //!    orders the actions, and each is carried out under its locks — taken without
 //!    waiting long ([`TRY_LOCK`]) — after its guards are checked again; an action whose
-//!    guards no longer hold is skipped and the rest re-planned without it.
+//!    guards no longer hold is skipped (the rest of the plan still runs: a skip only
+//!    leaves usage higher than projected), and once the plan is through, the node is
+//!    re-planned without the skipped targets.
 //! 5. **Report**: `eviction.sweep_finished`, with every action and how it ended.
 //!
 //! A workspace is evicted under its key lock and its command lock (the order acquire
@@ -629,10 +631,10 @@ impl Deps {
                     if ended.exclude {
                         excluded.insert(action.id);
                     }
-                    if round < MAX_ROUNDS {
-                        replan = true;
-                        break;
-                    }
+                    // The rest of the plan still holds: a skipped eviction only leaves
+                    // usage higher than projected, so later actions never over-evict.
+                    // What it would have freed is found by re-planning afterwards.
+                    replan = round < MAX_ROUNDS;
                 }
             }
             if !replan {
