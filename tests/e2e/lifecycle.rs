@@ -290,10 +290,13 @@ async fn exec_returns_output_exit_codes_timeouts_and_truncation() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn commands_get_no_network_unless_they_ask_and_limited_is_refused_not_widened() {
-    let mut env = env_or_skip!("commands_get_no_network_unless_they_ask_and_limited_is_refused_not_widened");
+    let mut env =
+        env_or_skip!("commands_get_no_network_unless_they_ask_and_limited_is_refused_not_widened");
     env.spawn_worker().await;
     let url = env.fixture_repo("fixture", &[("f", "x\n")]);
-    let ws = env.grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"])).await;
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
     let id = ws["id"].as_str().unwrap();
     let interfaces = |out: &serde_json::Value| -> Vec<String> {
         out["stdout"]
@@ -305,16 +308,37 @@ async fn commands_get_no_network_unless_they_ask_and_limited_is_refused_not_wide
             .map(|s| s.trim().to_string())
             .collect()
     };
-    let none = env.grove_json(&["exec", id, "--", "cat", "/proc/net/dev"]).await;
+    let none = env
+        .grove_json(&["exec", id, "--", "cat", "/proc/net/dev"])
+        .await;
     assert_eq!(interfaces(&none), vec!["lo".to_string()]);
-    let host_ifaces = std::fs::read_to_string("/proc/net/dev").unwrap().lines().count() - 2;
+    let host_ifaces = std::fs::read_to_string("/proc/net/dev")
+        .unwrap()
+        .lines()
+        .count()
+        - 2;
     if host_ifaces > 1 {
-        let default = env.grove_json(&["exec", id, "--network", "default", "--", "cat", "/proc/net/dev"]).await;
-        assert!(interfaces(&default).len() > 1, "network default should see the host's interfaces");
+        let default = env
+            .grove_json(&[
+                "exec",
+                id,
+                "--network",
+                "default",
+                "--",
+                "cat",
+                "/proc/net/dev",
+            ])
+            .await;
+        assert!(
+            interfaces(&default).len() > 1,
+            "network default should see the host's interfaces"
+        );
     } else {
         eprintln!("note: this host has only loopback; the network-default half of the check proves nothing here");
     }
-    let limited = env.grove(&["exec", id, "--network", "limited", "--", "true"]).await;
+    let limited = env
+        .grove(&["exec", id, "--network", "limited", "--", "true"])
+        .await;
     assert_eq!(limited.status.code(), Some(1), "{:?}", text(&limited));
     assert!(text(&limited).1.contains("limited"), "{:?}", text(&limited));
 }

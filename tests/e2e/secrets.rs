@@ -94,10 +94,21 @@ async fn a_token_given_to_ensure_and_acquire_is_found_nowhere() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_cache_cloned_with_a_token_is_served_to_other_credentials_only_after_their_own_fetch() {
-    let mut env = env_or_skip!("a_cache_cloned_with_a_token_is_served_to_other_credentials_only_after_their_own_fetch");
+    let mut env = env_or_skip!(
+        "a_cache_cloned_with_a_token_is_served_to_other_credentials_only_after_their_own_fetch"
+    );
     env.spawn_worker().await;
     let url = env.fixture_repo("fixture", &[("f", "x\n")]);
-    let ensure = ["repo", "ensure", "--repo", "o/fixture", "--url", url.as_str(), "--token-env", "TOK"];
+    let ensure = [
+        "repo",
+        "ensure",
+        "--repo",
+        "o/fixture",
+        "--url",
+        url.as_str(),
+        "--token-env",
+        "TOK",
+    ];
     let out = env.grove_env(&ensure, &[("TOK", "token-of-alice")]).await;
     assert!(out.status.success(), "{:?}", text(&out));
     // The same credentials within the freshness window: no fetch.
@@ -105,7 +116,9 @@ async fn a_cache_cloned_with_a_token_is_served_to_other_credentials_only_after_t
     assert_eq!(env.count_events("repo_cache.fetched").await, 0);
     // No credentials, or other ones: the cache is served only after a fetch with them
     // succeeds (for a private remote, that fetch is what refuses an outsider).
-    let anonymous = env.grove(&["repo", "ensure", "--repo", "o/fixture", "--url", &url]).await;
+    let anonymous = env
+        .grove(&["repo", "ensure", "--repo", "o/fixture", "--url", &url])
+        .await;
     assert!(anonymous.status.success());
     assert_eq!(env.count_events("repo_cache.fetched").await, 1);
     env.grove_env(&ensure, &[("TOK", "token-of-bob")]).await;
