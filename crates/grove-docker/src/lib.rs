@@ -804,6 +804,25 @@ impl RuntimeProvider for DockerRuntimeProvider {
         })
     }
 
+    /// A runtime recorded as running is healthy while its container exists and runs; a
+    /// container that vanished, exited or died (e.g. its init was OOM-killed) is not.
+    fn healthy(&self, backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
+        let name = backend_id.to_string();
+        Box::pin(async move {
+            match self
+                .docker
+                .inspect_container(&name, None::<InspectContainerOptions>)
+                .await
+            {
+                Ok(c) => Ok(c.state.and_then(|s| s.running).unwrap_or(false)),
+                Err(e) if status(&e) == Some(404) => Ok(false),
+                Err(e) => Err(RuntimeError::Unavailable(format!(
+                    "Docker engine: inspecting {name}: {e}"
+                ))),
+            }
+        })
+    }
+
     fn sweep_orphans<'a>(
         &'a self,
         owned: &'a HashSet<String>,

@@ -892,3 +892,29 @@ async fn connecting_where_no_engine_answers_is_unavailable() {
         Err(e) => panic!("expected Unavailable, got {e}"),
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_runtime_is_healthy_while_its_container_runs_and_not_once_it_is_gone() {
+    let Some(env) = env_or_skip("health").await else {
+        return;
+    };
+    let ws = env.workspace("health");
+    let spec = env.spec_for(&ws, true, NetworkPolicy::None, "health");
+    let provider: &dyn RuntimeProvider = &env.provider;
+    let name = provider.backend_id(&spec);
+    env.provider.create_docker(spec).await.unwrap();
+    assert!(
+        provider.healthy(&name).await.unwrap(),
+        "a running container is healthy"
+    );
+    env.provider.stop(&name).await.unwrap();
+    assert!(
+        !provider.healthy(&name).await.unwrap(),
+        "a stopped container is not running"
+    );
+    RuntimeProvider::destroy(provider, &name).await.unwrap();
+    assert!(
+        !provider.healthy(&name).await.unwrap(),
+        "a vanished container is not healthy"
+    );
+}
