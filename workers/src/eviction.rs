@@ -1189,9 +1189,8 @@ impl Deps {
         }
         if dirty && !preserve_dirty {
             // The record said clean: re-plan with what git says (its tier changed).
-            let mut ended = Ended::skipped(
-                "it has uncommitted changes the plan did not know of (re-planned)",
-            );
+            let mut ended =
+                Ended::skipped("it has uncommitted changes the plan did not know of (re-planned)");
             ended.exclude = false;
             return Ok((ended, None));
         }
