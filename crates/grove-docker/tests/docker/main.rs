@@ -554,7 +554,9 @@ async fn limits_on(env: &TestEnv, tag: &str) {
     }
     assert_usable(&*rt, "the OOM kill").await;
 
-    let mut bomb = sh("f() { f | f & }; f; wait");
+    // A fork bomb whose processes live long enough to meet the pids limit however
+    // loaded the machine is (a pure `f | f &` bomb can burn out before it gets there).
+    let mut bomb = sh("f() { sleep 2 & f | f & }; f; wait");
     bomb.timeout = Some(Duration::from_secs(30));
     match rt.exec(bomb).await {
         Err(RuntimeError::ResourceLimit(msg)) => {
