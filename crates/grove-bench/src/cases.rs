@@ -1,0 +1,856 @@
+//! The cases: each measures grove and its floor in alternating iterations.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache, Exec};
+use grove_core::events::{Correlation, Event, Metadata};
+use grove_core::model::{Capabilities, ExecKind, WorkspaceMode, WorkspaceRow};
+use grove_core::ports::{ExecRequest, Mount, Runtime, RuntimeSpec};
+use serde_json::json;
+use sqlx::PgPool;
+use tokio::sync::oneshot;
+use uuid::Uuid;
+
+use crate::client::Client;
+use crate::stats::{latency, pct, round, skipped};
+use crate::{Args, Out};
+
+const NODE: &str = "bench";
+const TP_NODE: &str = "tp";
+const REPO: &str = "bench/repo";
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1000.0
+}
+
+/// A worker running on a tokio task until its shutdown fires.
+struct RunningWorker {
+    stop: oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunningWorker {
+    async fn start(pool: PgPool, home: &Path, node: &str, concurrency: usize, image: Option<String>) -> Self {
+        let mut config = grove_workers::WorkerConfig::new(home.to_path_buf(), node.to_string());
+        config.concurrency = concurrency;
+        config.eviction.schedule = None;
+        config.docker_image = image;
+        let deps = grove_workers::build_deps(pool, config).await;
+        let worker = grove_workers::Worker::new(deps);
+        worker.register().await.expect("register worker");
+        let (stop, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            if let Err(e) = worker
+                .run(async move {
+                    let _ = rx.await;
+                })
+                .await
+            {
+                eprintln!("grove-bench: worker failed: {e}");
+            }
+        });
+        Self { stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        let _ = self.task.await;
+    }
+}
+
+/// The Docker pieces, when an engine answers and an image could be built.
+pub struct DockerBits {
+    provider: grove_docker::DockerRuntimeProvider,
+    image: String,
+}
+
+/// Connects to Docker and builds the minimal image; the error is the skip reason.
+pub async fn docker_setup() -> Result<DockerBits, String> {
+    let provider = grove_docker::DockerRuntimeProvider::connect()
+        .await
+        .map_err(|e| format!("no Docker engine answers: {e}"))?;
+    let image = grove_docker::image::build_minimal(provider.docker())
+        .await
+        .map_err(|e| format!("cannot build the minimal image: {e}"))?;
+    Ok(DockerBits {
+        provider: provider.with_default_image(image.clone()).with_user("65534:65534"),
+        image,
+    })
+}
+
+pub struct Ctx {
+    args: Args,
+    pool: PgPool,
+    home: PathBuf,
+    dir: PathBuf,
+    url: String,
+    upstream: PathBuf,
+    client: Client,
+    worker: Option<RunningWorker>,
+    docker: Result<DockerBits, String>,
+    /// Edit workspaces made so far (conversation id, row), reused by later cases.
+    workspaces: Vec<WorkspaceRow>,
+}
+
+impl Ctx {
+    pub async fn start(
+        args: Args,
+        pool: PgPool,
+        home: PathBuf,
+        dir: PathBuf,
+        upstream: PathBuf,
+        docker: Result<DockerBits, String>,
+    ) -> Result<Self> {
+        let image = docker.as_ref().ok().map(|d| d.image.clone());
+        // Concurrency high enough for the memory case's concurrent execs.
+        let concurrency = args.rss_execs.max(8) + 8;
+        let worker = RunningWorker::start(pool.clone(), &home, NODE, concurrency, image).await;
+        let client = Client::new(pool.clone()).await?;
+        Ok(Self {
+            url: format!("file://{}", upstream.display()),
+            args,
+            pool,
+            home,
+            dir,
+            upstream,
+            client,
+            worker: Some(worker),
+            docker,
+            workspaces: Vec::new(),
+        })
+    }
+
+    pub async fn stop(&mut self) {
+        // Containers of the Docker case are destroyed by the case itself; sweep any left.
+        if let Ok(d) = &self.docker {
+            if let Ok(list) = d.provider.list_managed().await {
+                for c in list {
+                    let _ = d.provider.destroy(&c.name).await;
+                }
+            }
+        }
+        if let Some(w) = self.worker.take() {
+            w.stop().await;
+        }
+    }
+
+    fn acquire_cmd(&self, conversation: &str) -> Command {
+        Command::AcquireWorkspace(AcquireWorkspace {
+            user_id: "u1".into(),
+            project_id: "p1".into(),
+            repo_name: REPO.into(),
+            repo_url: self.url.clone(),
+            base_ref: "main".into(),
+            mode: WorkspaceMode::Edit,
+            conversation_id: Some(conversation.into()),
+            task_id: None,
+        })
+    }
+
+    async fn acquire(&self, conversation: &str) -> Result<WorkspaceRow> {
+        match self.client.submit(&self.acquire_cmd(conversation)).await? {
+            CommandResult::Workspace(row) => Ok(row),
+            other => bail!("acquire returned {other:?}"),
+        }
+    }
+
+    async fn ensure(&self, name: &str, url: &str) -> Result<grove_core::model::RepoCacheRow> {
+        let cmd = Command::EnsureRepoCache(EnsureRepoCache {
+            repo_name: name.into(),
+            repo_url: url.into(),
+            fetch: false,
+        });
+        match self.client.submit(&cmd).await? {
+            CommandResult::RepoCache(row) => Ok(row),
+            other => bail!("ensure returned {other:?}"),
+        }
+    }
+
+    /// The warm cache of the main fixture.
+    async fn warm_cache(&self) -> Result<grove_core::model::RepoCacheRow> {
+        self.ensure(REPO, &self.url.clone()).await
+    }
+
+    /// At least `n` edit workspaces exist (made through the queue).
+    async fn workspaces_at_least(&mut self, n: usize) -> Result<()> {
+        use futures::StreamExt;
+        let have = self.workspaces.len();
+        if have >= n {
+            return Ok(());
+        }
+        let made: Vec<Result<WorkspaceRow>> = futures::stream::iter(have..n)
+            .map(|i| {
+                let this = &*self;
+                async move { this.acquire(&format!("w{i}")).await }
+            })
+            .buffered(4)
+            .collect()
+            .await;
+        for r in made {
+            self.workspaces.push(r?);
+        }
+        Ok(())
+    }
+
+    fn exec_cmd(&self, ws: Uuid, runtime: &str, argv: &[&str]) -> Command {
+        Command::Exec(Exec {
+            workspace_id: ws,
+            runtime: runtime.into(),
+            argv: argv.iter().map(|s| s.to_string()).collect(),
+            env: Default::default(),
+            cwd: None,
+            stdin: None,
+            timeout_ms: None,
+            max_output_bytes: None,
+            kind: Some(ExecKind::Read),
+            network: None,
+        })
+    }
+
+    async fn exec(&self, ws: Uuid, runtime: &str, argv: &[&str]) -> Result<()> {
+        match self.client.submit(&self.exec_cmd(ws, runtime, argv)).await? {
+            CommandResult::Exec(o) if o.exit_code == 0 => Ok(()),
+            CommandResult::Exec(o) => bail!("exec exited {}: {}", o.exit_code, o.stderr),
+            other => bail!("exec returned {other:?}"),
+        }
+    }
+}
+
+async fn run_cmd(program: &str, args: &[&str], cwd: Option<&Path>) -> Result<()> {
+    let mut c = tokio::process::Command::new(program);
+    c.args(args)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped());
+    if let Some(d) = cwd {
+        c.current_dir(d);
+    }
+    let out = c.output().await?;
+    if !out.status.success() {
+        bail!(
+            "{program} {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(())
+}
+
+pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool) -> Result<()> {
+    macro_rules! case {
+        ($name:expr, $f:expr) => {
+            if wants($name) {
+                if let Err(e) = $f.await {
+                    out.emit(skipped($name, format!("failed: {e:#}")));
+                }
+            }
+        };
+    }
+    if wants("cache_first") || wants("cache_again") {
+        if let Err(e) = cache(ctx, out).await {
+            out.emit(skipped("cache_first", format!("failed: {e:#}")));
+        }
+    }
+    case!("workspace_create", workspace_create(ctx, out));
+    case!("workspace_warm", workspace_warm(ctx, out));
+    case!("exec_local", exec_local(ctx, out));
+    if wants("exec_docker") {
+        match &ctx.docker {
+            Err(reason) => out.emit(skipped("exec_docker", reason.clone())),
+            Ok(_) => {
+                if let Err(e) = exec_docker(ctx, out).await {
+                    out.emit(skipped("exec_docker", format!("failed: {e:#}")));
+                }
+            }
+        }
+    }
+    case!("jobs_throughput", jobs_throughput(ctx, out));
+    case!("worker_rss", worker_rss(ctx, out));
+    case!("replay", replay(ctx, out));
+    for name in ["http_read_file", "http_exec"] {
+        if wants(name) {
+            out.emit(skipped(
+                name,
+                "grove has no HTTP API yet: nothing to request over loopback",
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// cache_first: ensure of a cache never seen (a clone) vs `git clone --mirror`;
+/// cache_again: the same ensure a second time, against cache_first.
+async fn cache(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let n = ctx.args.cache_n.max(1);
+    let (mut first, mut again, mut floor) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        // A distinct path (a symlink to the same repository) is a distinct identity,
+        // so each iteration clones afresh.
+        let link = ctx.dir.join(format!("upstream-{i}.git"));
+        std::os::unix::fs::symlink(&ctx.upstream, &link)?;
+        let url = format!("file://{}", link.display());
+        let name = format!("bench/c{i}");
+        let t = Instant::now();
+        ctx.ensure(&name, &url).await?;
+        first.push(ms(t));
+        let t = Instant::now();
+        ctx.ensure(&name, &url).await?;
+        again.push(ms(t));
+        let dest = ctx.dir.join(format!("floor-mirror-{i}.git"));
+        let t = Instant::now();
+        run_cmd(
+            "git",
+            &["clone", "--mirror", "-q", &url, dest.to_str().unwrap()],
+            None,
+        )
+        .await?;
+        floor.push(ms(t));
+        std::fs::remove_dir_all(&dest)?;
+    }
+    let fetched: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM grove.events WHERE event_type = 'repo_cache.fetched'")
+            .fetch_one(&ctx.pool)
+            .await?;
+    let created: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM grove.events WHERE event_type = 'repo_cache.created'")
+            .fetch_one(&ctx.pool)
+            .await?;
+    let mut row = latency("cache_first", &first, &floor);
+    row.insert("floor_is".into(), json!("git clone --mirror"));
+    out.emit(row);
+    let mut row = latency("cache_again", &again, &first);
+    row.insert("floor_is".into(), json!("cache_first (grove)"));
+    row.insert("clones".into(), json!(created));
+    row.insert("fetches".into(), json!(fetched));
+    out.emit(row);
+    Ok(())
+}
+
+/// A new edit workspace from a warm cache vs `git worktree add` (and `git clone --shared`).
+async fn workspace_create(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let cache = ctx.warm_cache().await?;
+    let cache_dir = PathBuf::from(&cache.local_path);
+    let n = ctx.args.n;
+    let (mut grove, mut worktree, mut shared) = (vec![], vec![], vec![]);
+    for i in 0..n {
+        let conv = format!("w{}", ctx.workspaces.len());
+        let t = Instant::now();
+        let row = ctx.acquire(&conv).await?;
+        grove.push(ms(t));
+        ctx.workspaces.push(row);
+
+        let dest = ctx.dir.join(format!("floor-wt-{i}"));
+        let d = dest.to_str().unwrap().to_string();
+        let t = Instant::now();
+        run_cmd(
+            "git",
+            &["-c", "safe.directory=*", "worktree", "add", "-q", "--detach", &d, "main"],
+            Some(&cache_dir),
+        )
+        .await?;
+        worktree.push(ms(t));
+        run_cmd(
+            "git",
+            &["-c", "safe.directory=*", "worktree", "remove", "--force", &d],
+            Some(&cache_dir),
+        )
+        .await?;
+
+        let t = Instant::now();
+        run_cmd(
+            "git",
+            &["clone", "-q", "--shared", "-b", "main", cache_dir.to_str().unwrap(), &d],
+            None,
+        )
+        .await?;
+        shared.push(ms(t));
+        std::fs::remove_dir_all(&dest)?;
+    }
+    crate::fixture::git(&cache_dir, &["worktree", "prune"])?;
+    let mut row = latency("workspace_create", &grove, &worktree);
+    row.insert("floor_is".into(), json!("git worktree add --detach"));
+    row.insert("clone_shared_p50_ms".into(), round(pct(&shared, 50.0)));
+    row.insert("clone_shared_p99_ms".into(), round(pct(&shared, 99.0)));
+    row.insert(
+        "ratio_vs_clone_shared".into(),
+        round(pct(&grove, 50.0) / pct(&shared, 50.0)),
+    );
+    out.emit(row);
+    Ok(())
+}
+
+/// Acquiring an existing workspace through the queue vs one `SELECT 1`.
+async fn workspace_warm(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    ctx.workspaces_at_least(1).await?;
+    let conv = ctx.workspaces[0]
+        .conversation_id
+        .clone()
+        .ok_or_else(|| anyhow!("no conversation id"))?;
+    let (mut grove, mut floor) = (vec![], vec![]);
+    for _ in 0..ctx.args.n {
+        let t = Instant::now();
+        ctx.acquire(&conv).await?;
+        grove.push(ms(t));
+        let t = Instant::now();
+        let _: i32 = sqlx::query_scalar("SELECT 1").fetch_one(&ctx.pool).await?;
+        floor.push(ms(t));
+    }
+    let mut row = latency("workspace_warm", &grove, &floor);
+    row.insert("floor_is".into(), json!("SELECT 1"));
+    out.emit(row);
+    Ok(())
+}
+
+/// `true` through the queue (kind read, local runtime) vs spawning `true`.
+async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    ctx.workspaces_at_least(1).await?;
+    let ws = ctx.workspaces[0].id;
+    ctx.exec(ws, "local", &["true"]).await?; // warm-up
+    let (mut grove, mut floor) = (vec![], vec![]);
+    for _ in 0..ctx.args.n {
+        let t = Instant::now();
+        ctx.exec(ws, "local", &["true"]).await?;
+        grove.push(ms(t));
+        let t = Instant::now();
+        run_cmd("true", &[], None).await?;
+        floor.push(ms(t));
+    }
+    let mut row = latency("exec_local", &grove, &floor);
+    row.insert("floor_is".into(), json!("spawn true"));
+    row.insert(
+        "added_p50_ms".into(),
+        round(pct(&grove, 50.0) - pct(&floor, 50.0)),
+    );
+    row.insert(
+        "added_p99_ms".into(),
+        round(pct(&grove, 99.0) - pct(&floor, 99.0)),
+    );
+    // Where the time goes, from the ledger: enqueue -> claim+start -> finish.
+    let phases: Option<(f64, f64)> = sqlx::query_as(
+        "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM started_at - enqueued_at) * 1000)::float8,
+                percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM finished_at - started_at) * 1000)::float8
+         FROM grove.commands WHERE kind = 'exec' AND payload->>'runtime' = 'local'",
+    )
+    .fetch_optional(&ctx.pool)
+    .await
+    .ok()
+    .flatten();
+    if let Some((queued, running)) = phases {
+        row.insert("ledger_queued_p50_ms".into(), round(queued));
+        row.insert("ledger_running_p50_ms".into(), round(running));
+    }
+    out.emit(row);
+    Ok(())
+}
+
+/// `true` in a running container: through the queue, and through
+/// `DockerRuntimeProvider` directly, vs `docker exec <container> true`.
+async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let ws = ctx.acquire("docker-bench").await?;
+    ctx.exec(ws.id, "docker", &["true"]).await?; // creates the container
+    let container: String = sqlx::query_scalar(
+        "SELECT backend_runtime_id FROM grove.sandbox_runtimes WHERE workspace_id = $1 AND backend_kind = 'docker'",
+    )
+    .bind(ws.id)
+    .fetch_one(&ctx.pool)
+    .await?;
+    let docker = ctx.docker.as_ref().map_err(|e| anyhow!("{e}"))?;
+    // A runtime of our own, outside the worker, for the direct path.
+    let direct_dir = ctx.dir.join("docker-direct");
+    std::fs::create_dir_all(&direct_dir)?;
+    let runtime_id = Uuid::new_v4().to_string();
+    let spec = RuntimeSpec {
+        image: Some(docker.image.clone()),
+        workdir: direct_dir.clone(),
+        mounts: vec![Mount {
+            source: direct_dir.clone(),
+            target: direct_dir.clone(),
+            writable: false,
+        }],
+        env: Default::default(),
+        resources: Default::default(),
+        network: Default::default(),
+        labels: [
+            ("grove.workspace".to_string(), Uuid::new_v4().to_string()),
+            ("grove.runtime".to_string(), runtime_id),
+        ]
+        .into(),
+    };
+    let runtime = docker.provider.create_docker(spec).await?;
+    let req = || ExecRequest {
+        argv: vec!["true".into()],
+        max_output_bytes: Some(1 << 20),
+        ..Default::default()
+    };
+    runtime.exec(req()).await?;
+    let (mut queued, mut direct, mut floor) = (vec![], vec![], vec![]);
+    let res: Result<()> = async {
+        for _ in 0..ctx.args.n {
+            let t = Instant::now();
+            ctx.exec(ws.id, "docker", &["true"]).await?;
+            queued.push(ms(t));
+            let t = Instant::now();
+            let r = runtime.exec(req()).await?;
+            direct.push(ms(t));
+            if r.exit_code != 0 {
+                bail!("direct exec exited {}", r.exit_code);
+            }
+            let t = Instant::now();
+            run_cmd("docker", &["exec", &container, "true"], None).await?;
+            floor.push(ms(t));
+        }
+        Ok(())
+    }
+    .await;
+    let _ = docker.provider.destroy(runtime.container_name()).await;
+    let _ = ctx
+        .client
+        .submit(&Command::DestroyRuntime {
+            workspace_id: ws.id,
+        })
+        .await;
+    res?;
+    let mut row = latency("exec_docker", &queued, &floor);
+    row.insert("floor_is".into(), json!("docker exec CLI"));
+    row.insert("path".into(), json!("queue"));
+    out.emit(row);
+    let mut row = latency("exec_docker_direct", &direct, &floor);
+    row.insert("floor_is".into(), json!("docker exec CLI"));
+    row.insert("path".into(), json!("DockerRuntimeProvider (bollard)"));
+    out.emit(row);
+    Ok(())
+}
+
+/// Registers `count` workspaces on the throughput node by appending their
+/// `workspace.created` events (no files: hibernate of a workspace without a runtime
+/// never touches them).
+async fn fake_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<Uuid>> {
+    let cache = ctx.warm_cache().await?;
+    let mut ids = Vec::new();
+    let mut events = Vec::new();
+    for i in 0..count {
+        let id = Uuid::new_v4();
+        ids.push(id);
+        events.push(Event::WorkspaceCreated {
+            workspace_id: id,
+            repo_cache_id: cache.id,
+            node: TP_NODE.into(),
+            user_id: "tp".into(),
+            project_id: "tp".into(),
+            mode: WorkspaceMode::Analysis,
+            conversation_id: None,
+            task_id: None,
+            base_ref: format!("b{i}"),
+            base_commit: "0".repeat(40),
+            branch_name: None,
+            local_path: ctx.dir.join(format!("tp-{i}")).to_string_lossy().into_owned(),
+            capabilities: Capabilities::from_mode(WorkspaceMode::Analysis),
+            size_bytes: 0,
+        });
+    }
+    let md = Metadata {
+        command_id: Uuid::now_v7(),
+        correlation: Correlation::default(),
+        worker_id: "grove-bench".into(),
+        node: TP_NODE.into(),
+    };
+    let mut tx = ctx.pool.begin().await?;
+    grove_postgres::store::append(&mut tx, &events, &md, grove_workers::handlers::now()).await?;
+    tx.commit().await?;
+    Ok(ids)
+}
+
+/// One grove round: `jobs` hibernate_runtime commands (workspaces without a runtime)
+/// already queued, then `k` in-process workers of concurrency 1 sharing a pool of
+/// `pool_size`. Jobs per second over the ledger's first start to last finish.
+async fn grove_round(ctx: &Ctx, ws: &[Uuid], k: usize, pool_size: u32, jobs: usize) -> Result<f64> {
+    let queue = grove_postgres::queue::node_queue(TP_NODE);
+    let mut ids = Vec::with_capacity(jobs);
+    for j in 0..jobs {
+        let cmd = Command::HibernateRuntime {
+            workspace_id: ws[j % ws.len()],
+        };
+        ids.push(ctx.client.enqueue_to(&cmd, &queue).await?);
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(pool_size)
+        .connect_with((*ctx.pool.connect_options()).clone())
+        .await?;
+    let mut workers = Vec::new();
+    for _ in 0..k {
+        workers.push(RunningWorker::start(pool.clone(), &ctx.home, TP_NODE, 1, None).await);
+    }
+    let deadline = Instant::now() + Duration::from_secs(600);
+    loop {
+        let done: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM grove.commands WHERE command_id = ANY($1) AND status IN ('succeeded', 'failed')",
+        )
+        .bind(&ids)
+        .fetch_one(&ctx.pool)
+        .await?;
+        if done as usize >= jobs {
+            break;
+        }
+        if Instant::now() > deadline {
+            bail!("throughput round did not finish");
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for w in workers {
+        w.stop().await;
+    }
+    pool.close().await;
+    let (failed, span): (i64, f64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE status = 'failed'),
+                extract(epoch FROM max(finished_at) - min(started_at))::float8
+         FROM grove.commands WHERE command_id = ANY($1)",
+    )
+    .bind(&ids)
+    .fetch_one(&ctx.pool)
+    .await?;
+    if failed > 0 {
+        bail!("{failed} throughput jobs failed");
+    }
+    Ok(jobs as f64 / span)
+}
+
+/// One floor round: `k` tasks, each looping claim (`FOR UPDATE SKIP LOCKED`) → append
+/// one event → complete, in one transaction per job, on a pool of `pool_size`.
+async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result<f64> {
+    sqlx::query("TRUNCATE bench.jobs").execute(&ctx.pool).await?;
+    sqlx::query(
+        "INSERT INTO bench.jobs (payload) SELECT jsonb_build_object('command_id', gen_random_uuid()) FROM generate_series(1, $1)",
+    )
+    .bind(jobs as i64)
+    .execute(&ctx.pool)
+    .await?;
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(pool_size)
+        .connect_with((*ctx.pool.connect_options()).clone())
+        .await?;
+    let mut tasks = Vec::new();
+    for _ in 0..k {
+        let pool = pool.clone();
+        tasks.push(tokio::spawn(async move {
+            loop {
+                let mut tx = pool.begin().await?;
+                let id: Option<i64> = sqlx::query_scalar(
+                    "SELECT id FROM bench.jobs WHERE status = 'pending' ORDER BY id LIMIT 1 FOR UPDATE SKIP LOCKED",
+                )
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(id) = id else {
+                    tx.commit().await?;
+                    return Ok::<_, sqlx::Error>(());
+                };
+                let ws = Uuid::new_v4();
+                sqlx::query(
+                    "INSERT INTO bench.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
+                     VALUES ($1, 1, 'workspace.acquired', 1, $2, '{}', $3, now())",
+                )
+                .bind(format!("workspace:{ws}"))
+                .bind(json!({ "workspace_id": ws }))
+                .bind(ws)
+                .execute(&mut *tx)
+                .await?;
+                sqlx::query(
+                    "UPDATE bench.jobs SET status = 'done', claimed_at = now(), done_at = clock_timestamp() WHERE id = $1",
+                )
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+            }
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    pool.close().await;
+    let span: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM max(done_at) - min(claimed_at))::float8 FROM bench.jobs",
+    )
+    .fetch_one(&ctx.pool)
+    .await?;
+    Ok(jobs as f64 / span)
+}
+
+async fn jobs_throughput(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS bench").execute(&ctx.pool).await?;
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS bench.jobs (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending', payload jsonb NOT NULL, claimed_at timestamptz, done_at timestamptz)",
+    )
+    .execute(&ctx.pool)
+    .await?;
+    sqlx::query("CREATE TABLE IF NOT EXISTS bench.events (LIKE grove.events INCLUDING ALL)")
+        .execute(&ctx.pool)
+        .await?;
+    let ws = fake_workspaces(ctx, 64).await?;
+    let jobs = ctx.args.jobs.max(10);
+    for k in [1usize, 2, 4] {
+        // The pool size `grove worker` gives itself for this concurrency (2c + 6).
+        let pool_size = (2 * k + 6) as u32;
+        let (mut g, mut f) = (vec![], vec![]);
+        for _ in 0..ctx.args.rounds.max(1) {
+            g.push(grove_round(ctx, &ws, k, pool_size, jobs).await?);
+            f.push(floor_round(ctx, k, pool_size, jobs).await?);
+        }
+        let per_job = |v: &[f64]| v.iter().map(|r| 1000.0 / r).collect::<Vec<_>>();
+        let (gm, fm) = (per_job(&g), per_job(&f));
+        let mut row = latency(&format!("jobs_throughput_{k}"), &gm, &fm);
+        row.insert("n".into(), json!(jobs * g.len()));
+        let (gps, fps) = (1000.0 / pct(&gm, 50.0), 1000.0 / pct(&fm, 50.0));
+        row.insert("grove_per_s".into(), round(gps));
+        row.insert("floor_per_s".into(), round(fps));
+        row.insert("share_of_floor".into(), round(gps / fps));
+        row.insert("workers".into(), json!(k));
+        row.insert("pool_size".into(), json!(pool_size));
+        row.insert("job".into(), json!("hibernate_runtime, no runtime"));
+        out.emit(row);
+    }
+    Ok(())
+}
+
+fn proc_status_kib(pid: &str, key: &str) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    s.lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// Peak RSS of this process (the in-process worker plus the bench's client) while
+/// `rss_workspaces` workspaces exist and `rss_execs` execs run at once.
+async fn worker_rss(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let want = ctx.args.rss_workspaces;
+    let t = Instant::now();
+    ctx.workspaces_at_least(want).await?;
+    let setup_s = t.elapsed().as_secs_f64();
+    let before = proc_status_kib("self", "VmRSS:").unwrap_or(0);
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let sampler = tokio::spawn(async move {
+        let mut peak = 0u64;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            peak = peak.max(proc_status_kib("self", "VmRSS:").unwrap_or(0));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        peak
+    });
+    let execs = ctx.args.rss_execs.min(ctx.workspaces.len());
+    let t = Instant::now();
+    let results = futures::future::join_all(
+        ctx.workspaces[..execs]
+            .iter()
+            .map(|w| ctx.exec(w.id, "local", &["sleep", "1"])),
+    )
+    .await;
+    let wall = ms(t);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let peak = sampler.await?;
+    for r in results {
+        r?;
+    }
+    let count: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.sandbox_workspaces WHERE node = $1",
+    )
+    .bind(NODE)
+    .fetch_one(&ctx.pool)
+    .await?;
+    let mut row = serde_json::Map::new();
+    row.insert("name".into(), json!("worker_rss"));
+    row.insert("n".into(), json!(execs));
+    row.insert("rss_mib".into(), round(peak as f64 / 1024.0));
+    row.insert("rss_before_mib".into(), round(before as f64 / 1024.0));
+    row.insert(
+        "hwm_mib".into(),
+        round(proc_status_kib("self", "VmHWM:").unwrap_or(0) as f64 / 1024.0),
+    );
+    row.insert("workspaces".into(), json!(count));
+    row.insert("execs_wall_ms".into(), round(wall));
+    row.insert("setup_s".into(), round(setup_s));
+    row.insert("measured".into(), json!("bench process: in-process worker + client"));
+    out.emit(row);
+    Ok(())
+}
+
+/// `fold_all` and `verify` over a log of `replay_events` events vs streaming the same
+/// rows from Postgres without decoding or folding them.
+async fn replay(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let n = ctx.args.replay_events;
+    let t = Instant::now();
+    // Valid payloads of ids no projection row has: each event is decoded and applied
+    // (a lookup that changes nothing), so verify still finds the live tables equal.
+    sqlx::query(
+        "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
+         SELECT CASE WHEN g % 2 = 0 THEN 'workspace:' ELSE 'repo_cache:' END || u::text, 1,
+                CASE WHEN g % 2 = 0 THEN 'workspace.acquired' ELSE 'repo_cache.used' END, 1,
+                CASE WHEN g % 2 = 0 THEN jsonb_build_object('workspace_id', u) ELSE jsonb_build_object('repo_cache_id', u) END,
+                jsonb_build_object('command_id', u, 'correlation', '{}'::jsonb, 'worker_id', 'grove-bench', 'node', 'bench'),
+                u, now()
+         FROM (SELECT g, gen_random_uuid() AS u FROM generate_series(1, $1) g) s",
+    )
+    .bind(n)
+    .execute(&ctx.pool)
+    .await
+    .context("inserting the replay log")?;
+    sqlx::query("ANALYZE grove.events").execute(&ctx.pool).await?;
+    let insert_s = t.elapsed().as_secs_f64();
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.events")
+        .fetch_one(&ctx.pool)
+        .await?;
+    let (mut fold, mut verify, mut floor) = (vec![], vec![], vec![]);
+    let mut diffs = 0usize;
+    for _ in 0..ctx.args.replay_runs.max(1) {
+        let t = Instant::now();
+        let (_, count) = grove_postgres::replay::fold_all(&ctx.pool).await?;
+        fold.push(ms(t));
+        if count as i64 != total {
+            bail!("fold_all folded {count} of {total} events");
+        }
+        let t = Instant::now();
+        let rows = stream_rows(&ctx.pool).await?;
+        floor.push(ms(t));
+        if rows != total {
+            bail!("floor streamed {rows} of {total} events");
+        }
+        let t = Instant::now();
+        let report = grove_postgres::replay::verify(&ctx.pool).await?;
+        verify.push(ms(t));
+        diffs = report.diffs.len();
+    }
+    let per_s = |v: &[f64]| total as f64 / (pct(v, 50.0) / 1000.0);
+    let mut row = latency("replay", &fold, &floor);
+    row.insert("n".into(), json!(fold.len()));
+    row.insert("events".into(), json!(total));
+    row.insert("grove_per_s".into(), round(per_s(&fold)));
+    row.insert("floor_per_s".into(), round(per_s(&floor)));
+    row.insert("floor_is".into(), json!("stream the same SELECT, no decode"));
+    row.insert("insert_s".into(), round(insert_s));
+    out.emit(row);
+    let mut row = latency("replay_verify", &verify, &floor);
+    row.insert("n".into(), json!(verify.len()));
+    row.insert("events".into(), json!(total));
+    row.insert("grove_per_s".into(), round(per_s(&verify)));
+    row.insert("floor_per_s".into(), round(per_s(&floor)));
+    row.insert("diffs".into(), json!(diffs));
+    out.emit(row);
+    Ok(())
+}
+
+async fn stream_rows(pool: &PgPool) -> Result<i64> {
+    use futures::TryStreamExt;
+    let mut conn = pool.acquire().await?;
+    let mut s = sqlx::query("SELECT event_type, payload, recorded_at FROM grove.events ORDER BY position")
+        .fetch(&mut *conn);
+    let mut n = 0i64;
+    while let Some(_row) = s.try_next().await? {
+        n += 1;
+    }
+    Ok(n)
+}
+
