@@ -33,7 +33,13 @@ struct RunningWorker {
 }
 
 impl RunningWorker {
-    async fn start(pool: PgPool, home: &Path, node: &str, concurrency: usize, image: Option<String>) -> Self {
+    async fn start(
+        pool: PgPool,
+        home: &Path,
+        node: &str,
+        concurrency: usize,
+        image: Option<String>,
+    ) -> Self {
         let mut config = grove_workers::WorkerConfig::new(home.to_path_buf(), node.to_string());
         config.concurrency = concurrency;
         config.eviction.schedule = None;
@@ -76,7 +82,9 @@ pub async fn docker_setup() -> Result<DockerBits, String> {
         .await
         .map_err(|e| format!("cannot build the minimal image: {e}"))?;
     Ok(DockerBits {
-        provider: provider.with_default_image(image.clone()).with_user("65534:65534"),
+        provider: provider
+            .with_default_image(image.clone())
+            .with_user("65534:65534"),
         image,
     })
 }
@@ -211,7 +219,11 @@ impl Ctx {
     }
 
     async fn exec(&self, ws: Uuid, runtime: &str, argv: &[&str]) -> Result<()> {
-        match self.client.submit(&self.exec_cmd(ws, runtime, argv)).await? {
+        match self
+            .client
+            .submit(&self.exec_cmd(ws, runtime, argv))
+            .await?
+        {
             CommandResult::Exec(o) if o.exit_code == 0 => Ok(()),
             CommandResult::Exec(o) => bail!("exec exited {}: {}", o.exit_code, o.stderr),
             other => bail!("exec returned {other:?}"),
@@ -309,14 +321,16 @@ async fn cache(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         floor.push(ms(t));
         std::fs::remove_dir_all(&dest)?;
     }
-    let fetched: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM grove.events WHERE event_type = 'repo_cache.fetched'")
-            .fetch_one(&ctx.pool)
-            .await?;
-    let created: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM grove.events WHERE event_type = 'repo_cache.created'")
-            .fetch_one(&ctx.pool)
-            .await?;
+    let fetched: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.events WHERE event_type = 'repo_cache.fetched'",
+    )
+    .fetch_one(&ctx.pool)
+    .await?;
+    let created: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.events WHERE event_type = 'repo_cache.created'",
+    )
+    .fetch_one(&ctx.pool)
+    .await?;
     let mut row = latency("cache_first", &first, &floor);
     row.insert("floor_is".into(), json!("git clone --mirror"));
     out.emit(row);
@@ -346,14 +360,30 @@ async fn workspace_create(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         let t = Instant::now();
         run_cmd(
             "git",
-            &["-c", "safe.directory=*", "worktree", "add", "-q", "--detach", &d, "main"],
+            &[
+                "-c",
+                "safe.directory=*",
+                "worktree",
+                "add",
+                "-q",
+                "--detach",
+                &d,
+                "main",
+            ],
             Some(&cache_dir),
         )
         .await?;
         worktree.push(ms(t));
         run_cmd(
             "git",
-            &["-c", "safe.directory=*", "worktree", "remove", "--force", &d],
+            &[
+                "-c",
+                "safe.directory=*",
+                "worktree",
+                "remove",
+                "--force",
+                &d,
+            ],
             Some(&cache_dir),
         )
         .await?;
@@ -361,7 +391,15 @@ async fn workspace_create(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         let t = Instant::now();
         run_cmd(
             "git",
-            &["clone", "-q", "--shared", "-b", "main", cache_dir.to_str().unwrap(), &d],
+            &[
+                "clone",
+                "-q",
+                "--shared",
+                "-b",
+                "main",
+                cache_dir.to_str().unwrap(),
+                &d,
+            ],
             None,
         )
         .await?;
@@ -545,7 +583,11 @@ async fn fake_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<Uuid>> {
             base_ref: format!("b{i}"),
             base_commit: "0".repeat(40),
             branch_name: None,
-            local_path: ctx.dir.join(format!("tp-{i}")).to_string_lossy().into_owned(),
+            local_path: ctx
+                .dir
+                .join(format!("tp-{i}"))
+                .to_string_lossy()
+                .into_owned(),
             capabilities: Capabilities::from_mode(WorkspaceMode::Analysis),
             size_bytes: 0,
         });
@@ -619,7 +661,9 @@ async fn grove_round(ctx: &Ctx, ws: &[Uuid], k: usize, pool_size: u32, jobs: usi
 /// One floor round: `k` tasks, each looping claim (`FOR UPDATE SKIP LOCKED`) → append
 /// one event → complete, in one transaction per job, on a pool of `pool_size`.
 async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result<f64> {
-    sqlx::query("TRUNCATE bench.jobs").execute(&ctx.pool).await?;
+    sqlx::query("TRUNCATE bench.jobs")
+        .execute(&ctx.pool)
+        .await?;
     sqlx::query(
         "INSERT INTO bench.jobs (payload) SELECT jsonb_build_object('command_id', gen_random_uuid()) FROM generate_series(1, $1)",
     )
@@ -678,7 +722,9 @@ async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result
 }
 
 async fn jobs_throughput(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
-    sqlx::query("CREATE SCHEMA IF NOT EXISTS bench").execute(&ctx.pool).await?;
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS bench")
+        .execute(&ctx.pool)
+        .await?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS bench.jobs (id bigserial PRIMARY KEY, status text NOT NULL DEFAULT 'pending', payload jsonb NOT NULL, claimed_at timestamptz, done_at timestamptz)",
     )
@@ -755,12 +801,11 @@ async fn worker_rss(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     for r in results {
         r?;
     }
-    let count: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM grove.sandbox_workspaces WHERE node = $1",
-    )
-    .bind(NODE)
-    .fetch_one(&ctx.pool)
-    .await?;
+    let count: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM grove.sandbox_workspaces WHERE node = $1")
+            .bind(NODE)
+            .fetch_one(&ctx.pool)
+            .await?;
     let mut row = serde_json::Map::new();
     row.insert("name".into(), json!("worker_rss"));
     row.insert("n".into(), json!(execs));
@@ -773,7 +818,10 @@ async fn worker_rss(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     row.insert("workspaces".into(), json!(count));
     row.insert("execs_wall_ms".into(), round(wall));
     row.insert("setup_s".into(), round(setup_s));
-    row.insert("measured".into(), json!("bench process: in-process worker + client"));
+    row.insert(
+        "measured".into(),
+        json!("bench process: in-process worker + client"),
+    );
     out.emit(row);
     Ok(())
 }
@@ -798,7 +846,9 @@ async fn replay(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     .execute(&ctx.pool)
     .await
     .context("inserting the replay log")?;
-    sqlx::query("ANALYZE grove.events").execute(&ctx.pool).await?;
+    sqlx::query("ANALYZE grove.events")
+        .execute(&ctx.pool)
+        .await?;
     let insert_s = t.elapsed().as_secs_f64();
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.events")
         .fetch_one(&ctx.pool)
@@ -829,7 +879,10 @@ async fn replay(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     row.insert("events".into(), json!(total));
     row.insert("grove_per_s".into(), round(per_s(&fold)));
     row.insert("floor_per_s".into(), round(per_s(&floor)));
-    row.insert("floor_is".into(), json!("stream the same SELECT, no decode"));
+    row.insert(
+        "floor_is".into(),
+        json!("stream the same SELECT, no decode"),
+    );
     row.insert("insert_s".into(), round(insert_s));
     out.emit(row);
     let mut row = latency("replay_verify", &verify, &floor);
@@ -845,12 +898,12 @@ async fn replay(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
 async fn stream_rows(pool: &PgPool) -> Result<i64> {
     use futures::TryStreamExt;
     let mut conn = pool.acquire().await?;
-    let mut s = sqlx::query("SELECT event_type, payload, recorded_at FROM grove.events ORDER BY position")
-        .fetch(&mut *conn);
+    let mut s =
+        sqlx::query("SELECT event_type, payload, recorded_at FROM grove.events ORDER BY position")
+            .fetch(&mut *conn);
     let mut n = 0i64;
     while let Some(_row) = s.try_next().await? {
         n += 1;
     }
     Ok(n)
 }
-

@@ -135,7 +135,9 @@ pub fn generate_repo(dir: &Path, files: usize, commits: usize) -> Result<PathBuf
         let touched: Vec<usize> = if c == 0 {
             (0..files).collect()
         } else {
-            (0..3).map(|_| (rng.next() as usize) % files.max(1)).collect()
+            (0..3)
+                .map(|_| (rng.next() as usize) % files.max(1))
+                .collect()
         };
         for i in touched {
             let path = path_of(i);

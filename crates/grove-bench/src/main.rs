@@ -35,7 +35,10 @@ pub const ALL_CASES: &[&str] = &[
 ];
 
 #[derive(Parser, Debug, Clone)]
-#[command(name = "grove-bench", about = "Benchmarks grove next to the floor of each operation")]
+#[command(
+    name = "grove-bench",
+    about = "Benchmarks grove next to the floor of each operation"
+)]
 pub struct Args {
     /// One JSON object per line per case instead of a table.
     #[arg(long)]
@@ -150,7 +153,8 @@ async fn run_in(args: &Args, db: &fixture::BenchDb, dir: PathBuf) -> Result<Out>
         Err("not selected".to_string())
     };
 
-    let mut ctx = cases::Ctx::start(args.clone(), pool, home, dir.clone(), upstream, docker).await?;
+    let mut ctx =
+        cases::Ctx::start(args.clone(), pool, home, dir.clone(), upstream, docker).await?;
     let mut out = Out {
         json: args.json,
         rows: Vec::new(),
