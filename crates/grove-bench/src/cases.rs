@@ -115,7 +115,15 @@ impl Ctx {
         let image = docker.as_ref().ok().map(|d| d.image.clone());
         // Concurrency high enough for the memory case's concurrent execs.
         let concurrency = args.rss_execs.max(8) + 8;
-        let worker = RunningWorker::start(pool.clone(), &home, NODE, concurrency, image).await;
+        // The worker's own pool, as `grove worker` has (it sizes it 2c + 6; capped here
+        // so the bench stays under Postgres' default max_connections of 100): every
+        // running exec holds one connection for its workspace lock.
+        let worker_pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(((2 * concurrency + 6) as u32).min(70))
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with((*pool.connect_options()).clone())
+            .await?;
+        let worker = RunningWorker::start(worker_pool, &home, NODE, concurrency, image).await;
         let client = Client::new(pool.clone()).await?;
         Ok(Self {
             url: format!("file://{}", upstream.display()),

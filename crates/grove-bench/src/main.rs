@@ -142,7 +142,7 @@ async fn run_in(args: &Args, db: &fixture::BenchDb, dir: PathBuf) -> Result<Out>
         args.commits,
         t.elapsed().as_secs_f64()
     );
-    let pool = db.pool(24).await?;
+    let pool = db.pool(12).await?;
     grove_postgres::migrate::migrate(&pool).await?;
 
     // A sandbox image for the Docker cases, built before the worker starts so its
