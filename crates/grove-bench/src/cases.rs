@@ -18,11 +18,11 @@ use crate::client::Client;
 use crate::stats::{latency, pct, round, skipped};
 use crate::{Args, Out};
 
-const NODE: &str = "bench";
+pub(crate) const NODE: &str = "bench";
 const TP_NODE: &str = "tp";
-const REPO: &str = "bench/repo";
+pub(crate) const REPO: &str = "bench/repo";
 
-fn ms(t: Instant) -> f64 {
+pub(crate) fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
@@ -43,6 +43,8 @@ impl RunningWorker {
         let mut config = grove_workers::WorkerConfig::new(home.to_path_buf(), node.to_string());
         config.concurrency = concurrency;
         config.eviction.schedule = None;
+        // The TTL sweep case plans with a clock four days ahead.
+        config.eviction.allow_clock_override = true;
         config.docker_image = image;
         let deps = grove_workers::build_deps(pool, config).await;
         let worker = grove_workers::Worker::new(deps);
@@ -90,13 +92,13 @@ pub async fn docker_setup() -> Result<DockerBits, String> {
 }
 
 pub struct Ctx {
-    args: Args,
-    pool: PgPool,
+    pub(crate) args: Args,
+    pub(crate) pool: PgPool,
     home: PathBuf,
-    dir: PathBuf,
-    url: String,
+    pub(crate) dir: PathBuf,
+    pub(crate) url: String,
     upstream: PathBuf,
-    client: Client,
+    pub(crate) client: Client,
     worker: Option<RunningWorker>,
     docker: Result<DockerBits, String>,
     /// Edit workspaces made so far (conversation id, row), reused by later cases.
@@ -186,12 +188,12 @@ impl Ctx {
     }
 
     /// The warm cache of the main fixture.
-    async fn warm_cache(&self) -> Result<grove_core::model::RepoCacheRow> {
+    pub(crate) async fn warm_cache(&self) -> Result<grove_core::model::RepoCacheRow> {
         self.ensure(REPO, &self.url.clone()).await
     }
 
     /// At least `n` edit workspaces exist (made through the queue).
-    async fn workspaces_at_least(&mut self, n: usize) -> Result<()> {
+    pub(crate) async fn workspaces_at_least(&mut self, n: usize) -> Result<()> {
         use futures::StreamExt;
         let have = self.workspaces.len();
         if have >= n {
@@ -239,7 +241,7 @@ impl Ctx {
     }
 }
 
-async fn run_cmd(program: &str, args: &[&str], cwd: Option<&Path>) -> Result<()> {
+pub(crate) async fn run_cmd(program: &str, args: &[&str], cwd: Option<&Path>) -> Result<()> {
     let mut c = tokio::process::Command::new(program);
     c.args(args)
         .stdin(std::process::Stdio::null())
@@ -288,6 +290,7 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     }
     case!("jobs_throughput", jobs_throughput(ctx, out));
     case!("worker_rss", worker_rss(ctx, out));
+    case!("eviction_sweep", crate::sweep::eviction_sweep(ctx, out));
     case!("replay", replay(ctx, out));
     for name in ["http_read_file", "http_exec"] {
         if wants(name) {

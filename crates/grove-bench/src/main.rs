@@ -11,6 +11,7 @@ mod cases;
 mod client;
 mod fixture;
 mod stats;
+mod sweep;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ pub const ALL_CASES: &[&str] = &[
     "exec_docker",
     "jobs_throughput",
     "worker_rss",
+    "eviction_sweep",
     "replay",
     "http_read_file",
     "http_exec",
@@ -76,6 +78,16 @@ pub struct Args {
     /// Execs running concurrently during the memory case.
     #[arg(long, default_value_t = 50)]
     pub rss_execs: usize,
+    /// Workspace records on the node during the eviction sweep cases.
+    #[arg(long, default_value_t = 10_000)]
+    pub sweep_records: usize,
+    /// Of those, real worktrees made through the queue (one in five a task workspace,
+    /// which the TTL sweep evicts).
+    #[arg(long, default_value_t = 500)]
+    pub sweep_real: usize,
+    /// Repetitions of the steady (nothing to do) sweep.
+    #[arg(long, default_value_t = 5)]
+    pub sweep_n: usize,
 }
 
 fn main() -> Result<()> {
