@@ -457,7 +457,36 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     ctx.workspaces_at_least(1).await?;
     let ws = ctx.workspaces[0].id;
     ctx.exec(ws, "local", &["true"]).await?; // warm-up
-    let (mut grove, mut floor) = (vec![], vec![]);
+                                             // The sandbox alone: the exact bubblewrap argv the worker's local runtime would
+                                             // spawn for `true` in this workspace (read-only, no network), spawned directly.
+    let dir = PathBuf::from(&ctx.workspaces[0].local_path);
+    let provider = grove_local::LocalRuntimeProvider::detect(vec![ctx.home.clone()]);
+    let runtime = provider.create_local(RuntimeSpec {
+        image: None,
+        workdir: dir.clone(),
+        mounts: vec![Mount {
+            source: dir.clone(),
+            target: dir,
+            writable: false,
+        }],
+        env: Default::default(),
+        resources: Default::default(),
+        network: Default::default(),
+        labels: Default::default(),
+    })?;
+    let sandbox_argv = runtime.sandbox_argv(&ExecRequest {
+        argv: vec!["true".into()],
+        ..Default::default()
+    })?;
+    let bwrap = provider
+        .bwrap()
+        .context("bubblewrap is not available: the local runtime cannot isolate")?;
+    let sandbox_argv: Vec<String> = std::iter::once(bwrap.as_os_str())
+        .chain(sandbox_argv.iter().map(|a| a.as_os_str()))
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let sandbox_args: Vec<&str> = sandbox_argv.iter().map(String::as_str).collect();
+    let (mut grove, mut floor, mut sandbox) = (vec![], vec![], vec![]);
     for _ in 0..ctx.args.n {
         let t = Instant::now();
         ctx.exec(ws, "local", &["true"]).await?;
@@ -465,9 +494,18 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         let t = Instant::now();
         run_cmd("true", &[], None).await?;
         floor.push(ms(t));
+        let t = Instant::now();
+        run_cmd(sandbox_args[0], &sandbox_args[1..], None).await?;
+        sandbox.push(ms(t));
     }
     let mut row = latency("exec_local", &grove, &floor);
     row.insert("floor_is".into(), json!("spawn true"));
+    row.insert("sandbox_p50_ms".into(), round(pct(&sandbox, 50.0)));
+    row.insert("sandbox_p99_ms".into(), round(pct(&sandbox, 99.0)));
+    row.insert(
+        "added_over_sandbox_p50_ms".into(),
+        round(pct(&grove, 50.0) - pct(&sandbox, 50.0)),
+    );
     row.insert(
         "added_p50_ms".into(),
         round(pct(&grove, 50.0) - pct(&floor, 50.0)),

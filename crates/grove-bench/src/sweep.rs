@@ -17,8 +17,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EvictSweep};
-use grove_core::eviction::ActionKind;
 use grove_core::events::{Correlation, Event, Metadata};
+use grove_core::eviction::ActionKind;
 use grove_core::model::{Capabilities, WorkspaceMode, WorkspaceRow};
 use grove_core::sweep::{ActionOutcome, SweepReport, SweepTrigger};
 use serde_json::json;
@@ -182,7 +182,10 @@ pub async fn eviction_sweep(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         json!("SELECT the node's rows + stat each directory"),
     );
     row.insert("workspace_records".into(), json!(total));
-    row.insert("real_worktrees".into(), json!(real - tasks + task_rows.len()));
+    row.insert(
+        "real_worktrees".into(),
+        json!(real - tasks + task_rows.len()),
+    );
     row.insert("worker_ms".into(), json!(last.duration_ms));
     row.insert("setup_s".into(), round(setup_s));
     out.emit(row);
@@ -193,12 +196,7 @@ pub async fn eviction_sweep(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let mut copied: Vec<PathBuf> = Vec::new();
     for (i, ws) in task_rows.iter().enumerate() {
         let dst = copies.join(format!("c{i}"));
-        run_cmd(
-            "cp",
-            &["-a", &ws.local_path, &dst.to_string_lossy()],
-            None,
-        )
-        .await?;
+        run_cmd("cp", &["-a", &ws.local_path, &dst.to_string_lossy()], None).await?;
         copied.push(dst);
     }
     let t = Instant::now();
