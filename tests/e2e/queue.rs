@@ -87,3 +87,62 @@ async fn finished_jobs_and_ledger_rows_are_pruned_but_events_stay() {
     let verify = env.grove(&["replay", "--verify"]).await;
     assert!(verify.status.success());
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn advisory_locks_exclude_time_out_as_locked_share_reads_and_leave_no_timeout_behind() {
+    use grove_postgres::locks::{AdvisoryLock, LockScope};
+    use grove_postgres::StoreError;
+    let env = env_or_skip!(
+        "advisory_locks_exclude_time_out_as_locked_share_reads_and_leave_no_timeout_behind"
+    );
+    // A pool of one: every lock and the check below use the same connection in turn.
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with((*env.pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let other = &env.pool;
+    let short = Duration::from_millis(200);
+    let held = AdvisoryLock::acquire(other, LockScope::WorkspaceCommands, "w1", false, short)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    let err = AdvisoryLock::acquire(&one, LockScope::WorkspaceCommands, "w1", true, short)
+        .await
+        .err()
+        .expect("a shared lock must wait for an exclusive one");
+    assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+    assert!(t.elapsed() >= short, "gave up after {:?}", t.elapsed());
+    // Another key is free.
+    let w2 = AdvisoryLock::acquire(&one, LockScope::WorkspaceCommands, "w2", false, short)
+        .await
+        .unwrap();
+    w2.release().await.unwrap();
+    held.release().await.unwrap();
+
+    // Shared locks coexist; an exclusive one waits for both to go.
+    let r1 = AdvisoryLock::acquire(other, LockScope::WorkspaceCommands, "w1", true, short)
+        .await
+        .unwrap();
+    let r2 = AdvisoryLock::acquire(&one, LockScope::WorkspaceCommands, "w1", true, short)
+        .await
+        .unwrap();
+    let err = AdvisoryLock::acquire(other, LockScope::WorkspaceCommands, "w1", false, short)
+        .await
+        .err()
+        .expect("an exclusive lock must wait for shared ones");
+    assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+    r2.release().await.unwrap();
+    // Released: its connection is back in the pool with the timeout reset.
+    let timeout: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(&one)
+        .await
+        .unwrap();
+    assert_eq!(timeout, "0");
+    r1.release().await.unwrap();
+    let w = AdvisoryLock::acquire(other, LockScope::WorkspaceCommands, "w1", false, short)
+        .await
+        .unwrap();
+    w.release().await.unwrap();
+    one.close().await;
+}

@@ -74,18 +74,18 @@ impl AdvisoryLock {
             shared,
         };
         let conn = guard.conn.as_mut().expect("connection present");
-        sqlx::query(trusted(format!(
-            "SET lock_timeout = {}",
-            timeout.as_millis().max(1)
-        )))
-        .execute(&mut **conn)
-        .await?;
-        let sql = if shared {
-            "SELECT pg_advisory_lock_shared($1)"
+        // One round trip: both statements in one simple-protocol message. Only numbers
+        // this function computed are formatted in.
+        let function = if shared {
+            "pg_advisory_lock_shared"
         } else {
-            "SELECT pg_advisory_lock($1)"
+            "pg_advisory_lock"
         };
-        match sqlx::query(sql).bind(key).execute(&mut **conn).await {
+        let sql = trusted(format!(
+            "SET lock_timeout = {}; SELECT {function}({key})",
+            timeout.as_millis().max(1)
+        ));
+        match sqlx::raw_sql(sql).execute(&mut **conn).await {
             Ok(_) => Ok(guard),
             Err(e) => match StoreError::from(e) {
                 StoreError::Locked(_) => Err(StoreError::Locked(format!(
@@ -103,19 +103,21 @@ impl AdvisoryLock {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
-        let sql = if self.shared {
-            "SELECT pg_advisory_unlock_shared($1)"
+        let function = if self.shared {
+            "pg_advisory_unlock_shared"
         } else {
-            "SELECT pg_advisory_unlock($1)"
+            "pg_advisory_unlock"
         };
-        let unlocked = async {
-            sqlx::query(sql).bind(self.key).execute(&mut *conn).await?;
-            sqlx::query("RESET lock_timeout")
-                .execute(&mut *conn)
-                .await?;
-            Ok::<_, StoreError>(())
-        }
-        .await;
+        // One round trip, as in `acquire`.
+        let sql = trusted(format!(
+            "SELECT {function}({}); RESET lock_timeout",
+            self.key
+        ));
+        let unlocked = sqlx::raw_sql(sql)
+            .execute(&mut *conn)
+            .await
+            .map(|_| ())
+            .map_err(StoreError::from);
         match unlocked {
             // Unlocked cleanly: dropping the pooled connection returns it to the pool.
             Ok(()) => Ok(()),

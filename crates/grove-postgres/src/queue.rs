@@ -339,23 +339,23 @@ pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<S
     let attempts: i32 = row.try_get("attempts")?;
     let max_attempts: i32 = row.try_get("max_attempts")?;
     let resumed = status == "running";
-    sqlx::query(
-        "UPDATE grove.commands SET status = 'running', attempts = attempts + 1, worker_id = $2, started_at = now() WHERE command_id = $1",
+    // The ledger, the job and the secret in one statement (one round trip): the
+    // data-modifying CTEs run whether or not the final SELECT reads them.
+    let token: Option<String> = sqlx::query_scalar(
+        "WITH ledger AS (
+             UPDATE grove.commands SET status = 'running', attempts = attempts + 1, worker_id = $2, started_at = now()
+             WHERE command_id = $1
+         ), job AS (
+             UPDATE apalis.jobs SET status = 'Running', attempts = $4 WHERE id = $3
+         )
+         SELECT (SELECT token FROM grove.command_secrets WHERE command_id = $1)",
     )
     .bind(job.command_id)
     .bind(worker_id)
-    .execute(&mut *tx)
+    .bind(&job.job_id)
+    .bind(attempts + 1)
+    .fetch_one(&mut *tx)
     .await?;
-    sqlx::query("UPDATE apalis.jobs SET status = 'Running', attempts = $2 WHERE id = $1")
-        .bind(&job.job_id)
-        .bind(attempts + 1)
-        .execute(&mut *tx)
-        .await?;
-    let token: Option<String> =
-        sqlx::query_scalar("SELECT token FROM grove.command_secrets WHERE command_id = $1")
-            .bind(job.command_id)
-            .fetch_optional(&mut *tx)
-            .await?;
     tx.commit().await?;
     Ok(Start::Run {
         command,
@@ -387,24 +387,28 @@ async fn finish_ledger(
     result: Option<&CommandResult>,
     error: Option<&CommandError>,
 ) -> Result<(), StoreError> {
+    // The outcome, the secret's deletion and the notification in one statement (one
+    // round trip); the notification is delivered only if the transaction commits.
     sqlx::query(
-        "UPDATE grove.commands SET status = $2, result = $3, error = $4, finished_at = now() WHERE command_id = $1",
+        "WITH ledger AS (
+             UPDATE grove.commands SET status = $2, result = $3, error = $4, finished_at = now()
+             WHERE command_id = $1
+         ), secret AS (
+             DELETE FROM grove.command_secrets WHERE command_id = $1
+         )
+         SELECT pg_notify($5, $1::text)",
     )
     .bind(command_id)
-    .bind(if error.is_none() { "succeeded" } else { "failed" })
+    .bind(if error.is_none() {
+        "succeeded"
+    } else {
+        "failed"
+    })
     .bind(result.map(serde_json::to_value).transpose()?)
     .bind(error.map(serde_json::to_value).transpose()?)
+    .bind(DONE_CHANNEL)
     .execute(&mut *conn)
     .await?;
-    sqlx::query("DELETE FROM grove.command_secrets WHERE command_id = $1")
-        .bind(command_id)
-        .execute(&mut *conn)
-        .await?;
-    sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(DONE_CHANNEL)
-        .bind(command_id.to_string())
-        .execute(&mut *conn)
-        .await?;
     Ok(())
 }
 
