@@ -8,6 +8,7 @@
 //! - [`locks`]: advisory locks held across workers for the length of an effect.
 //! - [`reader`]: reading and following the event log in commit-safe order.
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
+//! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
 //!
 //! Architecture invariant: no function here holds a transaction open while it waits on
 //! anything but Postgres; effects (git, processes) happen between transactions.
@@ -20,6 +21,7 @@ pub mod reader;
 pub mod replay;
 pub mod rows;
 pub mod store;
+pub mod submit;
 
 pub use error::StoreError;
 

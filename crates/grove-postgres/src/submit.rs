@@ -1,0 +1,209 @@
+//! Submitting a command as a caller does: route it to a queue, enqueue it, wait for its outcome.
+//!
+//! Shared by every caller that waits (the CLI, the HTTP API). What wakes a waiting
+//! caller is a [`Wakeup`]: the CLI LISTENs on [`queue::DONE_CHANNEL`] with a connection of
+//! its own, a server shares one listener among all its requests. Either way the ledger
+//! row is the truth and is polled as a fallback, so a lost notification only delays.
+
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use grove_core::commands::{Command, CommandResult};
+use grove_core::error::{CommandError, ErrorKind};
+use sqlx::postgres::PgListener;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::{queue, rows, StoreError};
+
+/// Why a submitted command did not produce a result.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SubmitError {
+    /// The command failed, or was refused before it ran (unknown workspace, no worker
+    /// took it, an id reused for another command). Handling: map `kind` to the exit
+    /// code or HTTP status; do not retry as-is.
+    #[error(transparent)]
+    Command(#[from] CommandError),
+    /// Postgres could not be reached or answered with an error. Handling: 500 / exit 1.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<sqlx::Error> for SubmitError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Store(e.into())
+    }
+}
+
+/// How long a caller waits.
+#[derive(Debug, Clone, Copy)]
+pub struct WaitOptions {
+    /// A job still unclaimed after this long is withdrawn ("start a worker"); a claimed
+    /// job whose workers all stopped heart-beating for this long is left and reported.
+    pub claim_timeout: Duration,
+    /// The polling fallback between notifications.
+    pub poll_every: Duration,
+}
+
+impl Default for WaitOptions {
+    fn default() -> Self {
+        Self {
+            claim_timeout: Duration::from_secs(10),
+            poll_every: Duration::from_millis(250),
+        }
+    }
+}
+
+impl WaitOptions {
+    /// The defaults, with `GROVE_CLAIM_TIMEOUT` (seconds) when set.
+    pub fn from_env() -> Self {
+        let mut opts = Self::default();
+        if let Some(t) = std::env::var("GROVE_CLAIM_TIMEOUT")
+            .ok()
+            .and_then(|v| v.parse::<f64>().ok())
+            .filter(|t| t.is_finite() && *t >= 0.0)
+        {
+            opts.claim_timeout = Duration::from_secs_f64(t);
+        }
+        opts
+    }
+}
+
+/// What wakes a caller waiting on a command. Implementations must have subscribed
+/// before the command was enqueued, so its notification cannot be missed.
+pub trait Wakeup: Send {
+    /// Returns when `command_id` may have progressed, or after `max` at the latest.
+    fn wait(&mut self, command_id: Uuid, max: Duration) -> BoxFuture<'_, ()>;
+}
+
+/// A listener of one's own, LISTENing on [`queue::DONE_CHANNEL`] (the CLI's form).
+impl Wakeup for PgListener {
+    fn wait(&mut self, _command_id: Uuid, max: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ = tokio::time::timeout(max, self.try_recv()).await;
+        })
+    }
+}
+
+/// The queue a command belongs on: its workspace's node, or the shared queue when the
+/// command creates something new (any worker may place it). See ADR 06.
+pub async fn route(pool: &PgPool, command: &Command) -> Result<String, SubmitError> {
+    let mut conn = pool.acquire().await?;
+    if let Some(id) = command.workspace_id() {
+        let ws = rows::workspace(&mut conn, id).await?.ok_or_else(|| {
+            CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
+        })?;
+        return Ok(queue::node_queue(&ws.node));
+    }
+    if let Command::EvictSweep(c) = command {
+        return Ok(queue::node_queue(&c.node));
+    }
+    if let Command::AcquireWorkspace(c) = command {
+        if let Some(ws) = rows::workspace_by_key(&mut conn, &c.key("")).await? {
+            return Ok(queue::node_queue(&ws.node));
+        }
+    }
+    Ok(queue::shared_queue())
+}
+
+/// Routes and enqueues `command` under `command_id` (once per id), with its git token
+/// if any. An id already used for a different command is a conflict: the ledger would
+/// otherwise answer with the other command's outcome.
+pub async fn enqueue(
+    pool: &PgPool,
+    command: &Command,
+    command_id: Uuid,
+    token: Option<&str>,
+) -> Result<(), SubmitError> {
+    let queue_name = route(pool, command).await?;
+    let mut tx = pool.begin().await?;
+    let (_, inserted) = queue::enqueue(&mut tx, command_id, command, &queue_name, token).await?;
+    if !inserted {
+        let stored: Option<serde_json::Value> =
+            sqlx::query_scalar("SELECT payload FROM grove.commands WHERE command_id = $1")
+                .bind(command_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+        let ours = serde_json::to_value(command).map_err(StoreError::from)?;
+        if stored.is_some_and(|s| s != ours) {
+            return Err(CommandError::new(
+                ErrorKind::Conflict,
+                format!("command id {command_id} was already used for a different command"),
+            )
+            .into());
+        }
+    }
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Waits for the outcome of an enqueued command.
+///
+/// If no worker claims the job within the claim timeout it is withdrawn and the error
+/// says to start one; if it was claimed but no worker is alive any more, the caller
+/// stops waiting (the job stays queued for the next worker).
+pub async fn wait(
+    pool: &PgPool,
+    command_id: Uuid,
+    wake: &mut dyn Wakeup,
+    opts: WaitOptions,
+) -> Result<CommandResult, SubmitError> {
+    let started = Instant::now();
+    loop {
+        let status = {
+            let mut conn = pool.acquire().await?;
+            queue::status(&mut conn, command_id).await?
+        };
+        let Some(status) = status else {
+            return Err(CommandError::new(
+                ErrorKind::Internal,
+                format!("command {command_id} vanished from the ledger"),
+            )
+            .into());
+        };
+        if status.is_finished() {
+            if let Some(err) = status.error.filter(|_| status.status == "failed") {
+                return Err(err.into());
+            }
+            return Ok(status.result.unwrap_or(CommandResult::Done));
+        }
+        let late = started.elapsed() > opts.claim_timeout;
+        if late && status.status == "queued" && status.attempts == 0 {
+            let reason = format!(
+                "no grove worker took the job within {} s; start one with `grove worker`",
+                opts.claim_timeout.as_secs()
+            );
+            if queue::cancel_unclaimed(pool, command_id, &reason).await? {
+                return Err(CommandError::new(ErrorKind::Unavailable, reason).into());
+            }
+        }
+        if late && queue::live_workers(pool, opts.claim_timeout).await? == 0 {
+            // Claimed once, but every worker is gone: say so rather than wait forever.
+            // The job stays queued and its outcome is recorded when a worker returns.
+            return Err(CommandError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "no grove worker is alive to finish command {command_id}; start one with `grove worker` (the outcome will be recorded then)"
+                ),
+            )
+            .into());
+        }
+        wake.wait(command_id, opts.poll_every).await;
+    }
+}
+
+/// Enqueues `command` (once per command id; a fresh UUIDv7 when `None`) and waits for
+/// its outcome. `wake` must already be subscribed.
+pub async fn submit(
+    pool: &PgPool,
+    command: &Command,
+    command_id: Option<Uuid>,
+    token: Option<&str>,
+    wake: &mut dyn Wakeup,
+    opts: WaitOptions,
+) -> Result<CommandResult, SubmitError> {
+    let command_id = command_id.unwrap_or_else(Uuid::now_v7);
+    enqueue(pool, command, command_id, token).await?;
+    wait(pool, command_id, wake, opts).await
+}
