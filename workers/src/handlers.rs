@@ -541,7 +541,18 @@ impl Deps {
                     ))
                 })?;
         }
+        // A caller streaming this exec asked, with the enqueue, for its output.
+        let relay = grove_postgres::output::relay_requested(&self.pool, command_id)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %e, "could not tell whether to relay exec output");
+                false
+            });
         let outcome = match provider.create(spec).await {
+            Ok(runtime) if relay => {
+                crate::relay::exec_relayed(runtime.as_ref(), request, self.pool.clone(), command_id)
+                    .await
+            }
             Ok(runtime) => runtime.exec(request).await,
             Err(e) => Err(e),
         };

@@ -5,6 +5,7 @@
 //! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
 //! - [`eviction`]: the eviction sweep, restore, release of a conversation or task, the
 //!   schedule.
+//! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
 //! Architecture invariant: handlers reach git and runtimes only through the ports of
@@ -13,6 +14,7 @@
 pub mod config;
 pub mod eviction;
 pub mod handlers;
+pub mod relay;
 pub mod runner;
 
 use std::sync::Arc;

@@ -11,6 +11,7 @@
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`ports`]: the traits adapters implement (git, runtimes).
 //! - [`error`]: typed errors of this layer.
+//! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //!
 //! Architecture invariant: this crate does no IO and knows nothing of sqlx, git2,
 //! bollard, reqwest or tokio.
@@ -19,6 +20,7 @@ pub mod commands;
 pub mod error;
 pub mod events;
 pub mod eviction;
+pub mod idempotency;
 pub mod layout;
 pub mod model;
 pub mod ports;

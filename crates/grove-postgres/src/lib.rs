@@ -6,6 +6,7 @@
 //! - [`store`]: appending events and updating projections in one transaction.
 //! - [`queue`]: the command ledger and job rows: enqueue, claim, complete, retry, recover.
 //! - [`locks`]: advisory locks held across workers for the length of an effect.
+//! - [`output`]: the output relay of streaming execs (worker appends, servers read).
 //! - [`reader`]: reading and following the event log in commit-safe order.
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
@@ -16,6 +17,7 @@
 pub mod error;
 pub mod locks;
 pub mod migrate;
+pub mod output;
 pub mod queue;
 pub mod reader;
 pub mod replay;

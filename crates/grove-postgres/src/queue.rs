@@ -241,6 +241,8 @@ pub async fn prune(pool: &PgPool, older_than: Duration) -> Result<u64, StoreErro
     .bind(secs)
     .execute(pool)
     .await?;
+    // Relayed exec output is only for callers watching the exec as it runs.
+    crate::output::prune(pool, Duration::from_secs(3600)).await?;
     Ok(jobs)
 }
 

@@ -116,8 +116,23 @@ pub async fn enqueue(
     command_id: Uuid,
     token: Option<&str>,
 ) -> Result<(), SubmitError> {
+    enqueue_with(pool, command, command_id, token, false).await
+}
+
+/// [`enqueue`], asking in the same transaction, when `relay_output`, for the exec's
+/// output to be relayed while it runs ([`crate::output`]).
+pub async fn enqueue_with(
+    pool: &PgPool,
+    command: &Command,
+    command_id: Uuid,
+    token: Option<&str>,
+    relay_output: bool,
+) -> Result<(), SubmitError> {
     let queue_name = route(pool, command).await?;
     let mut tx = pool.begin().await?;
+    if relay_output {
+        crate::output::request_relay(&mut tx, command_id).await?;
+    }
     let (_, inserted) = queue::enqueue(&mut tx, command_id, command, &queue_name, token).await?;
     if !inserted {
         let stored: Option<serde_json::Value> =
