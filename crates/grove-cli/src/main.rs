@@ -7,6 +7,7 @@
 mod client;
 mod evict;
 mod localdb;
+mod serve;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -48,6 +49,24 @@ enum Top {
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
     },
+    /// Serve the HTTP API; runs a worker in-process unless --no-worker. Prints the
+    /// address it listens on (and, without configured tokens, a dev token) on stdout.
+    Serve {
+        /// Address to listen on; port 0 picks a free port.
+        #[arg(long, default_value = "127.0.0.1:8080", env = "GROVE_BIND")]
+        bind: String,
+        /// Serve only; leave the jobs to separate `grove worker` processes.
+        #[arg(long = "no-worker")]
+        no_worker: bool,
+        /// The node of the in-process worker.
+        #[arg(long, default_value = "local", env = "GROVE_NODE")]
+        node: String,
+        /// Jobs the in-process worker runs at once.
+        #[arg(long, default_value_t = 8)]
+        concurrency: usize,
+    },
+    /// Print the HTTP API's OpenAPI document (the one `grove serve` serves).
+    Openapi,
     /// Repo caches.
     #[command(subcommand)]
     Repo(RepoCmd),
@@ -293,7 +312,14 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let is_worker = matches!(cli.command, Top::Worker { .. });
+    let is_worker = matches!(
+        cli.command,
+        Top::Worker { .. }
+            | Top::Serve {
+                no_worker: false,
+                ..
+            }
+    );
     if is_worker {
         // SAFETY: no thread has been spawned yet; the runtime is built below.
         if let Err(e) = unsafe { grove_workers::init_process() } {
@@ -344,7 +370,7 @@ fn fail(e: &anyhow::Error) -> ExitCode {
 }
 
 /// `$GROVE_HOME`, or its default: `/var/lib/grove` for root, else `~/.local/share/grove`.
-fn grove_home() -> PathBuf {
+pub(crate) fn grove_home() -> PathBuf {
     if let Some(home) = std::env::var_os("GROVE_HOME") {
         return PathBuf::from(home);
     }
@@ -366,7 +392,7 @@ fn database_url(home: &std::path::Path) -> Result<String> {
     }
 }
 
-async fn connect(max: u32) -> Result<PgPool> {
+pub(crate) async fn connect(max: u32) -> Result<PgPool> {
     let home = grove_home();
     let url = database_url(&home)?;
     PgPoolOptions::new()
@@ -377,7 +403,7 @@ async fn connect(max: u32) -> Result<PgPool> {
         .context("connecting to Postgres (check DATABASE_URL)")
 }
 
-fn invalid(msg: impl Into<String>) -> anyhow::Error {
+pub(crate) fn invalid(msg: impl Into<String>) -> anyhow::Error {
     CommandError::new(ErrorKind::InvalidInput, msg).into()
 }
 
@@ -420,6 +446,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Top::Worker { node, concurrency } => run_worker(node, concurrency).await,
+        Top::Serve {
+            bind,
+            no_worker,
+            node,
+            concurrency,
+        } => serve::serve(bind, (!no_worker).then_some((node, concurrency))).await,
+        Top::Openapi => {
+            print!("{}", grove_api::openapi_json());
+            Ok(ExitCode::SUCCESS)
+        }
         Top::Image(ImageCmd::Build { minimal, debian }) => {
             let docker = grove_docker::DockerRuntimeProvider::connect().await?;
             let tag = if minimal && !debian {
@@ -501,6 +537,16 @@ async fn run(cli: Cli) -> Result<ExitCode> {
 }
 
 async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
+    let worker = build_worker(node, concurrency).await?;
+    worker.run(shutdown_signal()).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A worker with its own pool, on a migrated database.
+pub(crate) async fn build_worker(
+    node: String,
+    concurrency: usize,
+) -> Result<grove_workers::Worker> {
     grove_core::validate::validate_owner_id("node", &node)?;
     let home = grove_home();
     std::fs::create_dir_all(&home)
@@ -514,12 +560,10 @@ async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
         config.worker_lost_after = secs;
     }
     let deps = grove_workers::build_deps(pool, config).await;
-    let worker = grove_workers::Worker::new(deps);
-    worker.run(shutdown_signal()).await?;
-    Ok(ExitCode::SUCCESS)
+    Ok(grove_workers::Worker::new(deps))
 }
 
-fn env_secs(name: &str) -> Option<Duration> {
+pub(crate) fn env_secs(name: &str) -> Option<Duration> {
     std::env::var(name)
         .ok()?
         .parse::<f64>()
@@ -527,7 +571,7 @@ fn env_secs(name: &str) -> Option<Duration> {
         .map(Duration::from_secs_f64)
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
     tokio::select! {

@@ -102,3 +102,34 @@ pub async fn events_of_command(
         .map(event_from_row)
         .collect()
 }
+
+/// Reads up to `limit` events of one workspace after `cursor`, in the same commit-safe
+/// order as [`read_after`]: its own stream and the streams of the runtimes its execs ran
+/// in (each `exec.started` of the workspace names its runtime).
+pub async fn read_workspace_after(
+    conn: &mut PgConnection,
+    cursor: Cursor,
+    workspace_id: uuid::Uuid,
+    limit: i64,
+) -> Result<Vec<RecordedEvent>, StoreError> {
+    let sql = format!(
+        "SELECT {EVENT_COLUMNS} FROM grove.events
+         WHERE (tx_id, position) > ($1::text::xid8, $2)
+           AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
+           AND (stream_id = $3 OR stream_id IN (
+                SELECT 'runtime:' || (s.payload ->> 'runtime_id') FROM grove.events s
+                WHERE s.stream_id = $3 AND s.event_type = 'exec.started'))
+         ORDER BY tx_id, position
+         LIMIT $4"
+    );
+    sqlx::query(trusted(sql))
+        .bind(cursor.tx_id.to_string())
+        .bind(cursor.position)
+        .bind(grove_core::events::workspace_stream(workspace_id))
+        .bind(limit)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(event_from_row)
+        .collect()
+}

@@ -1,0 +1,106 @@
+//! Request extractors whose failures answer in the API's error shape.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, FromRequestParts, Query, Request};
+use axum::http::request::Parts;
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+use uuid::Uuid;
+
+use crate::error::ApiError;
+
+/// The header that carries a git token for one request (private repositories).
+pub const GIT_TOKEN_HEADER: &str = "x-grove-git-token";
+
+/// A JSON body (required).
+pub struct JsonBody<T>(pub T);
+
+/// A JSON body that may be left out (empty means `T::default()`).
+pub struct OptionalJsonBody<T>(pub T);
+
+async fn read_json<S: Send + Sync, T: DeserializeOwned>(
+    req: Request,
+    state: &S,
+) -> Result<Option<T>, ApiError> {
+    let bytes = Bytes::from_request(req, state)
+        .await
+        .map_err(|e| ApiError::Request(e.status(), e.body_text()))?;
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+        let status = if e.is_data() {
+            StatusCode::UNPROCESSABLE_ENTITY
+        } else {
+            StatusCode::BAD_REQUEST
+        };
+        ApiError::Request(status, format!("invalid JSON body: {e}"))
+    })
+}
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        read_json(req, state).await?.map(Self).ok_or_else(|| {
+            ApiError::Request(StatusCode::BAD_REQUEST, "a JSON body is required".into())
+        })
+    }
+}
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJsonBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        Ok(Self(read_json(req, state).await?.unwrap_or_default()))
+    }
+}
+
+/// Query parameters.
+pub struct QueryParams<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for QueryParams<T>
+where
+    S: Send + Sync,
+    T: DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|Query(q)| Self(q))
+            .map_err(|e| ApiError::Request(StatusCode::BAD_REQUEST, e.body_text()))
+    }
+}
+
+/// Parses an id from the path; a malformed one is bad input, like the CLI's.
+pub fn parse_id(raw: &str, what: &str) -> Result<Uuid, ApiError> {
+    Uuid::parse_str(raw).map_err(|_| {
+        ApiError::invalid(format!(
+            "invalid {what} id {:?}: expected a UUID",
+            raw.chars().take(40).collect::<String>()
+        ))
+    })
+}
+
+/// The git token of a request, from [`GIT_TOKEN_HEADER`]. Error messages never include it.
+pub fn git_token(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get(GIT_TOKEN_HEADER) else {
+        return Ok(None);
+    };
+    let token = value
+        .to_str()
+        .ok()
+        .filter(|t| {
+            !t.is_empty()
+                && t.len() <= 4096
+                && !t.chars().any(|c| c.is_whitespace() || c.is_control())
+        })
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "invalid X-Grove-Git-Token: expected 1 to 4096 visible ASCII characters",
+            )
+        })?;
+    Ok(Some(token.to_string()))
+}

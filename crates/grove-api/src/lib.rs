@@ -1,0 +1,178 @@
+//! grove-api: the HTTP API of grove (`grove serve`), and its OpenAPI document.
+//!
+//! JSON over HTTP for callers in any language: repo caches (ensure), sessions
+//! (acquire, release), workspaces (list, get, destroy, pin), execs (synchronous, and
+//! streamed as server-sent events while they run) and a workspace's events (paged or
+//! followed). Every state change is a command through the queue, exactly as the CLI
+//! submits it; reads go to the projections and the log. See docs/adr/09-http-api.md.
+//!
+//! # Layout
+//! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
+//! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
+//! - [`stream`]: server-sent events: streaming exec, following events.
+//! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
+//! - [`dto`]: request and response bodies and their schemas.
+//! - [`extract`]: extractors that fail in the API's error shape; the git token header.
+//! - [`error`]: the error body and the status of each error kind.
+//!
+//! Architecture invariant: this crate writes no events or projections and runs no
+//! effect; it enqueues through `grove_postgres::submit` and reads rows and the log. No
+//! bearer or git token reaches a log line, a response or an error message.
+
+pub mod auth;
+pub mod dto;
+pub mod error;
+pub mod extract;
+pub mod notify;
+pub mod routes;
+pub mod stream;
+
+use std::future::Future;
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use grove_core::commands::{Command, CommandResult};
+use grove_postgres::submit::{self, WaitOptions};
+use sqlx::PgPool;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::{Modify, OpenApi};
+use uuid::Uuid;
+
+use crate::auth::Tokens;
+use crate::error::ApiError;
+use crate::notify::Notifier;
+
+/// What every request shares.
+pub struct AppState {
+    pub pool: PgPool,
+    pub tokens: Tokens,
+    pub notifier: Notifier,
+    pub wait: WaitOptions,
+}
+
+impl AppState {
+    /// Starts the shared listener.
+    pub async fn new(pool: PgPool, tokens: Tokens, wait: WaitOptions) -> Result<Self, sqlx::Error> {
+        let notifier = Notifier::start(&pool).await?;
+        Ok(Self {
+            pool,
+            tokens,
+            notifier,
+            wait,
+        })
+    }
+
+    /// Enqueues `command` under `command_id` (once) and waits for its outcome.
+    pub async fn submit(
+        &self,
+        command: &Command,
+        command_id: Uuid,
+        token: Option<&str>,
+    ) -> Result<CommandResult, ApiError> {
+        let mut wake = self.notifier.subscribe(command_id);
+        Ok(submit::submit(
+            &self.pool,
+            command,
+            Some(command_id),
+            token,
+            &mut wake,
+            self.wait,
+        )
+        .await?)
+    }
+}
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "grove",
+        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs and events. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
+    ),
+    paths(
+        routes::ensure_repo_cache,
+        routes::acquire_session,
+        routes::release_session,
+        routes::list_workspaces,
+        routes::get_workspace,
+        routes::destroy_workspace,
+        routes::pin_workspace,
+        routes::exec,
+        stream::exec_stream,
+        routes::get_exec,
+        routes::workspace_events,
+    ),
+    components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
+    modifiers(&BearerAuth),
+    security(("bearer" = []))
+)]
+pub struct ApiDoc;
+
+struct BearerAuth;
+
+impl Modify for BearerAuth {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        if let Some(components) = openapi.components.as_mut() {
+            components.add_security_scheme(
+                "bearer",
+                SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+            );
+        }
+    }
+}
+
+/// The OpenAPI document, as served at `/openapi.json` and committed at
+/// `docs/openapi.json` (regenerate with `grove openapi > docs/openapi.json`).
+pub fn openapi_json() -> String {
+    let mut text = ApiDoc::openapi()
+        .to_pretty_json()
+        .expect("the OpenAPI document serializes");
+    text.push('\n');
+    text
+}
+
+/// The routes, with their state.
+pub fn router(state: Arc<AppState>) -> Router {
+    static DOC: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let doc: &'static str = DOC.get_or_init(openapi_json);
+    Router::new()
+        .route("/v1/repo-caches/ensure", post(routes::ensure_repo_cache))
+        .route("/v1/sessions", post(routes::acquire_session))
+        .route("/v1/sessions/{id}/release", post(routes::release_session))
+        .route("/v1/workspaces", get(routes::list_workspaces))
+        .route(
+            "/v1/workspaces/{id}",
+            get(routes::get_workspace).delete(routes::destroy_workspace),
+        )
+        .route("/v1/workspaces/{id}/pin", post(routes::pin_workspace))
+        .route("/v1/workspaces/{id}/exec", post(routes::exec))
+        .route("/v1/workspaces/{id}/exec/stream", post(stream::exec_stream))
+        .route("/v1/workspaces/{id}/events", get(routes::workspace_events))
+        .route("/v1/execs/{id}", get(routes::get_exec))
+        .route(
+            "/openapi.json",
+            get(move || async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    doc,
+                )
+            }),
+        )
+        .route(
+            "/healthz",
+            get(|| async { Json(serde_json::json!({"ok": true})) }),
+        )
+        .fallback(|| async { ApiError::not_found("no such route") })
+        .with_state(state)
+}
+
+/// Serves `router(state)` on `listener` until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<AppState>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+}

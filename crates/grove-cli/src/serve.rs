@@ -1,0 +1,86 @@
+//! `grove serve`: the HTTP API, with a worker in the same process unless `--no-worker`.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use grove_api::auth::Tokens;
+use grove_api::AppState;
+use grove_postgres::submit::WaitOptions;
+use tokio::sync::watch;
+
+use crate::{build_worker, connect, invalid, shutdown_signal};
+
+/// Serves until SIGINT/SIGTERM. Prints `grove: listening on http://ADDR` first (the
+/// bound address, so `--bind 127.0.0.1:0` can be used), then the dev token if one was
+/// made: without `GROVE_API_TOKENS`/`GROVE_API_TOKENS_FILE`, a loopback server gets a
+/// random operator token for user `dev`; any other address refuses to start.
+pub async fn serve(bind: String, worker: Option<(String, usize)>) -> Result<ExitCode> {
+    let addr: SocketAddr = bind
+        .parse()
+        .map_err(|_| invalid(format!("--bind {bind:?}: expected IP:PORT")))?;
+    let (tokens, dev_token) = match Tokens::from_env().map_err(|e| invalid(e.to_string()))? {
+        Some(tokens) => (tokens, None),
+        None if addr.ip().is_loopback() => {
+            let (tokens, token) = Tokens::dev("dev");
+            (tokens, Some(token))
+        }
+        None => {
+            return Err(invalid(
+                "no API tokens configured: set GROVE_API_TOKENS or GROVE_API_TOKENS_FILE (a dev token is made only on a loopback address)",
+            ))
+        }
+    };
+    // The worker migrates as it starts; a server without one migrates itself.
+    let worker = match worker {
+        Some((node, concurrency)) => Some(build_worker(node, concurrency).await?),
+        None => None,
+    };
+    let pool = connect(16).await?;
+    if worker.is_none() {
+        grove_postgres::migrate::migrate(&pool).await?;
+    }
+    let state = Arc::new(
+        AppState::new(pool, tokens, WaitOptions::from_env())
+            .await
+            .context("listening for notifications")?,
+    );
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let local = listener.local_addr()?;
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "grove: listening on http://{local}")?;
+        if let Some(token) = &dev_token {
+            writeln!(out, "grove: dev token (user dev, operator): {token}")?;
+        }
+        out.flush()?;
+    }
+    let (stop, stopped) = watch::channel(false);
+    let until_stopped = |mut rx: watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let worker = worker.map(|w| tokio::spawn(w.run(until_stopped(stopped.clone()))));
+    let mut server = tokio::spawn(grove_api::serve(
+        listener,
+        state,
+        until_stopped(stopped.clone()),
+    ));
+    tokio::select! {
+        _ = shutdown_signal() => {}
+        served = &mut server => {
+            served.context("the HTTP server task failed")??;
+        }
+    }
+    let _ = stop.send(true);
+    // Followers' event streams stay open: give requests a few seconds, then stop.
+    let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
+    if let Some(worker) = worker {
+        worker.await.context("the worker task failed")??;
+    }
+    Ok(ExitCode::SUCCESS)
+}
