@@ -1,5 +1,6 @@
 //! End-to-end tests: the real `grove` binary, real worker processes, real Postgres and git.
 
+mod api;
 mod concurrency;
 mod crash;
 mod docker;
