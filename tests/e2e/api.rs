@@ -156,6 +156,36 @@ async fn a_session_is_acquired_run_in_and_its_events_read_over_http() {
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
     assert_eq!(body["error"]["kind"], "conflict");
 
+    // A git token in its header is handed to the worker and found nowhere after.
+    let git_token = "ghp_api0secret0token0for0the0test";
+    let resp = server
+        .http
+        .post(server.url("/v1/repo-caches/ensure"))
+        .bearer_auth(ALICE)
+        .header("X-Grove-Git-Token", git_token)
+        .json(&json!({"repo_name": "o/fixture", "repo_url": url, "fetch": true}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), StatusCode::OK);
+    assert!(!resp.text().await.unwrap().contains(git_token));
+    let leaks: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM grove.command_secrets)
+              + (SELECT count(*) FROM grove.commands WHERE payload::text LIKE '%' || $1 || '%'
+                     OR coalesce(result::text, '') LIKE '%' || $1 || '%')
+              + (SELECT count(*) FROM grove.events WHERE payload::text LIKE '%' || $1 || '%')",
+    )
+    .bind(git_token)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(leaks, 0, "the git token was kept somewhere");
+    let log = std::fs::read_to_string(env.dir.path().join("serve.log")).unwrap();
+    assert!(
+        !log.contains(git_token) && !log.contains(ALICE),
+        "a token in the log"
+    );
+
     let ws = server.acquire(ALICE, &url, "c1").await;
     let (status, got) = server.get(&format!("/v1/workspaces/{ws}"), ALICE).await;
     assert_eq!(status, StatusCode::OK);
@@ -366,6 +396,16 @@ async fn another_users_ids_answer_404_and_a_missing_token_401() {
         execs_before,
         "nothing ran for bob"
     );
+    // The user is the token's: a body that names one is refused.
+    let (status, answer) = server
+        .post(
+            "/v1/sessions",
+            BOB,
+            json!({"user_id": "alice", "project_id": "p1", "repo_name": "o/fixture",
+                   "repo_url": url, "base_ref": "main", "mode": "edit", "conversation_id": "c1"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{answer}");
     let (_, bobs) = server.get("/v1/workspaces", BOB).await;
     assert_eq!(bobs["workspaces"], json!([]));
 
