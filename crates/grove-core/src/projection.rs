@@ -61,7 +61,10 @@ impl Reads {
                 | Event::WorkspaceEvicting { workspace_id, .. }
                 | Event::WorkspaceEvicted { workspace_id, .. }
                 | Event::WorkspaceEvictionBlocked { workspace_id, .. }
-                | Event::WorkspaceRestored { workspace_id, .. } => {
+                | Event::WorkspaceRestored { workspace_id, .. }
+                | Event::WorkspaceFileWritten { workspace_id, .. }
+                | Event::WorkspaceCommitted { workspace_id, .. }
+                | Event::WorkspacePushed { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
                 }
                 Event::SweepFinished { .. } => {}
@@ -208,6 +211,13 @@ impl Projections {
                 dirty,
             } => {
                 self.update_workspace(workspace_id, at, |row| row.dirty = dirty);
+            }
+            // A tool's write, commit or push is a use of the workspace; whether it left
+            // the workspace dirty is a `workspace.dirty_changed` of its own (as for an exec).
+            Event::WorkspaceFileWritten { workspace_id, .. }
+            | Event::WorkspaceCommitted { workspace_id, .. }
+            | Event::WorkspacePushed { workspace_id, .. } => {
+                self.update_workspace(workspace_id, at, |_| {});
             }
             Event::WorkspaceDestroyed { workspace_id } => {
                 self.workspaces.remove(&workspace_id);

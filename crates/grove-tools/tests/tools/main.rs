@@ -1,0 +1,1 @@
+//! Integration tests of the tool surface against real directories.
