@@ -212,7 +212,8 @@ pub(crate) fn log(dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitErro
         return Ok(Vec::new());
     }
     let mut walk = repo.revwalk().map_err(local)?;
-    walk.set_sorting(Sort::TIME).map_err(local)?;
+    walk.set_sorting(Sort::TOPOLOGICAL | Sort::TIME)
+        .map_err(local)?;
     walk.push_head().map_err(local)?;
     let mut out = Vec::new();
     for oid in walk.take(max_count) {
