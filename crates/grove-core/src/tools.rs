@@ -250,6 +250,9 @@ impl ToolOp {
                 if message.len() > MAX_MESSAGE_BYTES {
                     return req("commit message exceeds 64 KiB");
                 }
+                if author_name.is_some() != author_email.is_some() {
+                    return req("author_name and author_email go together");
+                }
                 for v in [author_name, author_email].into_iter().flatten() {
                     if v.is_empty()
                         || v.len() > 256

@@ -114,6 +114,9 @@ impl Workspace {
             .open_beneath(path, flags, Mode::from_raw_mode(0o644))?;
         let stat = rustix::fs::fstat(&fd).map_err(|e| io_err("stat", path.as_str(), e))?;
         check_file(path, &stat)?;
+        if existing.is_none() {
+            self.root.adopt(fd.as_fd(), path.as_str())?;
+        }
         let mut file = std::fs::File::from(fd);
         file.write_all(content)
             .and_then(|()| file.flush())

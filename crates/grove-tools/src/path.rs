@@ -98,6 +98,9 @@ impl RelPath {
 #[derive(Debug)]
 pub struct Root {
     fd: OwnedFd,
+    /// The root's owner: files and directories the tools create are given to it, so a
+    /// workspace handed to a sandbox user stays writable by that user.
+    owner: (u32, u32),
 }
 
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -110,7 +113,25 @@ impl Root {
             Mode::empty(),
         )
         .map_err(|e| io_err("opening the workspace", "", e))?;
-        Ok(Self { fd })
+        let stat = rustix::fs::fstat(&fd).map_err(|e| io_err("stat", "", e))?;
+        Ok(Self {
+            fd,
+            owner: (stat.st_uid, stat.st_gid),
+        })
+    }
+
+    /// Gives a file or directory this call created to the root's owner (a no-op when
+    /// it already belongs to it).
+    pub(crate) fn adopt(&self, fd: BorrowedFd<'_>, path: &str) -> Result<(), ToolError> {
+        let stat = rustix::fs::fstat(fd).map_err(|e| io_err("stat", path, e))?;
+        if (stat.st_uid, stat.st_gid) == self.owner {
+            return Ok(());
+        }
+        let (uid, gid) = (
+            rustix::fs::Uid::from_raw(self.owner.0),
+            rustix::fs::Gid::from_raw(self.owner.1),
+        );
+        rustix::fs::fchown(fd, Some(uid), Some(gid)).map_err(|e| io_err("chown", path, e))
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
@@ -149,13 +170,17 @@ impl Root {
         }
         for name in path.as_str().split('/') {
             let next = at.join(name);
-            match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o755)) {
-                Ok(()) | Err(Errno::EXIST) => {}
+            let made = match rustix::fs::mkdirat(&fd, name, Mode::from_raw_mode(0o755)) {
+                Ok(()) => true,
+                Err(Errno::EXIST) => false,
                 Err(e) => return Err(io_err("creating a directory", next.as_str(), e)),
-            }
+            };
             // Re-resolved from the root: a name that is (or just became) a symlink
             // pointing out is refused here, before anything is created inside it.
             fd = self.open_beneath(&next, dir_flags, Mode::empty())?;
+            if made {
+                self.adopt(fd.as_fd(), next.as_str())?;
+            }
             at = next;
         }
         Ok(fd)

@@ -264,3 +264,26 @@ fn writes_into_dot_git_are_refused() {
         Err(ToolError::InvalidPath { .. })
     ));
 }
+
+#[test]
+fn created_files_and_directories_take_the_owner_of_the_workspace_root() {
+    use std::os::unix::fs::MetadataExt;
+    if rustix_is_root() {
+        let s = Scratch::new();
+        std::os::unix::fs::chown(&s.root, Some(65534), Some(65534)).unwrap();
+        s.ws().write_file("made/by/tool.txt", "x").unwrap();
+        for p in ["made", "made/by", "made/by/tool.txt"] {
+            let meta = std::fs::metadata(s.root.join(p)).unwrap();
+            assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{p}");
+        }
+    } else {
+        println!("skipped: changing owners needs root");
+    }
+}
+
+fn rustix_is_root() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    // A file we create is owned by our effective uid.
+    let f = tempfile::NamedTempFile::new().unwrap();
+    f.as_file().metadata().unwrap().uid() == 0
+}
