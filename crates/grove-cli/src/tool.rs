@@ -24,6 +24,9 @@ pub struct ToolArgs {
     /// Idempotency key: the same id submitted twice runs once.
     #[arg(long = "command-id", global = true)]
     command_id: Option<Uuid>,
+    /// Accepted for symmetry with other commands: tool output is always JSON.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 /// Where a write tool's content comes from.

@@ -15,7 +15,7 @@ pub enum GitError {
     #[error("ref {0:?} not found in the repo cache")]
     RefNotFound(String),
     /// The remote could not be reached or the clone broke off. Handling: retry with backoff.
-    #[error("repo cache unavailable: {0}")]
+    #[error("repository unavailable: {0}")]
     Unavailable(String),
     /// The remote refused an update (not a fast-forward, or a stale lease). Handling:
     /// do not retry as-is; fetch, look, decide (409 / exit 4).
