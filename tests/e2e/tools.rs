@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use grove_e2e::{acquire_args, git, text, TestEnv};
+use grove_e2e::{acquire_args, files_containing, git, text, TestEnv};
 use sha2::{Digest, Sha256};
 
 use crate::env_or_skip;
@@ -153,9 +153,37 @@ async fn write_replace_search_commit_and_push_through_tool_jobs_each_write_an_ev
         commit
     );
 
+    // A second push with a token: it travels like an acquire's and lands nowhere.
+    let token = format!("ghs_tooltoken_{}", uuid::Uuid::new_v4().simple());
+    tool(&env, &id, &["write", "more.txt", "--content", "more\n"]).await;
+    tool(&env, &id, &["commit", "-m", "more"]).await;
+    let out = env
+        .grove_env(
+            &["tool", &id, "push", "--token-env", "GIT_TOKEN"],
+            &[("GIT_TOKEN", &token)],
+        )
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert!(!text(&out).0.contains(&token) && !text(&out).1.contains(&token));
+    assert!(files_containing(&env.home(), token.as_bytes()).is_empty());
+    assert!(!env.worker_logs().contains(&token));
+    let in_db: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM grove.events WHERE payload::text LIKE '%' || $1 || '%' OR metadata::text LIKE '%' || $1 || '%')
+              + (SELECT count(*) FROM grove.commands WHERE payload::text LIKE '%' || $1 || '%' OR coalesce(result::text, '') LIKE '%' || $1 || '%')
+              + (SELECT count(*) FROM grove.command_secrets)",
+    )
+    .bind(&token)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        in_db, 0,
+        "the push token (or its secret row) is in the database"
+    );
+
     // The log says what changed, never the content.
     let written = payloads(&env, "workspace.file_written").await;
-    assert_eq!(written.len(), 2);
+    assert_eq!(written.len(), 3);
     assert_eq!(written[0]["path"], "notes/todo.md");
     assert_eq!(written[0]["op"], "write_file");
     assert_eq!(written[0]["sha256"], sha256(notes));
@@ -296,4 +324,58 @@ async fn editor_failures_have_their_exit_codes() {
     let unknown = uuid::Uuid::new_v4().to_string();
     let (code, _) = tool_fails(&env, &unknown, &["status"]).await;
     assert_eq!(code, 3);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_edit_whose_worker_died_is_not_run_again_and_ends_as_worker_lost() {
+    let mut env =
+        env_or_skip!("an_edit_whose_worker_died_is_not_run_again_and_ends_as_worker_lost");
+    let (id, dir, _) = setup(&mut env, "edit").await;
+    env.worker(0).kill9().await;
+    let command_id = uuid::Uuid::new_v4();
+    let cid = command_id.to_string();
+    let mut cmd = env.command(&[
+        "tool",
+        &id,
+        "str-replace",
+        "src/lib.rs",
+        "--old",
+        "alpha",
+        "--new",
+        "beta",
+        "--command-id",
+        &cid,
+    ]);
+    cmd.env("GROVE_CLAIM_TIMEOUT", "60");
+    let cli = tokio::spawn(async move { cmd.output().await.unwrap() });
+    // The command is queued; make it look like an attempt that started on a worker that
+    // then died (its job went back to the queue with the ledger left `running`).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let n = sqlx::query("UPDATE grove.commands SET status = 'running', attempts = 1 WHERE command_id = $1 AND status = 'queued'")
+            .bind(command_id)
+            .execute(&env.pool)
+            .await
+            .unwrap()
+            .rows_affected();
+        if n == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the command was never enqueued"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    env.spawn_worker().await;
+    let out = cli.await.unwrap();
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("worker_lost"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("src/lib.rs")).unwrap(),
+        "pub fn alpha() {}\n",
+        "the edit was not run again"
+    );
+    assert_eq!(env.count_events("workspace.file_written").await, 0);
 }

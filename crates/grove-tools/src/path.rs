@@ -131,7 +131,9 @@ impl Root {
             rustix::fs::Uid::from_raw(self.owner.0),
             rustix::fs::Gid::from_raw(self.owner.1),
         );
-        rustix::fs::fchown(fd, Some(uid), Some(gid)).map_err(|e| io_err("chown", path, e))
+        // `AT_EMPTY_PATH` works on `O_PATH` descriptors too (directories are held so).
+        rustix::fs::chownat(fd, c"", Some(uid), Some(gid), AtFlags::EMPTY_PATH)
+            .map_err(|e| io_err("chown", path, e))
     }
 
     pub fn fd(&self) -> BorrowedFd<'_> {
