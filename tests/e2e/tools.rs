@@ -202,16 +202,16 @@ async fn write_replace_search_commit_and_push_through_tool_jobs_each_write_an_ev
         payloads(&env, "workspace.committed").await[0]["commit"],
         commit.as_str()
     );
-    assert_eq!(
-        payloads(&env, "workspace.pushed").await[0]["commit"],
-        commit.as_str()
-    );
+    let pushed = payloads(&env, "workspace.pushed").await;
+    assert_eq!(pushed.len(), 2);
+    assert_eq!(pushed[0]["commit"], commit.as_str());
+    assert_eq!(pushed[1]["previous"], commit.as_str());
     let dirty: Vec<bool> = payloads(&env, "workspace.dirty_changed")
         .await
         .iter()
         .map(|p| p["dirty"].as_bool().unwrap())
         .collect();
-    assert_eq!(dirty, vec![true, false]);
+    assert_eq!(dirty, vec![true, false, true, false]);
 
     let out = env.grove(&["replay", "--verify"]).await;
     assert!(out.status.success(), "{:?}", text(&out));

@@ -764,12 +764,10 @@ impl Deps {
             return Err(CommandError::new(
                 ErrorKind::Rejected,
                 format!(
-                    "workspace {} is read-only ({} mode): {}",
+                    "workspace {} is read-only ({} mode): {} is a write tool and is refused",
                     ws.id,
                     ws.mode.as_str(),
-                    ToolError::ReadOnly {
-                        op: op.name().to_string()
-                    }
+                    op.name()
                 ),
             ));
         }
