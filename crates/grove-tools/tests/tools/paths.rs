@@ -151,10 +151,14 @@ fn a_hard_linked_file_is_refused() {
 #[test]
 fn a_fifo_does_not_hang_a_read_or_write() {
     let s = Scratch::new();
-    let fifo = s.root.join("fifo");
-    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
-    // SAFETY: a valid NUL-terminated path.
-    assert_eq!(unsafe { libc_mkfifo(c.as_ptr(), 0o644) }, 0);
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        &s.root.join("fifo"),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
     assert!(matches!(
         s.ws().read_file("fifo"),
         Err(ToolError::NotAFile { .. })
@@ -163,11 +167,6 @@ fn a_fifo_does_not_hang_a_read_or_write() {
         s.ws().write_file("fifo", "x"),
         Err(ToolError::NotAFile { .. })
     ));
-}
-
-extern "C" {
-    #[link_name = "mkfifo"]
-    fn libc_mkfifo(path: *const std::ffi::c_char, mode: u32) -> i32;
 }
 
 #[test]
