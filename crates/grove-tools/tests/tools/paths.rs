@@ -153,7 +153,7 @@ fn a_fifo_does_not_hang_a_read_or_write() {
     let s = Scratch::new();
     rustix::fs::mknodat(
         rustix::fs::CWD,
-        &s.root.join("fifo"),
+        s.root.join("fifo"),
         rustix::fs::FileType::Fifo,
         rustix::fs::Mode::from_raw_mode(0o644),
         0,
