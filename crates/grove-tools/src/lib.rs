@@ -61,9 +61,10 @@ impl Workspace {
     }
 
     /// Validates paths handed to the git tools: lexically, and that each resolves (or,
-    /// for a deleted file, its absence is) beneath the root. Returns them normalized.
+    /// for a deleted file, its absence is) beneath the root. Returns them normalized;
+    /// a list naming the root itself becomes the empty list (everything).
     pub fn check_paths(&self, paths: &[String]) -> Result<Vec<String>, ToolError> {
-        paths
+        let checked: Vec<String> = paths
             .iter()
             .map(|p| {
                 let rel = RelPath::parse(p)?;
@@ -77,13 +78,13 @@ impl Workspace {
                     Ok(_) | Err(ToolError::NotADirectory { .. }) => {}
                     Err(e) => return Err(e),
                 }
-                Ok(if rel.is_root() {
-                    ".".to_string()
-                } else {
-                    rel.as_str().to_string()
-                })
+                Ok(rel.as_str().to_string())
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if checked.iter().any(String::is_empty) {
+            return Ok(Vec::new());
+        }
+        Ok(checked)
     }
 
     /// Runs a file or search operation. Git operations are refused here (they go

@@ -181,3 +181,23 @@ fn path_refusals_are_bad_input_to_the_caller() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
     assert!(!err.to_string().contains(s.root.to_str().unwrap()));
 }
+
+#[test]
+fn git_paths_are_normalized_and_the_root_means_everything() {
+    let s = Scratch::new();
+    s.write("src/a.rs", "");
+    let ws = s.ws();
+    assert_eq!(
+        ws.check_paths(&["./src//a.rs".into(), "gone.txt".into()])
+            .unwrap(),
+        vec!["src/a.rs".to_string(), "gone.txt".to_string()]
+    );
+    assert!(ws
+        .check_paths(&["src".into(), ".".into()])
+        .unwrap()
+        .is_empty());
+    assert!(matches!(
+        ws.check_paths(&[".git/config".into()]),
+        Err(ToolError::InvalidPath { .. })
+    ));
+}

@@ -83,6 +83,21 @@ fn globs_case_and_regex_filter_hits() {
         })
         .unwrap();
     assert_eq!(paths(&hits), vec![("src/deep/c.rs".into(), 1)]);
+    // Under a single file.
+    let (hits, _) = ws
+        .search(&SearchQuery {
+            path: Some("docs/b.md"),
+            ..q("needle")
+        })
+        .unwrap();
+    assert_eq!(paths(&hits), vec![("docs/b.md".into(), 1)]);
+    assert!(matches!(
+        ws.search(&SearchQuery {
+            path: Some("nope"),
+            ..q("needle")
+        }),
+        Err(ToolError::NotFound { .. })
+    ));
     assert!(matches!(
         ws.search(&SearchQuery {
             regex: true,
