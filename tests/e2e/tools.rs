@@ -379,3 +379,41 @@ async fn an_edit_whose_worker_died_is_not_run_again_and_ends_as_worker_lost() {
     );
     assert_eq!(env.count_events("workspace.file_written").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_handed_to_the_sandbox_user_stays_its_own_after_tool_writes_and_commits() {
+    use std::os::unix::fs::MetadataExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        println!("skipped: handing a workspace to another user needs root");
+        return;
+    }
+    let mut env = env_or_skip!(
+        "a_workspace_handed_to_the_sandbox_user_stays_its_own_after_tool_writes_and_commits"
+    );
+    let (id, dir, _) = setup(&mut env, "edit").await;
+    // What the Docker runtime does on first use of a writable workspace.
+    let chown = std::process::Command::new("chown")
+        .args(["-R", "65534:65534"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    tool(
+        &env,
+        &id,
+        &["write", "new/dir/file.txt", "--content", "x\n"],
+    )
+    .await;
+    tool(&env, &id, &["commit", "-m", "add a file"]).await;
+    let mut stack = vec![dir.clone()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        assert_eq!((meta.uid(), meta.gid()), (65534, 65534), "{}", p.display());
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p).unwrap() {
+                stack.push(e.unwrap().path());
+            }
+        }
+    }
+}
