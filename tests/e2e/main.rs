@@ -11,6 +11,7 @@ mod queue;
 mod reader;
 mod replay;
 mod secrets;
+mod tools;
 
 /// Skips the test (with the reason printed by `TestEnv::new`) when no database is set.
 #[macro_export]

@@ -17,12 +17,15 @@ use grove_core::model::{
     WorkspaceRow,
 };
 use grove_core::ports::{
-    ExecRequest, GitPort, GitToken, Mount, ResourceHints, RuntimeRegistry, RuntimeSpec,
+    CommitRequest, ExecRequest, GitPort, GitToken, Mount, PushRequest, ResourceHints,
+    RuntimeRegistry, RuntimeSpec,
 };
 use grove_core::projection::Projections;
+use grove_core::tools::{DiffAgainst, ToolOp, ToolOutput, ToolRequest};
 use grove_core::validate::RepoUrl;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use grove_postgres::{rows, store, StoreError};
+use grove_tools::{ToolError, Workspace as ToolWorkspace};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -746,6 +749,236 @@ impl Deps {
             correlation: correlation_of(&ws),
         })
     }
+}
+
+/// Largest patch a `git_diff` returns (the rest is cut and flagged).
+pub const MAX_DIFF_BYTES: usize = DEFAULT_MAX_OUTPUT_BYTES as usize;
+/// Log entries when a `git_log` does not say.
+pub const DEFAULT_LOG_ENTRIES: usize = 20;
+
+impl Deps {
+    /// One agent tool operation. Reads take the workspace's command lock shared, writes
+    /// exclusive (as execs of kind `read` and `write` do). File and search operations
+    /// run in `grove-tools` (every path resolved beneath the workspace root), git ones
+    /// through `GitPort`. A file write is a `workspace.file_written` event (path, size,
+    /// SHA-256; never the content), a commit `workspace.committed`, a push
+    /// `workspace.pushed`; a write that changes whether the workspace is dirty adds
+    /// `workspace.dirty_changed`, as a mutating exec does.
+    pub async fn tool(
+        &self,
+        req: &ToolRequest,
+        token: Option<&GitToken>,
+    ) -> Result<Handled, CommandError> {
+        let op = &req.op;
+        let ws = self.workspace(req.workspace_id).await?;
+        if op.is_write() && !ws.capabilities.writable {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!(
+                    "workspace {} is read-only ({} mode): {} is a write tool and is refused",
+                    ws.id,
+                    ws.mode.as_str(),
+                    op.name()
+                ),
+            ));
+        }
+        let (ws, lock) = self.lock_workspace(ws.id, !op.is_write()).await?;
+        let output = match self.run_tool(&ws, op, token).await {
+            Ok(output) => output,
+            Err(e) => {
+                lock.release().await.ok();
+                return Err(e);
+            }
+        };
+        let mut events = Vec::new();
+        match &output {
+            ToolOutput::Written(w) => events.push(Event::WorkspaceFileWritten {
+                workspace_id: ws.id,
+                path: w.path.clone(),
+                op: op.name().to_string(),
+                size_bytes: w.size_bytes,
+                sha256: w.sha256.clone(),
+                created: w.created,
+            }),
+            ToolOutput::Committed(c) => events.push(Event::WorkspaceCommitted {
+                workspace_id: ws.id,
+                commit: c.commit.clone(),
+                branch: c.branch.clone(),
+                files: c.files.clone(),
+            }),
+            ToolOutput::Pushed(p) => events.push(Event::WorkspacePushed {
+                workspace_id: ws.id,
+                branch: p.branch.clone(),
+                commit: p.commit.clone(),
+                previous: p.previous.clone(),
+                forced: p.forced,
+            }),
+            _ => {}
+        }
+        if op.is_write() {
+            let git = self.git.clone();
+            let dir = PathBuf::from(&ws.local_path);
+            if let Ok(dirty) = blocking(move || git.is_dirty(&dir)).await {
+                if dirty != ws.dirty {
+                    events.push(Event::WorkspaceDirtyChanged {
+                        workspace_id: ws.id,
+                        dirty,
+                    });
+                }
+            }
+        }
+        Ok(Handled {
+            result: Ok(CommandResult::Tool(output)),
+            events,
+            locks: vec![lock],
+            correlation: correlation_of(&ws),
+        })
+    }
+
+    async fn run_tool(
+        &self,
+        ws: &WorkspaceRow,
+        op: &ToolOp,
+        token: Option<&GitToken>,
+    ) -> Result<ToolOutput, CommandError> {
+        let dir = PathBuf::from(&ws.local_path);
+        let writable = ws.capabilities.writable;
+        // Paths given to git are checked against the root like every other path.
+        let paths = match op {
+            ToolOp::GitDiff { paths, .. } | ToolOp::GitCommit { paths, .. } => paths.clone(),
+            _ => Vec::new(),
+        };
+        let checked = {
+            let (dir, op) = (dir.clone(), op.clone());
+            tokio::task::spawn_blocking(move || -> Result<_, ToolError> {
+                let tools = ToolWorkspace::open(&dir, writable)?;
+                if is_git_tool(&op) {
+                    Ok((None, tools.check_paths(&paths)?))
+                } else {
+                    Ok((Some(tools.run(&op)?), Vec::new()))
+                }
+            })
+            .await
+            .map_err(|e| internal(format!("tool task failed: {e}")))?
+            .map_err(CommandError::from)?
+        };
+        let paths = match checked {
+            (Some(output), _) => return Ok(output),
+            (None, paths) => paths,
+        };
+        let git = self.git.clone();
+        let output = match op.clone() {
+            ToolOp::GitStatus => ToolOutput::Status(blocking(move || git.status(&dir)).await?),
+            ToolOp::GitDiff { against, .. } => {
+                let against = match against {
+                    DiffAgainst::Base => DiffAgainst::Ref(ws.base_commit.clone()),
+                    other => other,
+                };
+                ToolOutput::Diff(
+                    blocking(move || git.diff(&dir, &against, &paths, MAX_DIFF_BYTES)).await?,
+                )
+            }
+            ToolOp::GitLog { max_count } => ToolOutput::Log {
+                entries: blocking(move || git.log(&dir, max_count.unwrap_or(DEFAULT_LOG_ENTRIES)))
+                    .await?,
+            },
+            ToolOp::GitCommit {
+                message,
+                author_name,
+                author_email,
+                ..
+            } => {
+                let committed = blocking(move || {
+                    let author = author_name.as_deref().zip(author_email.as_deref());
+                    git.commit(&CommitRequest {
+                        workspace_dir: &dir,
+                        message: &message,
+                        paths: &paths,
+                        author,
+                    })
+                })
+                .await?;
+                self.keep_git_owner(ws).await;
+                ToolOutput::Committed(committed)
+            }
+            ToolOp::GitPush {
+                branch,
+                force_with_lease,
+                expect,
+                set_upstream,
+            } => {
+                let token = token.cloned();
+                let pushed = blocking(move || {
+                    git.push(&PushRequest {
+                        workspace_dir: &dir,
+                        branch: branch.as_deref(),
+                        force_with_lease,
+                        expect: expect.as_deref(),
+                        set_upstream,
+                        token: token.as_ref(),
+                    })
+                })
+                .await?;
+                self.keep_git_owner(ws).await;
+                ToolOutput::Pushed(pushed)
+            }
+            other => return Err(internal(format!("{} is not a git tool", other.name()))),
+        };
+        Ok(output)
+    }
+
+    /// A workspace handed to the sandbox user keeps its `.git` owned by that user after
+    /// the worker (root) committed or pushed in it, so git inside the runtime still
+    /// works. Failures are logged: the commit itself stands.
+    async fn keep_git_owner(&self, ws: &WorkspaceRow) {
+        use std::os::unix::fs::MetadataExt;
+        let dir = PathBuf::from(&ws.local_path);
+        let _ = tokio::task::spawn_blocking(move || {
+            let Ok(meta) = std::fs::symlink_metadata(&dir) else {
+                return;
+            };
+            let git_dir = dir.join(".git");
+            let owned = std::fs::symlink_metadata(&git_dir)
+                .is_ok_and(|g| (g.uid(), g.gid()) == (meta.uid(), meta.gid()));
+            // SAFETY: geteuid has no preconditions and cannot fail.
+            if meta.uid() == unsafe { libc::geteuid() } && owned {
+                return;
+            }
+            if let Err(e) = chown_tree(&git_dir, meta.uid(), meta.gid()) {
+                tracing::warn!(error = %e, "re-owning .git after a git tool failed");
+            }
+        })
+        .await;
+    }
+}
+
+fn is_git_tool(op: &ToolOp) -> bool {
+    matches!(
+        op,
+        ToolOp::GitStatus
+            | ToolOp::GitDiff { .. }
+            | ToolOp::GitLog { .. }
+            | ToolOp::GitCommit { .. }
+            | ToolOp::GitPush { .. }
+    )
+}
+
+/// Gives every entry under `dir` (itself included) to `uid:gid`, symlinks themselves.
+fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&path)?;
+        if meta.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                stack.push(entry?.path());
+            }
+        }
+        if (meta.uid(), meta.gid()) != (uid, gid) {
+            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
+        }
+    }
+    Ok(())
 }
 
 /// The unprivileged user (and group) containers run as: `nobody:nogroup`.

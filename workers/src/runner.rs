@@ -414,7 +414,30 @@ async fn finish_worker_lost(
     command: &Command,
 ) -> Result<(), StoreError> {
     let Command::Exec(exec) = command else {
-        return Ok(());
+        // Any other command that is not safe to repeat (a tool's edit, commit or push)
+        // left no start events: it only fails, and the caller decides.
+        let workspace = match command.workspace_id() {
+            Some(id) => {
+                let mut conn = deps.pool.acquire().await?;
+                grove_postgres::rows::workspace(&mut conn, id).await?
+            }
+            None => None,
+        };
+        let correlation = workspace.as_ref().map(correlation_of).unwrap_or_default();
+        let err = CommandError::new(
+            ErrorKind::WorkerLost,
+            "the worker running this command stopped before it finished; the command was not re-run (check the workspace before retrying)",
+        );
+        return queue::finish(
+            &deps.pool,
+            job,
+            &deps.config.worker_id,
+            &Err(err),
+            &[],
+            &metadata(deps, job, correlation),
+            now(),
+        )
+        .await;
     };
     let mut conn = deps.pool.acquire().await?;
     let ws = grove_postgres::rows::workspace(&mut conn, exec.workspace_id).await?;
@@ -535,6 +558,7 @@ async fn handle(
             workspace_id,
             until,
         } => deps.pin_workspace(*workspace_id, *until, at).await,
+        Command::Tool(t) => deps.tool(t, token.as_ref()).await,
         _ => Err(CommandError::new(
             ErrorKind::Rejected,
             "unknown command kind",

@@ -8,6 +8,7 @@ mod client;
 mod evict;
 mod localdb;
 mod serve;
+mod tool;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};
@@ -75,6 +76,8 @@ enum Top {
     Workspace(WorkspaceCmd),
     /// Run a command in a workspace.
     Exec(ExecArgs),
+    /// Agent tools on a workspace: text editor, files, search, git. Prints JSON.
+    Tool(tool::ToolArgs),
     /// Read (or follow) the event log.
     Events {
         #[arg(long)]
@@ -507,6 +510,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             json,
         } => evict::release(user, project, conversation, task, destroy_workspaces, json).await,
         Top::Exec(args) => exec(args).await,
+        Top::Tool(args) => tool::tool(args).await,
         Top::Events {
             stream,
             after,
@@ -810,6 +814,7 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
         CommandResult::Exec(o) => println!("{}", serde_json::to_string(o)?),
         CommandResult::Sweep(report) => evict::print_report(report, json)?,
         CommandResult::Released(report) => evict::print_released(report, json)?,
+        CommandResult::Tool(output) => println!("{}", serde_json::to_string(output)?),
         CommandResult::Done => {}
     }
     Ok(ExitCode::SUCCESS)

@@ -10,6 +10,7 @@ use crate::model::{
     ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
 };
 use crate::ports::NetworkPolicy;
+use crate::tools::{ToolOutput, ToolRequest};
 use crate::validate::{
     validate_branch_scope_id, validate_command, validate_env, validate_owner_id, validate_ref,
     RepoName, RepoUrl, ValidationError,
@@ -152,6 +153,8 @@ pub enum Command {
         workspace_id: Uuid,
         until: Option<DateTime<Utc>>,
     },
+    /// One agent tool operation (text editor, files, search, git) on a workspace.
+    Tool(ToolRequest),
 }
 
 impl Command {
@@ -168,19 +171,25 @@ impl Command {
             Self::RestoreWorkspace { .. } => "restore_workspace",
             Self::ReleaseScope(_) => "release_scope",
             Self::PinWorkspace { .. } => "pin_workspace",
+            Self::Tool(_) => "tool",
         }
     }
 
     /// Whether running the command twice is safe, so a job whose worker died is retried.
     /// An exec is not: it ends as `worker_lost` instead of running behind the caller's back.
     pub fn is_idempotent(&self) -> bool {
-        !matches!(self, Self::Exec(_))
+        match self {
+            Self::Exec(_) => false,
+            Self::Tool(t) => t.op.is_idempotent(),
+            _ => true,
+        }
     }
 
     /// The workspace this command acts on, if it names one.
     pub fn workspace_id(&self) -> Option<Uuid> {
         match self {
             Self::Exec(e) => Some(e.workspace_id),
+            Self::Tool(t) => Some(t.workspace_id),
             Self::ReleaseSession { workspace_id, .. }
             | Self::HibernateRuntime { workspace_id }
             | Self::DestroyRuntime { workspace_id }
@@ -251,6 +260,7 @@ impl Command {
                 }
             }
             Self::EvictSweep(c) => validate_owner_id("node", &c.node)?,
+            Self::Tool(t) => t.op.validate()?,
             Self::ReleaseScope(c) => {
                 validate_owner_id("user", &c.user_id)?;
                 if let Some(p) = &c.project_id {
@@ -286,6 +296,7 @@ pub enum CommandResult {
     Exec(ExecOutcome),
     Sweep(crate::sweep::SweepReport),
     Released(ReleaseReport),
+    Tool(ToolOutput),
     Done,
 }
 

@@ -15,8 +15,19 @@ pub enum GitError {
     #[error("ref {0:?} not found in the repo cache")]
     RefNotFound(String),
     /// The remote could not be reached or the clone broke off. Handling: retry with backoff.
-    #[error("repo cache unavailable: {0}")]
+    #[error("repository unavailable: {0}")]
     Unavailable(String),
+    /// The remote refused an update (not a fast-forward, or a stale lease). Handling:
+    /// do not retry as-is; fetch, look, decide (409 / exit 4).
+    #[error("push rejected: {0}")]
+    Rejected(String),
+    /// A commit was asked for but nothing (of the given paths) changed. Handling: 422.
+    #[error("nothing to commit")]
+    NothingToCommit,
+    /// The request does not fit the repository (a detached HEAD to push, a path that is
+    /// not in it). Handling: do not retry; 400 / exit 2.
+    #[error("{0}")]
+    InvalidInput(String),
     /// A local filesystem or repository failure.
     #[error("git failed: {0}")]
     Other(String),
@@ -140,6 +151,9 @@ impl From<GitError> for CommandError {
             GitError::AuthFailed => ErrorKind::AuthFailed,
             GitError::RefNotFound(_) => ErrorKind::NotFound,
             GitError::Unavailable(_) => ErrorKind::Unavailable,
+            GitError::Rejected(_) => ErrorKind::Conflict,
+            GitError::NothingToCommit => ErrorKind::Rejected,
+            GitError::InvalidInput(_) => ErrorKind::InvalidInput,
             GitError::Other(_) => ErrorKind::Internal,
         };
         let err = Self::new(kind, e.to_string());

@@ -198,6 +198,38 @@ pub enum Event {
     /// Changes no projection.
     #[serde(rename = "eviction.sweep_finished")]
     SweepFinished { sweep_id: Uuid, report: SweepReport },
+    /// A tool wrote a file of the workspace (`create`, `str_replace`, `insert`,
+    /// `write_file`). The content is never recorded, only what identifies it.
+    #[serde(rename = "workspace.file_written")]
+    WorkspaceFileWritten {
+        workspace_id: Uuid,
+        /// Relative to the workspace root.
+        path: String,
+        /// The tool that wrote it.
+        op: String,
+        size_bytes: u64,
+        /// SHA-256 of the new content, lowercase hex.
+        sha256: String,
+        /// The file did not exist before.
+        created: bool,
+    },
+    /// The `git_commit` tool made a commit in the workspace.
+    #[serde(rename = "workspace.committed")]
+    WorkspaceCommitted {
+        workspace_id: Uuid,
+        commit: String,
+        branch: Option<String>,
+        files: Vec<String>,
+    },
+    /// The `git_push` tool pushed a branch of the workspace to its `origin`.
+    #[serde(rename = "workspace.pushed")]
+    WorkspacePushed {
+        workspace_id: Uuid,
+        branch: String,
+        commit: String,
+        previous: Option<String>,
+        forced: bool,
+    },
 }
 
 impl Event {
@@ -230,6 +262,9 @@ impl Event {
             Self::RepoCacheSizeMeasured { .. } => "repo_cache.size_measured",
             Self::RepoCacheEvicted { .. } => "repo_cache.evicted",
             Self::SweepFinished { .. } => "eviction.sweep_finished",
+            Self::WorkspaceFileWritten { .. } => "workspace.file_written",
+            Self::WorkspaceCommitted { .. } => "workspace.committed",
+            Self::WorkspacePushed { .. } => "workspace.pushed",
         }
     }
     /// The stream this event is appended to.
@@ -252,7 +287,10 @@ impl Event {
             | Self::WorkspaceEvictionBlocked { workspace_id, .. }
             | Self::WorkspaceRestored { workspace_id, .. }
             | Self::ExecStarted { workspace_id, .. }
-            | Self::ExecFinished { workspace_id, .. } => workspace_stream(*workspace_id),
+            | Self::ExecFinished { workspace_id, .. }
+            | Self::WorkspaceFileWritten { workspace_id, .. }
+            | Self::WorkspaceCommitted { workspace_id, .. }
+            | Self::WorkspacePushed { workspace_id, .. } => workspace_stream(*workspace_id),
             Self::RuntimeStarted { runtime_id, .. }
             | Self::RuntimeStopped { runtime_id, .. }
             | Self::RuntimeDestroyed { runtime_id, .. } => runtime_stream(*runtime_id),

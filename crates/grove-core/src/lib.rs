@@ -9,6 +9,7 @@
 //! - [`eviction`]: the eviction policy as pure data: inventory in, ordered plan out.
 //! - [`sweep`]: what one eviction sweep did (its report and event payload).
 //! - [`commands`]: the job kinds and their payloads.
+//! - [`tools`]: the agent tool surface as data (operations, outputs).
 //! - [`ports`]: the traits adapters implement (git, runtimes).
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
@@ -26,4 +27,5 @@ pub mod model;
 pub mod ports;
 pub mod projection;
 pub mod sweep;
+pub mod tools;
 pub mod validate;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{GitError, RuntimeError};
 use crate::model::SavedWork;
+use crate::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 
 /// A secret used for one clone or fetch. Its `Debug` never shows the value.
 #[derive(Clone)]
@@ -110,6 +111,35 @@ pub struct RestoreRequest<'a> {
     pub upstream_url: &'a str,
 }
 
+/// A commit in a workspace (the `git_commit` tool).
+#[derive(Debug, Clone)]
+pub struct CommitRequest<'a> {
+    pub workspace_dir: &'a Path,
+    pub message: &'a str,
+    /// Relative paths (already validated against the workspace root) to stage; empty:
+    /// every change, untracked files included.
+    pub paths: &'a [String],
+    /// Author and committer; `None`: the workspace's `user.name` / `user.email`.
+    pub author: Option<(&'a str, &'a str)>,
+}
+
+/// A push of a workspace branch to its `origin` (the `git_push` tool).
+#[derive(Debug, Clone)]
+pub struct PushRequest<'a> {
+    pub workspace_dir: &'a Path,
+    /// The branch; `None`: the checked-out one.
+    pub branch: Option<&'a str>,
+    pub force_with_lease: bool,
+    /// The commit the remote branch must be at for the forced update; `None`: our
+    /// remote-tracking ref `refs/remotes/origin/<branch>`, or absent on the remote when
+    /// we have none.
+    pub expect: Option<&'a str>,
+    /// Record `origin/<branch>` as the branch's upstream in the workspace's config.
+    pub set_upstream: bool,
+    /// Handed to git only through the credentials callback.
+    pub token: Option<&'a GitToken>,
+}
+
 /// Repo caches and workspace checkouts. Blocking: callers run it on a blocking thread.
 ///
 /// Implementations must keep credentials out of remote URLs, git config, error
@@ -150,6 +180,23 @@ pub trait GitPort: Send + Sync {
     fn measure(&self, dir: &Path) -> Result<i64, GitError>;
     /// Deletes a workspace or repo cache directory that was moved into grove's trash.
     fn remove_trash(&self, trash_dir: &Path) -> Result<(), GitError>;
+    /// The branch, HEAD and changed paths of a workspace (untracked files included).
+    fn status(&self, workspace_dir: &Path) -> Result<GitStatus, GitError>;
+    /// The working tree (untracked files included) against HEAD or a ref, as a unified
+    /// patch cut at `max_bytes`; `paths` (validated, relative) limit it.
+    fn diff(
+        &self,
+        workspace_dir: &Path,
+        against: &DiffAgainst,
+        paths: &[String],
+        max_bytes: usize,
+    ) -> Result<GitDiff, GitError>;
+    /// The last `max_count` commits reachable from HEAD, newest first.
+    fn log(&self, workspace_dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitError>;
+    /// Stages the request's paths (or everything) and commits on the current branch.
+    fn commit(&self, req: &CommitRequest<'_>) -> Result<Committed, GitError>;
+    /// Pushes a branch to `origin`; a rejected update is [`GitError::Rejected`].
+    fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError>;
 }
 
 /// Network policy of a runtime.

@@ -61,7 +61,10 @@ impl Reads {
                 | Event::WorkspaceEvicting { workspace_id, .. }
                 | Event::WorkspaceEvicted { workspace_id, .. }
                 | Event::WorkspaceEvictionBlocked { workspace_id, .. }
-                | Event::WorkspaceRestored { workspace_id, .. } => {
+                | Event::WorkspaceRestored { workspace_id, .. }
+                | Event::WorkspaceFileWritten { workspace_id, .. }
+                | Event::WorkspaceCommitted { workspace_id, .. }
+                | Event::WorkspacePushed { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
                 }
                 Event::SweepFinished { .. } => {}
@@ -208,6 +211,13 @@ impl Projections {
                 dirty,
             } => {
                 self.update_workspace(workspace_id, at, |row| row.dirty = dirty);
+            }
+            // A tool's write, commit or push is a use of the workspace; whether it left
+            // the workspace dirty is a `workspace.dirty_changed` of its own (as for an exec).
+            Event::WorkspaceFileWritten { workspace_id, .. }
+            | Event::WorkspaceCommitted { workspace_id, .. }
+            | Event::WorkspacePushed { workspace_id, .. } => {
+                self.update_workspace(workspace_id, at, |_| {});
             }
             Event::WorkspaceDestroyed { workspace_id } => {
                 self.workspaces.remove(&workspace_id);
@@ -417,6 +427,42 @@ mod tests {
             p.take_touched().workspaces.into_iter().collect::<Vec<_>>(),
             vec![id]
         );
+    }
+
+    #[test]
+    fn given_a_workspace_when_a_tool_writes_a_file_then_it_is_used_but_dirtiness_is_its_own_event()
+    {
+        let id = Uuid::from_u128(1);
+        let mut p = Projections::default();
+        p.apply(&created(id), at(1));
+        p.take_touched();
+        let written = Event::WorkspaceFileWritten {
+            workspace_id: id,
+            path: "src/lib.rs".into(),
+            op: "str_replace".into(),
+            size_bytes: 3,
+            sha256: "ab".into(),
+            created: false,
+        };
+        p.apply(&written, at(5));
+        let row = &p.workspaces[&id];
+        assert_eq!(row.last_used_at, at(5));
+        assert_eq!(row.updated_at, at(5));
+        assert!(!row.dirty);
+        assert_eq!(Reads::of(&[written]).workspaces, vec![id]);
+        assert_eq!(p.take_touched().workspaces.len(), 1);
+        // A write to a workspace that is gone changes nothing.
+        let mut empty = Projections::default();
+        empty.apply(
+            &Event::WorkspaceCommitted {
+                workspace_id: id,
+                commit: "c".into(),
+                branch: None,
+                files: vec![],
+            },
+            at(6),
+        );
+        assert!(empty.workspaces.is_empty() && empty.take_touched().workspaces.is_empty());
     }
 
     #[test]

@@ -179,17 +179,17 @@ fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result
     Ok(())
 }
 
-/// The credentials callback's state for one clone or fetch: the token, how often
+/// The credentials callback's state for one clone, fetch or push: the token, how often
 /// libgit2 asked, and whether we stopped answering (which makes the failure an auth
 /// failure whatever libgit2 reports afterwards).
-struct Auth<'t> {
+pub(crate) struct Auth<'t> {
     token: Option<&'t GitToken>,
     calls: Cell<u32>,
-    refused: Cell<bool>,
+    pub(crate) refused: Cell<bool>,
 }
 
 impl<'t> Auth<'t> {
-    fn new(token: Option<&'t GitToken>) -> Self {
+    pub(crate) fn new(token: Option<&'t GitToken>) -> Self {
         Self {
             token,
             calls: Cell::new(0),
@@ -197,7 +197,7 @@ impl<'t> Auth<'t> {
         }
     }
 
-    fn callbacks(&self) -> RemoteCallbacks<'_> {
+    pub(crate) fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut cb = RemoteCallbacks::new();
         cb.credentials(move |_url, _username, allowed| {
             let calls = self.calls.get() + 1;

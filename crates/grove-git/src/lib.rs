@@ -10,6 +10,9 @@
 //!   path. A runtime that mounts the workspace must mount the cache's object directory
 //!   at the same path (read-only suffices), or git inside it cannot read history.
 //!
+//! `workdir` runs git as an agent tool inside a workspace (status, diff, log, commit,
+//! push); a push's token goes through the same credentials callback as a fetch's.
+//!
 //! Both are built in a `.<name>.partial-<random>` sibling and renamed into place, so a
 //! crash never leaves a half-built cache or checkout at the final path.
 
@@ -18,15 +21,17 @@ mod checkout;
 mod errors;
 mod fsutil;
 mod preserve;
+mod workdir;
 
 use std::path::Path;
 use std::time::Duration;
 
 use grove_core::error::GitError;
 use grove_core::ports::{
-    CacheReport, CheckoutReport, CheckoutRequest, GitPort, GitToken, RestoreRequest,
-    SaveWorkReport, SaveWorkRequest,
+    CacheReport, CheckoutReport, CheckoutRequest, CommitRequest, GitPort, GitToken, PushRequest,
+    RestoreRequest, SaveWorkReport, SaveWorkRequest,
 };
+use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 
 pub use fsutil::dir_size_bytes;
 
@@ -120,5 +125,31 @@ impl GitPort for Git2Adapter {
 
     fn remove_trash(&self, trash_dir: &Path) -> Result<(), GitError> {
         preserve::remove_trash(trash_dir)
+    }
+
+    fn status(&self, workspace_dir: &Path) -> Result<GitStatus, GitError> {
+        workdir::status(workspace_dir)
+    }
+
+    fn diff(
+        &self,
+        workspace_dir: &Path,
+        against: &DiffAgainst,
+        paths: &[String],
+        max_bytes: usize,
+    ) -> Result<GitDiff, GitError> {
+        workdir::diff(workspace_dir, against, paths, max_bytes)
+    }
+
+    fn log(&self, workspace_dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitError> {
+        workdir::log(workspace_dir, max_count)
+    }
+
+    fn commit(&self, req: &CommitRequest<'_>) -> Result<Committed, GitError> {
+        workdir::commit(req)
+    }
+
+    fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError> {
+        workdir::push(req)
     }
 }

@@ -10,7 +10,7 @@ use grove_git::{dir_size_bytes, Git2Adapter};
 
 use crate::support::{git, list_files, partial_siblings, Fixture};
 
-const TOKEN: &str = "ghs_S3cr3tT0kenValue_grove_test_0123456789";
+pub(crate) const TOKEN: &str = "ghs_S3cr3tT0kenValue_grove_test_0123456789";
 
 #[test]
 fn ensuring_a_cache_twice_clones_only_once() {
@@ -247,7 +247,7 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
-fn base64(input: &str) -> String {
+pub(crate) fn base64(input: &str) -> String {
     const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
     let bytes = input.as_bytes();
     let mut out = String::new();
@@ -272,13 +272,13 @@ fn base64(input: &str) -> String {
 /// An HTTP server that answers every request with `401` and a Basic challenge, and
 /// records the `Authorization` headers it was sent. Its thread lives until the test
 /// process exits.
-struct RejectingServer {
-    url: String,
+pub(crate) struct RejectingServer {
+    pub(crate) url: String,
     seen: Arc<Mutex<Vec<String>>>,
 }
 
 impl RejectingServer {
-    fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -316,7 +316,7 @@ impl RejectingServer {
         }
     }
 
-    fn authorizations(&self) -> Vec<String> {
+    pub(crate) fn authorizations(&self) -> Vec<String> {
         self.seen.lock().unwrap().clone()
     }
 }

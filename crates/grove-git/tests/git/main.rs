@@ -4,3 +4,4 @@ mod cache;
 mod checkout;
 mod preserve;
 mod support;
+mod workdir;

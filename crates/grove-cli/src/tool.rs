@@ -1,0 +1,305 @@
+//! `grove tool ID <op>`: the agent tool surface from the command line. Each operation is
+//! one `tool` job on the workspace's node; the result is printed as one JSON object.
+//! `grove tool ID list` reads the workspace row and prints the tools it offers.
+
+use std::io::Read;
+use std::process::ExitCode;
+
+use anyhow::Result;
+use clap::{Args, Subcommand};
+use grove_core::commands::{Command, CommandResult};
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::tools::{DiffAgainst, ToolOp, ToolRequest};
+use grove_postgres::rows;
+use uuid::Uuid;
+
+use crate::{client, connect, invalid, parse_id, read_token};
+
+#[derive(Args)]
+pub struct ToolArgs {
+    /// The workspace.
+    id: String,
+    #[command(subcommand)]
+    op: ToolCmd,
+    /// Idempotency key: the same id submitted twice runs once.
+    #[arg(long = "command-id", global = true)]
+    command_id: Option<Uuid>,
+    /// Accepted for symmetry with other commands: tool output is always JSON.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+/// Where a write tool's content comes from.
+#[derive(Args)]
+pub struct Content {
+    /// The content, as an argument.
+    #[arg(long, allow_hyphen_values = true, conflicts_with = "stdin")]
+    content: Option<String>,
+    /// Read the content from stdin (UTF-8).
+    #[arg(long)]
+    stdin: bool,
+}
+
+impl Content {
+    fn read(self) -> Result<String> {
+        match (self.content, self.stdin) {
+            (Some(c), false) => Ok(c),
+            (None, true) => {
+                let mut buf = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut buf)
+                    .map_err(|e| invalid(format!("reading stdin: {e}")))?;
+                Ok(buf)
+            }
+            _ => Err(invalid("give the content with --content TEXT or --stdin")),
+        }
+    }
+}
+
+#[derive(Subcommand)]
+pub enum ToolCmd {
+    /// The tools this workspace offers (no write tools on a read-only workspace).
+    List,
+    /// A file with numbered lines (--range START:END, END -1 = to the end), or a
+    /// directory listing two levels deep.
+    View {
+        #[arg(allow_hyphen_values = true, default_value = "")]
+        path: String,
+        #[arg(long, allow_hyphen_values = true)]
+        range: Option<String>,
+    },
+    /// Create a file; fails if it exists.
+    Create {
+        #[arg(allow_hyphen_values = true)]
+        path: String,
+        #[command(flatten)]
+        content: Content,
+    },
+    /// Replace the single occurrence of --old with --new.
+    StrReplace {
+        #[arg(allow_hyphen_values = true)]
+        path: String,
+        #[arg(long, allow_hyphen_values = true)]
+        old: String,
+        #[arg(long, allow_hyphen_values = true, default_value = "")]
+        new: String,
+    },
+    /// Insert text after line --line (0: at the top).
+    Insert {
+        #[arg(allow_hyphen_values = true)]
+        path: String,
+        #[arg(long)]
+        line: u64,
+        #[arg(long, allow_hyphen_values = true)]
+        text: String,
+    },
+    /// Read a file whole.
+    Read {
+        #[arg(allow_hyphen_values = true)]
+        path: String,
+    },
+    /// Write a file whole (creating parents).
+    Write {
+        #[arg(allow_hyphen_values = true)]
+        path: String,
+        #[command(flatten)]
+        content: Content,
+    },
+    /// List one directory level.
+    Ls {
+        #[arg(allow_hyphen_values = true)]
+        path: Option<String>,
+    },
+    /// Search the working tree line by line.
+    Search {
+        #[arg(allow_hyphen_values = true)]
+        pattern: String,
+        /// gitignore-style glob a file must match (repeatable; `!` excludes).
+        #[arg(long, allow_hyphen_values = true)]
+        glob: Vec<String>,
+        #[arg(long = "ignore-case", short = 'i')]
+        ignore_case: bool,
+        /// The pattern is a regular expression (default: a literal string).
+        #[arg(long)]
+        regex: bool,
+        #[arg(long = "max-results")]
+        max_results: Option<usize>,
+        /// Search under this path only.
+        #[arg(long, allow_hyphen_values = true)]
+        path: Option<String>,
+    },
+    /// git status.
+    Status,
+    /// git diff of the working tree against HEAD (default), --base or --ref REF.
+    Diff {
+        #[arg(long, conflicts_with = "git_ref")]
+        base: bool,
+        #[arg(long = "ref", allow_hyphen_values = true)]
+        git_ref: Option<String>,
+        #[arg(allow_hyphen_values = true)]
+        paths: Vec<String>,
+    },
+    /// git log of the last N commits.
+    Log {
+        #[arg(short = 'n', long = "max-count")]
+        max_count: Option<usize>,
+    },
+    /// Commit the given paths (every change when none).
+    Commit {
+        #[arg(short = 'm', long, allow_hyphen_values = true)]
+        message: String,
+        #[arg(
+            long = "author-name",
+            allow_hyphen_values = true,
+            requires = "author_email"
+        )]
+        author_name: Option<String>,
+        #[arg(
+            long = "author-email",
+            allow_hyphen_values = true,
+            requires = "author_name"
+        )]
+        author_email: Option<String>,
+        #[arg(allow_hyphen_values = true)]
+        paths: Vec<String>,
+    },
+    /// Push a branch (default: the current one) to origin.
+    Push {
+        #[arg(long, allow_hyphen_values = true)]
+        branch: Option<String>,
+        #[arg(long = "force-with-lease")]
+        force_with_lease: bool,
+        /// The commit the remote branch must be at for --force-with-lease.
+        #[arg(long, requires = "force_with_lease")]
+        expect: Option<String>,
+        #[arg(long = "set-upstream", short = 'u')]
+        set_upstream: bool,
+        /// Name of an environment variable holding a git token for this push.
+        #[arg(long = "token-env")]
+        token_env: Option<String>,
+    },
+}
+
+fn parse_range(raw: &str) -> Result<(u64, i64)> {
+    let bad = || {
+        invalid(format!(
+            "invalid --range {raw:?}: expected START:END (END -1 = to the end)"
+        ))
+    };
+    let (a, b) = raw.split_once(':').ok_or_else(bad)?;
+    Ok((a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?))
+}
+
+pub async fn tool(args: ToolArgs) -> Result<ExitCode> {
+    let workspace_id = parse_id(&args.id)?;
+    let mut token = None;
+    let op = match args.op {
+        ToolCmd::List => return list(workspace_id).await,
+        ToolCmd::View { path, range } => ToolOp::View {
+            path,
+            range: range.as_deref().map(parse_range).transpose()?,
+        },
+        ToolCmd::Create { path, content } => ToolOp::Create {
+            path,
+            content: content.read()?,
+        },
+        ToolCmd::StrReplace { path, old, new } => ToolOp::StrReplace {
+            path,
+            old_str: old,
+            new_str: new,
+        },
+        ToolCmd::Insert { path, line, text } => ToolOp::Insert {
+            path,
+            insert_line: line,
+            text,
+        },
+        ToolCmd::Read { path } => ToolOp::ReadFile { path },
+        ToolCmd::Write { path, content } => ToolOp::WriteFile {
+            path,
+            content: content.read()?,
+        },
+        ToolCmd::Ls { path } => ToolOp::ListDir { path },
+        ToolCmd::Search {
+            pattern,
+            glob,
+            ignore_case,
+            regex,
+            max_results,
+            path,
+        } => ToolOp::Search {
+            pattern,
+            regex,
+            case_sensitive: !ignore_case,
+            glob,
+            path,
+            max_results,
+        },
+        ToolCmd::Status => ToolOp::GitStatus,
+        ToolCmd::Diff {
+            base,
+            git_ref,
+            paths,
+        } => ToolOp::GitDiff {
+            against: match (base, git_ref) {
+                (true, _) => DiffAgainst::Base,
+                (false, Some(r)) => DiffAgainst::Ref(r),
+                (false, None) => DiffAgainst::Head,
+            },
+            paths,
+        },
+        ToolCmd::Log { max_count } => ToolOp::GitLog { max_count },
+        ToolCmd::Commit {
+            message,
+            author_name,
+            author_email,
+            paths,
+        } => ToolOp::GitCommit {
+            message,
+            paths,
+            author_name,
+            author_email,
+        },
+        ToolCmd::Push {
+            branch,
+            force_with_lease,
+            expect,
+            set_upstream,
+            token_env,
+        } => {
+            token = read_token(&token_env)?;
+            ToolOp::GitPush {
+                branch,
+                force_with_lease,
+                expect,
+                set_upstream,
+            }
+        }
+    };
+    let command = Command::Tool(ToolRequest { workspace_id, op });
+    command.validate()?;
+    let pool = connect(4).await?;
+    let result = client::submit(&pool, &command, args.command_id, token.as_deref()).await?;
+    let CommandResult::Tool(output) = result else {
+        anyhow::bail!("unexpected result for a tool command");
+    };
+    println!("{}", serde_json::to_string(&output)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Prints the tools the workspace offers, one JSON object per line.
+async fn list(workspace_id: Uuid) -> Result<ExitCode> {
+    let pool = connect(2).await?;
+    let mut conn = pool.acquire().await?;
+    let ws = rows::workspace(&mut conn, workspace_id)
+        .await?
+        .ok_or_else(|| {
+            CommandError::new(
+                ErrorKind::NotFound,
+                format!("workspace {workspace_id} not found"),
+            )
+        })?;
+    for spec in grove_tools::tools_for(&ws.capabilities) {
+        println!("{}", serde_json::to_string(&spec)?);
+    }
+    Ok(ExitCode::SUCCESS)
+}

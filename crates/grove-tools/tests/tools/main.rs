@@ -1,0 +1,6 @@
+//! Integration tests of the tool surface against real directories.
+
+mod editor;
+mod paths;
+mod search;
+mod support;
