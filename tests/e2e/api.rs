@@ -27,8 +27,14 @@ impl Server {
     /// Starts `grove serve --bind 127.0.0.1:0` (with its in-process worker) and reads
     /// the address it printed.
     async fn start(env: &TestEnv) -> Self {
+        Self::start_with(env, &[]).await
+    }
+
+    /// As `start`, with extra environment for the server and its in-process worker.
+    async fn start_with(env: &TestEnv, extra: &[(&str, &str)]) -> Self {
         let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
         let mut cmd = env.command(&["serve", "--bind", "127.0.0.1:0"]);
+        cmd.envs(extra.iter().copied());
         cmd.env(
             "GROVE_API_TOKENS",
             format!("{ALICE}=alice,{BOB}=bob\n{OPS}=ops:operator"),
@@ -611,4 +617,66 @@ async fn the_openapi_document_in_the_repo_equals_the_served_one() {
     assert_eq!(served, committed, "{regenerate}");
     assert!(served["paths"]["/v1/sessions"]["post"].is_object());
     assert!(served["paths"]["/v1/workspaces/{id}/exec/stream"]["post"].is_object());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_evicted_workspace_is_restored_over_http_with_its_uncommitted_work() {
+    let env = env_or_skip!("an_evicted_workspace_is_restored_over_http_with_its_uncommitted_work");
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    // Everything is above a 1-byte budget; the grace keeps what was used in the last
+    // minute, so only the sweep run with a clock an hour ahead evicts it.
+    let server = Server::start_with(
+        &env,
+        &[
+            ("GROVE_DISK_BUDGET", "1"),
+            ("GROVE_PRESSURE_GRACE", "60"),
+            ("GROVE_ALLOW_CLOCK_OVERRIDE", "1"),
+        ],
+    )
+    .await;
+    let ws = server.acquire(ALICE, &url, "restore-1").await;
+    let (status, exec) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/exec"),
+            ALICE,
+            json!({"argv": ["sh", "-c", "echo draft > notes.txt"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{exec}");
+    assert_eq!(exec["exit_code"], 0, "{exec}");
+    let (status, released) = server
+        .post(&format!("/v1/sessions/{ws}/release"), ALICE, json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    let out = env.grove(&["evict", "--json", "--now", &later]).await;
+    assert!(out.status.success(), "{:?}", grove_e2e::text(&out));
+    let (_, evicted) = server.get(&format!("/v1/workspaces/{ws}"), ALICE).await;
+    assert_eq!(evicted["state"], "evicted", "{evicted}");
+
+    // Another user's restore is a 404 and changes nothing.
+    let (status, body) = server
+        .post(&format!("/v1/workspaces/{ws}/restore"), BOB, json!({}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (_, still) = server.get(&format!("/v1/workspaces/{ws}"), ALICE).await;
+    assert_eq!(still["state"], "evicted", "{still}");
+
+    let (status, restored) = server
+        .post(&format!("/v1/workspaces/{ws}/restore"), ALICE, json!({}))
+        .await;
+    assert_eq!(status, StatusCode::OK, "{restored}");
+    assert_eq!(restored["id"], ws.as_str());
+    assert_eq!(restored["state"], "ready", "{restored}");
+    assert_eq!(restored["dirty"], true, "{restored}");
+    let (status, exec) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/exec"),
+            ALICE,
+            json!({"argv": ["cat", "notes.txt"], "kind": "read"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{exec}");
+    assert_eq!(exec["stdout"], "draft\n", "{exec}");
 }

@@ -97,6 +97,7 @@ impl AppState {
         routes::get_workspace,
         routes::destroy_workspace,
         routes::pin_workspace,
+        routes::restore_workspace,
         routes::exec,
         stream::exec_stream,
         routes::get_exec,
@@ -145,6 +146,10 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(routes::get_workspace).delete(routes::destroy_workspace),
         )
         .route("/v1/workspaces/{id}/pin", post(routes::pin_workspace))
+        .route(
+            "/v1/workspaces/{id}/restore",
+            post(routes::restore_workspace),
+        )
         .route("/v1/workspaces/{id}/exec", post(routes::exec))
         .route("/v1/workspaces/{id}/exec/stream", post(stream::exec_stream))
         .route("/v1/workspaces/{id}/events", get(routes::workspace_events))

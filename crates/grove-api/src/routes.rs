@@ -283,6 +283,43 @@ pub async fn pin_workspace(
     }
 }
 
+/// Restore an evicted workspace: the same id, path and branch, with the work saved at
+/// eviction (uncommitted changes included). A workspace that is not evicted is returned
+/// as it is.
+#[utoipa::path(
+    post,
+    path = "/v1/workspaces/{id}/restore",
+    tag = "workspaces",
+    params(
+        ("id" = Uuid, Path),
+        ("X-Grove-Git-Token" = Option<String>, Header, description = "A git token, when the repo cache must be cloned again from a private repository; used for this request only"),
+    ),
+    responses(
+        (status = 200, body = Workspace),
+        (status = 401, body = ErrorResponse),
+        (status = 404, body = ErrorResponse),
+        (status = 409, body = ErrorResponse),
+    )
+)]
+pub async fn restore_workspace(
+    State(state): St,
+    caller: Caller,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Workspace>, ApiError> {
+    let id = parse_id(&id, "workspace")?;
+    let token = git_token(&headers)?;
+    visible_workspace(&state, &caller, id).await?;
+    let command = Command::RestoreWorkspace { workspace_id: id };
+    match state
+        .submit(&command, Uuid::now_v7(), token.as_deref())
+        .await?
+    {
+        CommandResult::Workspace(ws) => Ok(Json(ws.into())),
+        _ => Ok(Json(visible_workspace(&state, &caller, id).await?.into())),
+    }
+}
+
 /// Builds the exec command of a request on a workspace the caller may see.
 pub(crate) async fn exec_command(
     state: &AppState,
