@@ -630,13 +630,23 @@ async fn an_eviction_racing_an_acquire_of_the_same_workspace_never_leaves_a_half
         let (dir, stop) = (dir.clone(), stop.clone());
         std::thread::spawn(move || {
             let mut seen_whole = 0u64;
+            use std::os::unix::fs::MetadataExt;
+            let inode = |p: &std::path::Path| std::fs::symlink_metadata(p).ok().map(|m| m.ino());
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                // One directory handle: a rename moves all of it or none of it.
+                // One directory handle: a rename moves all of it or none of it. The
+                // handle follows the directory it opened, so a listing counts only when
+                // the same directory stood at the path before and after it: a directory
+                // renamed into the trash never comes back, and the deletion there
+                // (which a slow listing can watch) is not at the workspace's path.
+                let before = inode(&dir);
                 if let Ok(entries) = std::fs::read_dir(&dir) {
                     let names: Vec<String> = entries
                         .flatten()
                         .map(|e| e.file_name().to_string_lossy().to_string())
                         .collect();
+                    if before.is_none() || inode(&dir) != before {
+                        continue;
+                    }
                     for expected in [".git", "f.txt", "big.bin"] {
                         assert!(
                             names.iter().any(|n| n == expected),
