@@ -744,7 +744,7 @@ async fn a_worker_killed_in_the_middle_of_a_sweep_leaves_nothing_half_deleted_an
         let waiting = tokio::spawn(env.command(&["evict", "--now", &far, "--json"]).output());
         wait_for_count(
             &env,
-            &format!("SELECT count(*) FROM grove.events WHERE event_type = 'workspace.evicting'"),
+            "SELECT count(*) FROM grove.events WHERE event_type = 'workspace.evicting'",
             before + 1,
             "an eviction to start",
         )
