@@ -7,11 +7,13 @@ mod docker;
 mod eviction;
 mod input;
 mod lifecycle;
+mod mcp;
 mod queue;
 mod reader;
 mod replay;
 mod secrets;
 mod tools;
+mod tools_http;
 
 /// Skips the test (with the reason printed by `TestEnv::new`) when no database is set.
 #[macro_export]

@@ -7,6 +7,7 @@
 mod client;
 mod evict;
 mod localdb;
+mod mcp;
 mod serve;
 mod tool;
 
@@ -78,6 +79,8 @@ enum Top {
     Exec(ExecArgs),
     /// Agent tools on a workspace: text editor, files, search, git. Prints JSON.
     Tool(tool::ToolArgs),
+    /// Serve one workspace's tools to an MCP client over stdio (stdout is the protocol).
+    Mcp(mcp::McpArgs),
     /// Read (or follow) the event log.
     Events {
         #[arg(long)]
@@ -322,7 +325,7 @@ fn main() -> ExitCode {
                 no_worker: false,
                 ..
             }
-    );
+    ) || matches!(&cli.command, Top::Mcp(a) if a.worker);
     if is_worker {
         // SAFETY: no thread has been spawned yet; the runtime is built below.
         if let Err(e) = unsafe { grove_workers::init_process() } {
@@ -511,6 +514,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => evict::release(user, project, conversation, task, destroy_workspaces, json).await,
         Top::Exec(args) => exec(args).await,
         Top::Tool(args) => tool::tool(args).await,
+        Top::Mcp(args) => mcp::mcp(args).await,
         Top::Events {
             stream,
             after,

@@ -209,6 +209,11 @@ pub fn op_from_args(name: &str, args: Map<String, Value>) -> Result<ToolOp, Args
         )));
     }
     let mut object = args;
+    // serde cannot default a flattened enum: `against` absent means `head`, as the
+    // schema says.
+    if name == "git_diff" && !object.contains_key("against") {
+        object.insert("against".into(), Value::String("head".into()));
+    }
     object.insert("op".into(), Value::String(name.to_string()));
     serde_json::from_value::<ToolOp>(Value::Object(object))
         .map_err(|e| shape(e.to_string().lines().next().unwrap_or("").to_string()))
@@ -329,6 +334,13 @@ mod tests {
         assert_eq!(
             op_from_args("git_status", Map::new()).unwrap(),
             ToolOp::GitStatus
+        );
+        assert_eq!(
+            op_from_args("git_diff", args(json!({"paths": ["a"]}))).unwrap(),
+            ToolOp::GitDiff {
+                against: crate::tools::DiffAgainst::Head,
+                paths: vec!["a".into()]
+            }
         );
     }
 }

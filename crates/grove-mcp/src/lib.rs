@@ -1,0 +1,44 @@
+//! grove-mcp: the MCP server of grove. It offers one workspace's agent tool surface to
+//! an MCP client (`grove mcp --workspace ID`, over stdio): the text editor, files,
+//! search, git and `shell`, gated by the workspace's capabilities.
+//!
+//! Every tool call is a command submitted through the queue with
+//! `grove_postgres::submit`, exactly as the CLI and the HTTP API submit it: the file,
+//! search and git tools are `Command::Tool`, `shell` is `Command::Exec`. A worker that
+//! holds the workspace runs them; this crate runs no effect itself. See
+//! docs/adr/11-mcp-server.md.
+//!
+//! # Layout
+//! - [`server`]: [`GroveMcp`], the `rmcp` `ServerHandler`: the tool list, the calls.
+//! - [`shell`]: the `shell` tool's arguments and result text.
+//! - [`error`]: [`McpServeError`], what can stop the server.
+//!
+//! Architecture invariant: this crate writes no events or projections and runs no
+//! effect; it reads the workspace row and submits commands. Nothing but the protocol
+//! is written to stdout. A git token (for `git_push`) goes only to
+//! `grove.command_secrets` through the queue, never into a result or a log line.
+
+pub mod error;
+pub mod server;
+pub mod shell;
+
+pub use error::McpServeError;
+pub use server::{Config, GroveMcp};
+
+use rmcp::ServiceExt;
+use sqlx::PgPool;
+
+/// Serves `config.workspace_id`'s tools over stdin/stdout until the client closes the
+/// stream. Fails before serving when the workspace does not exist.
+pub async fn serve_stdio(pool: PgPool, config: Config) -> Result<(), McpServeError> {
+    let server = GroveMcp::new(pool, config).await?;
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| McpServeError::Transport(e.to_string()))?;
+    running
+        .waiting()
+        .await
+        .map_err(|e| McpServeError::Transport(e.to_string()))?;
+    Ok(())
+}
