@@ -10,7 +10,9 @@
 //! - [`sweep`]: what one eviction sweep did (its report and event payload).
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`tools`]: the agent tool surface as data (operations, outputs).
-//! - [`ports`]: the traits adapters implement (git, runtimes).
+//! - [`ports`]: the traits adapters implement (git, runtimes, optional runtime
+//!   capabilities).
+//! - [`session`]: interactive sessions as data, and the table providers share.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //!
@@ -26,6 +28,7 @@ pub mod layout;
 pub mod model;
 pub mod ports;
 pub mod projection;
+pub mod session;
 pub mod sweep;
 pub mod tools;
 pub mod validate;
