@@ -2,8 +2,8 @@
 //!
 //! JSON over HTTP for callers in any language: repo caches (ensure), sessions
 //! (acquire, release), workspaces (list, get, destroy, pin), execs (synchronous, and
-//! streamed as server-sent events while they run) and a workspace's events (paged or
-//! followed). Every state change is a command through the queue, exactly as the CLI
+//! streamed as server-sent events while they run), a workspace's events (paged or
+//! followed) and the agent tool surface (text editor, files, search, git). Every state change is a command through the queue, exactly as the CLI
 //! submits it; reads go to the projections and the log. See docs/adr/09-http-api.md.
 //!
 //! # Layout
@@ -11,6 +11,7 @@
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
 //! - [`stream`]: server-sent events: streaming exec, following events.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
+//! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
 //! - [`error`]: the error body and the status of each error kind.
@@ -26,6 +27,7 @@ pub mod extract;
 pub mod notify;
 pub mod routes;
 pub mod stream;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,6 +44,7 @@ use uuid::Uuid;
 use crate::auth::Tokens;
 use crate::error::ApiError;
 use crate::notify::Notifier;
+use crate::tools::ToolSchemas;
 
 /// What every request shares.
 pub struct AppState {
@@ -87,7 +90,7 @@ impl AppState {
 #[openapi(
     info(
         title = "grove",
-        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs and events. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
+        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs, events and tools. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
     ),
     paths(
         routes::ensure_repo_cache,
@@ -102,9 +105,11 @@ impl AppState {
         stream::exec_stream,
         routes::get_exec,
         routes::workspace_events,
+        tools::list_tools,
+        tools::call_tool,
     ),
     components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &ToolSchemas),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
@@ -153,6 +158,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/workspaces/{id}/exec", post(routes::exec))
         .route("/v1/workspaces/{id}/exec/stream", post(stream::exec_stream))
         .route("/v1/workspaces/{id}/events", get(routes::workspace_events))
+        .route("/v1/workspaces/{id}/tools", get(tools::list_tools))
+        .route("/v1/workspaces/{id}/tools/{tool}", post(tools::call_tool))
         .route("/v1/execs/{id}", get(routes::get_exec))
         .route(
             "/openapi.json",
