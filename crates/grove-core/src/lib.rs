@@ -10,6 +10,7 @@
 //! - [`sweep`]: what one eviction sweep did (its report and event payload).
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`tools`]: the agent tool surface as data (operations, outputs).
+//! - [`merge_back`]: bringing a task workspace's commits into an edit workspace.
 //! - [`ports`]: the traits adapters implement (git, runtimes).
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
@@ -23,6 +24,7 @@ pub mod events;
 pub mod eviction;
 pub mod idempotency;
 pub mod layout;
+pub mod merge_back;
 pub mod model;
 pub mod ports;
 pub mod projection;
