@@ -15,6 +15,7 @@
 //! - [`ports`]: the traits adapters implement (git, runtimes, optional runtime
 //!   capabilities).
 //! - [`session`]: interactive sessions as data, and the table providers share.
+//! - [`merge_back`]: bringing a task workspace's commits into an edit workspace.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //!
@@ -27,6 +28,7 @@ pub mod events;
 pub mod eviction;
 pub mod idempotency;
 pub mod layout;
+pub mod merge_back;
 pub mod model;
 pub mod ports;
 pub mod projection;
