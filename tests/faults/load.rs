@@ -27,7 +27,7 @@ pub struct LoadOptions {
 #[derive(Default)]
 pub struct Load {
     pub stop: AtomicBool,
-    ids: Mutex<Vec<Uuid>>,
+    pub ids: Mutex<Vec<Uuid>>,
     pub commands: AtomicU64,
     runs_doubled: AtomicU64,
     runs_missing: AtomicU64,

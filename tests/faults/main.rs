@@ -22,6 +22,7 @@ mod hostile;
 mod load;
 mod postgres_restart;
 mod secrets;
+mod server;
 mod tenancy;
 mod worker_kill;
 
