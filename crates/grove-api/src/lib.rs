@@ -10,6 +10,7 @@
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
 //! - [`stream`]: server-sent events: streaming exec, following events.
+//! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
 //! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
 //! - [`dto`]: request and response bodies and their schemas.
@@ -24,6 +25,7 @@ pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod extract;
+pub mod merge_back;
 pub mod notify;
 pub mod routes;
 pub mod stream;
@@ -130,7 +132,9 @@ impl Modify for BearerAuth {
 /// The OpenAPI document, as served at `/openapi.json` and committed at
 /// `docs/openapi.json` (regenerate with `grove openapi > docs/openapi.json`).
 pub fn openapi_json() -> String {
-    let mut text = ApiDoc::openapi()
+    let mut doc = ApiDoc::openapi();
+    doc.merge(merge_back::MergeBackDoc::openapi());
+    let mut text = doc
         .to_pretty_json()
         .expect("the OpenAPI document serializes");
     text.push('\n');
@@ -174,6 +178,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/healthz",
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
+        .merge(merge_back::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state)
 }
