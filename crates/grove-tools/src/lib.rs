@@ -7,9 +7,10 @@
 //! - `files`: `view`, `create`, `str_replace`, `insert`, `read_file`, `write_file`,
 //!   `list_dir`.
 //! - `search`: line matches over the working tree.
+//! - [`error`]: [`ToolError`] and its command-level kind.
+//!
 //! The catalogue of tools offered for a workspace's capabilities is
 //! `grove_core::tool_catalog` (the API and the MCP server use it without this crate).
-//! - [`error`]: [`ToolError`] and its command-level kind.
 //!
 //! The git tools are not here: workers reach git only through `GitPort` (`grove-git`);
 //! [`Workspace::check_paths`] validates the paths they are given.
