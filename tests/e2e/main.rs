@@ -7,6 +7,7 @@ mod docker;
 mod eviction;
 mod input;
 mod lifecycle;
+mod merge_back;
 mod queue;
 mod reader;
 mod replay;
