@@ -2,8 +2,8 @@
 //!
 //! JSON over HTTP for callers in any language: repo caches (ensure), sessions
 //! (acquire, release), workspaces (list, get, destroy, pin), execs (synchronous, and
-//! streamed as server-sent events while they run) and a workspace's events (paged or
-//! followed). Every state change is a command through the queue, exactly as the CLI
+//! streamed as server-sent events while they run), a workspace's events (paged or
+//! followed) and the agent tool surface (text editor, files, search, git). Every state change is a command through the queue, exactly as the CLI
 //! submits it; reads go to the projections and the log. See docs/adr/09-http-api.md.
 //!
 //! # Layout
@@ -12,6 +12,7 @@
 //! - [`stream`]: server-sent events: streaming exec, following events.
 //! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
+//! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
 //! - [`error`]: the error body and the status of each error kind.
@@ -28,6 +29,7 @@ pub mod merge_back;
 pub mod notify;
 pub mod routes;
 pub mod stream;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -44,6 +46,7 @@ use uuid::Uuid;
 use crate::auth::Tokens;
 use crate::error::ApiError;
 use crate::notify::Notifier;
+use crate::tools::ToolSchemas;
 
 /// What every request shares.
 pub struct AppState {
@@ -89,7 +92,7 @@ impl AppState {
 #[openapi(
     info(
         title = "grove",
-        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs and events. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
+        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs, events and tools. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
     ),
     paths(
         routes::ensure_repo_cache,
@@ -104,9 +107,11 @@ impl AppState {
         stream::exec_stream,
         routes::get_exec,
         routes::workspace_events,
+        tools::list_tools,
+        tools::call_tool,
     ),
     components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &ToolSchemas),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
@@ -157,6 +162,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/workspaces/{id}/exec", post(routes::exec))
         .route("/v1/workspaces/{id}/exec/stream", post(stream::exec_stream))
         .route("/v1/workspaces/{id}/events", get(routes::workspace_events))
+        .route("/v1/workspaces/{id}/tools", get(tools::list_tools))
+        .route("/v1/workspaces/{id}/tools/{tool}", post(tools::call_tool))
         .route("/v1/execs/{id}", get(routes::get_exec))
         .route(
             "/openapi.json",
