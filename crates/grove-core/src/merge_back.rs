@@ -369,7 +369,10 @@ mod tests {
         assert_eq!(p.workspaces[&id].last_used_at, at);
         assert_eq!(p.workspaces[&id].updated_at, at);
         assert_eq!(p.workspaces[&id].dirty, edit.dirty);
-        assert_eq!(Reads::of(&[merged.clone()]).workspaces, vec![id]);
+        assert_eq!(
+            Reads::of(std::slice::from_ref(&merged)).workspaces,
+            vec![id]
+        );
         let (ty, payload) = merged.to_stored();
         assert_eq!(ty, "workspace.merged_back");
         assert_eq!(payload["strategy"], "cherry_pick");
