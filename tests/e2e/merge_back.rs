@@ -567,3 +567,50 @@ async fn a_dirty_edit_workspace_is_refused_with_its_uncommitted_paths_and_left_a
         "t\n"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn merge_backs_between_two_workspaces_in_opposite_directions_both_finish() {
+    let mut env =
+        env_or_skip!("merge_backs_between_two_workspaces_in_opposite_directions_both_finish");
+    // Two workers, so both jobs run at once and each takes its first lock.
+    env.spawn_worker().await;
+    env.spawn_worker().await;
+    let url = fixture(&env, "fixture");
+    let (a, a_dir) = acquire_cli(&env, &url, "task", &["--task", "ta"]).await;
+    let (b, b_dir) = acquire_cli(&env, &url, "task", &["--task", "tb"]).await;
+    commit(&a_dir, "a's work", &[("a.txt", "a\n")]);
+    commit(&b_dir, "b's work", &[("b.txt", "b\n")]);
+
+    let ab_args = [
+        "workspace",
+        "merge-back",
+        &b,
+        "--task",
+        &a,
+        "--strategy",
+        "merge",
+        "--json",
+    ];
+    let ba_args = [
+        "workspace",
+        "merge-back",
+        &a,
+        "--task",
+        &b,
+        "--strategy",
+        "merge",
+        "--json",
+    ];
+    let (ab, ba) = tokio::join!(env.grove(&ab_args), env.grove(&ba_args));
+    for out in [&ab, &ba] {
+        assert!(out.status.success(), "{:?}", text(out));
+    }
+    // Whichever ran second also brought the first one's merge commit along, so both
+    // workspaces hold both files.
+    for dir in [&a_dir, &b_dir] {
+        assert_eq!(std::fs::read_to_string(dir.join("a.txt")).unwrap(), "a\n");
+        assert_eq!(std::fs::read_to_string(dir.join("b.txt")).unwrap(), "b\n");
+        assert_eq!(git(dir, &["status", "--porcelain"]), "");
+    }
+    assert_eq!(env.count_events("workspace.merged_back").await, 2);
+}
