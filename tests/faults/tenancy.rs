@@ -48,7 +48,11 @@ fn sample(doc: &Value, schema: &Value, depth: usize) -> Value {
         _ => "object".to_string(),
     };
     match ty.as_str() {
-        "string" => json!("x"),
+        "string" => match schema.get("format").and_then(Value::as_str) {
+            Some("uuid") => json!(uuid::Uuid::new_v4()),
+            Some("date-time") => json!("2030-01-01T00:00:00Z"),
+            _ => json!("x"),
+        },
         "integer" | "number" => json!(1),
         "boolean" => json!(false),
         "array" => json!([sample(doc, &schema["items"], depth + 1)]),
