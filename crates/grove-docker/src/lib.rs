@@ -57,6 +57,16 @@
 //! another command running concurrently in the same container is attributed to every
 //! command that overlapped it.
 //!
+//! # Interactive sessions
+//!
+//! [`grove_core::ports::Sessions`]: a session is a Docker exec with attached stdin in
+//! the workspace's container (created or re-attached to as for an exec), run without
+//! timeout through the same code as an exec, so killing it (or dropping it) kills its
+//! process tree as a timeout would. The provider holds its sessions in memory: they end
+//! with the worker process holding it (the drop kills them) and with the container
+//! (`stop` and `destroy` end every session of that container first). No snapshots and
+//! no preview URLs yet: the capabilities say so.
+//!
 //! # Orphans
 //!
 //! [`DockerRuntimeProvider::sweep_orphans`] removes every container labelled
@@ -90,8 +100,10 @@ use futures::stream::BoxStream;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
     ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec,
+    RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
+    SessionRequest, Sessions,
 };
+use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
 use sha2::{Digest, Sha256};
 
@@ -153,6 +165,8 @@ pub struct DockerRuntimeProvider {
     user: Option<String>,
     scope: BTreeMap<String, String>,
     host_access: bool,
+    /// Interactive sessions started by this provider (shared by its clones).
+    sessions: Arc<SessionTable>,
 }
 
 impl std::fmt::Debug for DockerRuntimeProvider {
@@ -196,6 +210,7 @@ impl DockerRuntimeProvider {
             user: None,
             scope: BTreeMap::new(),
             host_access: true,
+            sessions: Arc::default(),
         };
         provider.ping().await?;
         Ok(provider)
@@ -770,8 +785,12 @@ impl RuntimeProvider for DockerRuntimeProvider {
             network_default: true,
             snapshot: false,
             preview_url: false,
-            interactive_session: false,
+            interactive_session: true,
         }
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
     }
 
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
@@ -793,11 +812,14 @@ impl RuntimeProvider for DockerRuntimeProvider {
 
     fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         let name = backend_id.to_string();
+        // The container's processes stop with it; its sessions end as killed.
+        self.sessions.kill_all_of(Some(backend_id));
         Box::pin(async move { DockerRuntimeProvider::stop(self, &name).await })
     }
 
     fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         let name = backend_id.to_string();
+        self.sessions.kill_all_of(Some(backend_id));
         Box::pin(async move {
             DockerRuntimeProvider::destroy(self, &name)
                 .await
@@ -836,6 +858,72 @@ impl RuntimeProvider for DockerRuntimeProvider {
                 .filter_map(|name| Self::runtime_id_of(name).map(str::to_string))
                 .collect())
         })
+    }
+}
+
+impl Sessions for DockerRuntimeProvider {
+    /// A Docker exec with attached stdin in the runtime's container (created or
+    /// re-attached to as an exec would), without timeout; its output is uncapped on
+    /// the way and kept by the session's ring.
+    fn start(
+        &self,
+        spec: RuntimeSpec,
+        req: SessionRequest,
+    ) -> BoxFuture<'_, Result<SessionInfo, RuntimeError>> {
+        Box::pin(async move {
+            let cap = req.buffer_bytes()?;
+            self.sessions.check_room()?;
+            let runtime = self.create_docker(spec).await?;
+            let argv = req.argv.clone();
+            let mut plan = runtime.prepare(ExecRequest {
+                argv: req.argv,
+                cwd: req.cwd,
+                env: req.env,
+                timeout: None,
+                stdin: None,
+                max_output_bytes: Some(usize::MAX),
+                mutating: req.mutating,
+            })?;
+            let (stdin, rx) = futures::channel::mpsc::unbounded();
+            plan.stdin = exec::Stdin::Channel(rx);
+            let output = exec::start(runtime.inner.clone(), plan).await?;
+            let (info, pump) = self.sessions.insert(
+                runtime.container_name().to_string(),
+                argv,
+                cap,
+                Started { output, stdin },
+            )?;
+            tokio::spawn(pump);
+            Ok(info)
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        id: &'a SessionId,
+        input: SessionInput,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { self.sessions.write(id, input) })
+    }
+
+    fn poll<'a>(
+        &'a self,
+        id: &'a SessionId,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<SessionOutput, RuntimeError>> {
+        Box::pin(self.sessions.poll(id, tokio::time::sleep(wait)))
+    }
+
+    fn kill<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { self.sessions.kill(id) })
+    }
+
+    fn info(&self, id: &SessionId) -> Result<SessionInfo, RuntimeError> {
+        self.sessions.info(id)
+    }
+
+    fn list(&self) -> Vec<SessionInfo> {
+        self.sessions.list()
     }
 }
 
@@ -891,7 +979,7 @@ impl DockerRuntime {
             argv: req.argv,
             env: req.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             working_dir: cwd.to_string_lossy().into_owned(),
-            stdin: req.stdin,
+            stdin: req.stdin.map_or(exec::Stdin::Null, exec::Stdin::Bytes),
             timeout: req.timeout,
             max_output: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
         })
