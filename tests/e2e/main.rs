@@ -10,6 +10,7 @@ mod lifecycle;
 mod queue;
 mod reader;
 mod replay;
+mod runtimes;
 mod secrets;
 mod tools;
 

@@ -181,6 +181,18 @@ impl std::fmt::Debug for DockerRuntimeProvider {
 }
 
 impl DockerRuntimeProvider {
+    /// What every Docker runtime offers (also listed when no engine answers).
+    pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+        writable: true,
+        isolated: true,
+        network_none: true,
+        network_limited: false,
+        network_default: true,
+        snapshot: false,
+        preview_url: false,
+        interactive_session: true,
+    };
+
     /// Connects to the engine named by `DOCKER_HOST` (a `unix://` socket), else
     /// `/var/run/docker.sock`, negotiates the API version and pings it.
     pub async fn connect() -> Result<Self, RuntimeError> {
@@ -777,16 +789,7 @@ impl RuntimeProvider for DockerRuntimeProvider {
     }
 
     fn capabilities(&self) -> RuntimeCapabilities {
-        RuntimeCapabilities {
-            writable: true,
-            isolated: true,
-            network_none: true,
-            network_limited: false,
-            network_default: true,
-            snapshot: false,
-            preview_url: false,
-            interactive_session: true,
-        }
+        Self::CAPABILITIES
     }
 
     fn sessions(&self) -> Option<&dyn Sessions> {
