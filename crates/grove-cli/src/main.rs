@@ -59,7 +59,8 @@ enum Top {
         /// Serve only; leave the jobs to separate `grove worker` processes.
         #[arg(long = "no-worker")]
         no_worker: bool,
-        /// The node of the in-process worker.
+        /// The node of the in-process worker, and of the workspaces whose interactive
+        /// sessions this server holds.
         #[arg(long, default_value = "local", env = "GROVE_NODE")]
         node: String,
         /// Jobs the in-process worker runs at once.
@@ -461,7 +462,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             no_worker,
             node,
             concurrency,
-        } => serve::serve(bind, (!no_worker).then_some((node, concurrency))).await,
+        } => serve::serve(bind, node, (!no_worker).then_some(concurrency)).await,
         Top::Openapi => {
             print!("{}", grove_api::openapi_json());
             Ok(ExitCode::SUCCESS)
