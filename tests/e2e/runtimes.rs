@@ -92,7 +92,7 @@ async fn runtimes_json_lists_local_and_docker_with_every_capability_flag() {
     let caps = &docker["capabilities"];
     assert_eq!(caps["interactive_session"], true);
     assert_eq!(caps["isolated"], true);
-    assert_eq!(caps["snapshot"], false);
+    assert_eq!(caps["snapshot"], true);
     assert_eq!(caps["preview_url"], false);
     assert_eq!(
         caps["network_policies"],

@@ -64,8 +64,15 @@
 //! timeout through the same code as an exec, so killing it (or dropping it) kills its
 //! process tree as a timeout would. The provider holds its sessions in memory: they end
 //! with the worker process holding it (the drop kills them) and with the container
-//! (`stop` and `destroy` end every session of that container first). No snapshots and
-//! no preview URLs yet: the capabilities say so.
+//! (`stop` and `destroy` end every session of that container first).
+//!
+//! # Snapshots and preview URLs
+//!
+//! [`grove_core::ports::Snapshotter`] (module [`snapshot`]): the container committed to
+//! a local image `grove-snapshot:<runtime id>-<random>` (bind mounts, so the workspace,
+//! are not part of it); restore creates the spec's runtime from that image. Images are
+//! kept until removed with the engine's tools. No preview URLs: a published port needs
+//! a network other than `none`, fixed when the container is created.
 //!
 //! # Orphans
 //!
@@ -78,6 +85,7 @@
 mod exec;
 mod host;
 pub mod image;
+pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -188,7 +196,7 @@ impl DockerRuntimeProvider {
         network_none: true,
         network_limited: false,
         network_default: true,
-        snapshot: false,
+        snapshot: true,
         preview_url: false,
         interactive_session: true,
     };
@@ -793,6 +801,10 @@ impl RuntimeProvider for DockerRuntimeProvider {
     }
 
     fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn grove_core::ports::Snapshotter> {
         Some(self)
     }
 

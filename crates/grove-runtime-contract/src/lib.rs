@@ -20,7 +20,8 @@ use futures::StreamExt;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
     ExecChunk, ExecRequest, ExecResult, Mount, NetworkPolicy, Runtime, RuntimeProvider,
-    RuntimeSpec, SessionExit, SessionId, SessionInput, SessionRequest, Sessions, StreamKind,
+    RuntimeSpec, SessionExit, SessionId, SessionInput, SessionRequest, Sessions, SnapshotRequest,
+    StreamKind,
 };
 
 /// A host variable set in the test process; it must never be visible inside.
@@ -1083,6 +1084,83 @@ pub async fn killing_a_session_ends_it_and_a_poll_reports_the_exit(h: &dyn Harne
     Outcome::Passed
 }
 
+/// A snapshot keeps the runtime's state outside the workspace: a file written under
+/// `$HOME` (outside the workspace), removed after the snapshot, is back in the runtime
+/// restored from it. Unknown runtimes and snapshots are refused, not guessed.
+pub async fn a_snapshot_restores_state_outside_the_workspace(h: &dyn Harness) -> Outcome {
+    let p = h.provider();
+    let kind = p.kind();
+    if !p.capabilities().snapshot {
+        let reason = format!("provider '{kind}' reports snapshot: false");
+        eprintln!("skipped: a_snapshot_restores_state_outside_the_workspace: {reason}");
+        return Outcome::Skipped(reason);
+    }
+    let snapshotter = p
+        .snapshotter()
+        .unwrap_or_else(|| panic!("provider '{kind}' reports snapshot but has no snapshotter()"));
+    let fx = Fixture::new(h);
+    let spec = h.spec(fx.ws(), false, NetworkPolicy::None);
+    let rt = runtime_from(h, spec.clone()).await;
+    let token = unique_token();
+    let r = run(
+        &*rt,
+        sh(&format!(
+            "echo snap-{token} > \"$HOME/grove-snapshot-check\""
+        )),
+    )
+    .await;
+    assert_eq!(
+        r.exit_code,
+        0,
+        "writing under $HOME failed: {}",
+        text(&r.stderr)
+    );
+
+    let snap = snapshotter
+        .snapshot(SnapshotRequest {
+            backend_id: p.backend_id(&spec),
+            label: Some("contract".into()),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("snapshot failed: {e}"));
+    assert_eq!(snap.label.as_deref(), Some("contract"));
+    let r = run(&*rt, sh("rm \"$HOME/grove-snapshot-check\"")).await;
+    assert_eq!(r.exit_code, 0);
+    drop(rt);
+
+    let restored = snapshotter
+        .restore(&snap.id, spec.clone())
+        .await
+        .unwrap_or_else(|e| panic!("restoring {} failed: {e}", snap.id));
+    let r = run(&*restored, sh("cat \"$HOME/grove-snapshot-check\"")).await;
+    assert_eq!(
+        text(&r.stdout),
+        format!("snap-{token}\n"),
+        "the restored runtime lacks the state taken in the snapshot: {}",
+        text(&r.stderr)
+    );
+
+    match snapshotter
+        .snapshot(SnapshotRequest {
+            backend_id: format!("no-such-runtime-{token}"),
+            label: None,
+        })
+        .await
+    {
+        Err(RuntimeError::NotFound(_)) => {}
+        other => panic!("a snapshot of an unknown runtime must be NotFound, got {other:?}"),
+    }
+    match snapshotter
+        .restore(&format!("no-such-snapshot-{token}"), spec)
+        .await
+    {
+        Err(RuntimeError::NotFound(_) | RuntimeError::CommandRejected(_)) => {}
+        Err(e) => panic!("restoring an unknown snapshot failed oddly: {e}"),
+        Ok(_) => panic!("restoring an unknown snapshot succeeded"),
+    }
+    Outcome::Passed
+}
+
 /// Every check in order; prints skips as the checks do. For providers whose tests
 /// do not want one test per check.
 pub async fn run_all(h: &dyn Harness) -> Vec<(&'static str, Outcome)> {
@@ -1146,6 +1224,10 @@ pub async fn run_all(h: &dyn Harness) -> Vec<(&'static str, Outcome)> {
         (
             "other_workspaces_are_not_visible",
             other_workspaces_are_not_visible(h).await,
+        ),
+        (
+            "a_snapshot_restores_state_outside_the_workspace",
+            a_snapshot_restores_state_outside_the_workspace(h).await,
         ),
         (
             "a_cat_session_echoes_each_write_and_ends_when_stdin_closes",

@@ -94,6 +94,7 @@ macro_rules! all_contract_tests {
             exec_stream_delivers_output_as_it_is_produced,
             dropping_an_exec_stream_kills_the_command,
             other_workspaces_are_not_visible,
+            a_snapshot_restores_state_outside_the_workspace,
             a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
             a_shell_session_keeps_its_state_between_writes,
             session_output_over_the_cap_keeps_the_newest_bytes,
