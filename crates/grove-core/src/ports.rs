@@ -13,6 +13,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GitError, RuntimeError};
+use crate::merge_back::{MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy};
 use crate::model::SavedWork;
 use crate::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 
@@ -140,6 +141,19 @@ pub struct PushRequest<'a> {
     pub token: Option<&'a GitToken>,
 }
 
+/// Two workspaces of one repository for a merge-back: the task's branch is brought
+/// into the target's (edit) branch. Both directories are checkouts of the same repo
+/// cache; the task's own commits live only in the task's object store.
+#[derive(Debug, Clone)]
+pub struct MergeBackRequest<'a> {
+    pub edit_dir: &'a Path,
+    /// The branch the target's HEAD must be on, and the one that is moved.
+    pub edit_branch: &'a str,
+    pub task_dir: &'a Path,
+    /// The task branch whose commits are brought in.
+    pub task_branch: &'a str,
+}
+
 /// Repo caches and workspace checkouts. Blocking: callers run it on a blocking thread.
 ///
 /// Implementations must keep credentials out of remote URLs, git config, error
@@ -197,6 +211,20 @@ pub trait GitPort: Send + Sync {
     fn commit(&self, req: &CommitRequest<'_>) -> Result<Committed, GitError>;
     /// Pushes a branch to `origin`; a rejected update is [`GitError::Rejected`].
     fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError>;
+    /// What a merge-back would bring: the task's commits the target branch lacks and
+    /// the files the task changed since the merge base. Changes nothing in either
+    /// workspace.
+    fn merge_back_diff(&self, req: &MergeBackRequest<'_>) -> Result<MergeBackDiff, MergeBackError>;
+    /// Brings the task's commits into the target branch by `strategy`, computed in
+    /// memory; only a clean result is written (objects, then the working tree and index,
+    /// then the branch). A conflict, or uncommitted changes to the target's tracked
+    /// files, leaves the target exactly as it was (HEAD, index, working tree, untracked
+    /// files, stash). The report's workspace ids are left nil for the caller to fill.
+    fn merge_back(
+        &self,
+        req: &MergeBackRequest<'_>,
+        strategy: MergeStrategy,
+    ) -> Result<MergeBackReport, MergeBackError>;
 }
 
 /// Network policy of a runtime.
