@@ -11,6 +11,7 @@ mod merge_back;
 mod queue;
 mod reader;
 mod replay;
+mod runtimes;
 mod secrets;
 mod tools;
 
