@@ -481,6 +481,7 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
             isolated: false,
             network_none: true,
             network_limited: self.inner.config.network_allow_list.is_some(),
+            network_default: true,
             snapshot: false,
             preview_url: false,
             interactive_session: false,
