@@ -11,6 +11,7 @@
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`tools`]: the agent tool surface as data (operations, outputs).
 //! - [`ports`]: the traits adapters implement (git, runtimes).
+//! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //!
@@ -24,6 +25,7 @@ pub mod eviction;
 pub mod idempotency;
 pub mod layout;
 pub mod model;
+pub mod platform;
 pub mod ports;
 pub mod projection;
 pub mod sweep;
