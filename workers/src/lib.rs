@@ -5,6 +5,7 @@
 //! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
 //! - [`eviction`]: the eviction sweep, restore, release of a conversation or task, the
 //!   schedule.
+//! - [`pulls`]: pull requests and their comments through the git platform port.
 //! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
@@ -14,6 +15,7 @@
 pub mod config;
 pub mod eviction;
 pub mod handlers;
+pub mod pulls;
 pub mod relay;
 pub mod runner;
 
@@ -70,11 +72,22 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
         }
         Err(e) => tracing::info!(error = %e, "docker runtime not available on this worker"),
     }
+    // GitHub (or GitHub Enterprise through GROVE_GITHUB_API_URL); a configuration that
+    // does not parse leaves pull requests unavailable and says why, once.
+    let platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>> =
+        match grove_github::GitHubProvider::from_env() {
+            Ok(github) => Some(Arc::new(github)),
+            Err(e) => {
+                tracing::error!(error = %e, "git platform not configured: pull request jobs will fail");
+                None
+            }
+        };
     handlers::Deps {
         pool,
         layout,
         git: Arc::new(grove_git::Git2Adapter::new()),
         runtimes,
+        platform,
         inflight: Default::default(),
         config,
     }

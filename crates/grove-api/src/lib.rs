@@ -9,6 +9,7 @@
 //! # Layout
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
+//! - [`pulls`]: a workspace's pull requests (open, read, comment) on the git platform.
 //! - [`stream`]: server-sent events: streaming exec, following events.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
 //! - [`dto`]: request and response bodies and their schemas.
@@ -16,14 +17,16 @@
 //! - [`error`]: the error body and the status of each error kind.
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
-//! effect; it enqueues through `grove_postgres::submit` and reads rows and the log. No
-//! bearer or git token reaches a log line, a response or an error message.
+//! effect; it enqueues through `grove_postgres::submit` and reads rows and the log (and,
+//! for a pull request read, the git platform through its port). No bearer or git token
+//! reaches a log line, a response or an error message.
 
 pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod extract;
 pub mod notify;
+pub mod pulls;
 pub mod routes;
 pub mod stream;
 
@@ -49,6 +52,8 @@ pub struct AppState {
     pub tokens: Tokens,
     pub notifier: Notifier,
     pub wait: WaitOptions,
+    /// The git platform pull requests are read from (`None`: reads answer 503).
+    pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
 }
 
 impl AppState {
@@ -60,7 +65,17 @@ impl AppState {
             tokens,
             notifier,
             wait,
+            platform: None,
         })
+    }
+
+    /// Reads pull requests through `platform`.
+    pub fn with_platform(
+        mut self,
+        platform: Arc<dyn grove_core::platform::GitPlatformProvider>,
+    ) -> Self {
+        self.platform = Some(platform);
+        self
     }
 
     /// Enqueues `command` under `command_id` (once) and waits for its outcome.
@@ -87,7 +102,7 @@ impl AppState {
 #[openapi(
     info(
         title = "grove",
-        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs and events. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
+        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs, events and pull requests. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
     ),
     paths(
         routes::ensure_repo_cache,
@@ -102,6 +117,9 @@ impl AppState {
         stream::exec_stream,
         routes::get_exec,
         routes::workspace_events,
+        pulls::create_pull_request,
+        pulls::get_pull_request,
+        pulls::comment_pull_request,
     ),
     components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
     modifiers(&BearerAuth),
@@ -154,6 +172,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/workspaces/{id}/exec/stream", post(stream::exec_stream))
         .route("/v1/workspaces/{id}/events", get(routes::workspace_events))
         .route("/v1/execs/{id}", get(routes::get_exec))
+        .route(
+            "/v1/workspaces/{id}/pulls",
+            post(pulls::create_pull_request),
+        )
+        .route(
+            "/v1/workspaces/{id}/pulls/{number}",
+            get(pulls::get_pull_request),
+        )
+        .route(
+            "/v1/workspaces/{id}/pulls/{number}/comments",
+            post(pulls::comment_pull_request),
+        )
         .route(
             "/openapi.json",
             get(move || async move {

@@ -7,6 +7,7 @@
 mod client;
 mod evict;
 mod localdb;
+mod pr;
 mod serve;
 mod tool;
 
@@ -78,6 +79,9 @@ enum Top {
     Exec(ExecArgs),
     /// Agent tools on a workspace: text editor, files, search, git. Prints JSON.
     Tool(tool::ToolArgs),
+    /// Pull requests of a workspace on the git platform (GitHub): create, show, comment.
+    #[command(subcommand)]
+    Pr(pr::PrCmd),
     /// Read (or follow) the event log.
     Events {
         #[arg(long)]
@@ -511,6 +515,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => evict::release(user, project, conversation, task, destroy_workspaces, json).await,
         Top::Exec(args) => exec(args).await,
         Top::Tool(args) => tool::tool(args).await,
+        Top::Pr(cmd) => pr::pr(cmd).await,
         Top::Events {
             stream,
             after,
@@ -815,6 +820,8 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
         CommandResult::Sweep(report) => evict::print_report(report, json)?,
         CommandResult::Released(report) => evict::print_released(report, json)?,
         CommandResult::Tool(output) => println!("{}", serde_json::to_string(output)?),
+        CommandResult::PullRequest(pr) => println!("{}", serde_json::to_string(pr)?),
+        CommandResult::PullRequestComment(c) => println!("{}", serde_json::to_string(c)?),
         CommandResult::Done => {}
     }
     Ok(ExitCode::SUCCESS)
