@@ -7,6 +7,7 @@ mod docker;
 mod eviction;
 mod input;
 mod lifecycle;
+mod pulls;
 mod queue;
 mod reader;
 mod replay;
