@@ -561,6 +561,14 @@ async fn handle(
         Command::Tool(t) => deps.tool(t, token.as_ref()).await,
         Command::CreatePullRequest(c) => deps.create_pull_request(c, token.as_ref()).await,
         Command::CommentPullRequest(c) => deps.comment_pull_request(c, token.as_ref()).await,
+        Command::MergeBack(m) => deps.merge_back(m).await,
+        Command::MergeBackDiff {
+            edit_workspace_id,
+            task_workspace_id,
+        } => {
+            deps.merge_back_diff(*edit_workspace_id, *task_workspace_id)
+                .await
+        }
         _ => Err(CommandError::new(
             ErrorKind::Rejected,
             "unknown command kind",

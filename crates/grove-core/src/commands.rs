@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::merge_back::{MergeBackDiff, MergeBackReport, MergeStrategy};
 use crate::model::{
     ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
 };
@@ -124,6 +125,15 @@ pub struct ReleaseScope {
     pub destroy_workspaces: bool,
 }
 
+/// Brings a task workspace's commits into a writable (edit) workspace of the same user,
+/// project and repository (job `merge_back`, on the edit workspace's node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeBack {
+    pub edit_workspace_id: Uuid,
+    pub task_workspace_id: Uuid,
+    pub strategy: MergeStrategy,
+}
+
 /// Opens a pull request from the workspace's branch (job `create_pull_request`). The
 /// repository is the workspace's (from its repo cache URL), the head its branch; the
 /// token travels beside the command (ADR 05), never in it.
@@ -182,6 +192,13 @@ pub enum Command {
     },
     /// One agent tool operation (text editor, files, search, git) on a workspace.
     Tool(ToolRequest),
+    /// Brings a task workspace's commits into an edit workspace's branch.
+    MergeBack(MergeBack),
+    /// Reads what a merge-back would bring (commits and changed files); changes nothing.
+    MergeBackDiff {
+        edit_workspace_id: Uuid,
+        task_workspace_id: Uuid,
+    },
     CreatePullRequest(CreatePullRequest),
     CommentPullRequest(CommentPullRequest),
 }
@@ -201,6 +218,8 @@ impl Command {
             Self::ReleaseScope(_) => "release_scope",
             Self::PinWorkspace { .. } => "pin_workspace",
             Self::Tool(_) => "tool",
+            Self::MergeBack(_) => "merge_back",
+            Self::MergeBackDiff { .. } => "merge_back_diff",
             Self::CreatePullRequest(_) => "create_pull_request",
             Self::CommentPullRequest(_) => "comment_pull_request",
         }
@@ -212,6 +231,8 @@ impl Command {
         match self {
             Self::Exec(_) => false,
             Self::Tool(t) => t.op.is_idempotent(),
+            // It makes commits: a delivery that finds it running ends as worker_lost.
+            Self::MergeBack(_) => false,
             // Opening a pull request or commenting twice makes two (or a refusal): one
             // attempt, and a lost worker's job ends as `worker_lost`.
             Self::CreatePullRequest(_) | Self::CommentPullRequest(_) => false,
@@ -224,6 +245,11 @@ impl Command {
         match self {
             Self::Exec(e) => Some(e.workspace_id),
             Self::Tool(t) => Some(t.workspace_id),
+            // The target: the job runs on its node (the task must live there too).
+            Self::MergeBack(m) => Some(m.edit_workspace_id),
+            Self::MergeBackDiff {
+                edit_workspace_id, ..
+            } => Some(*edit_workspace_id),
             Self::CreatePullRequest(c) => Some(c.workspace_id),
             Self::CommentPullRequest(c) => Some(c.workspace_id),
             Self::ReleaseSession { workspace_id, .. }
@@ -330,6 +356,21 @@ impl Command {
                     }
                 }
             }
+            Self::MergeBack(MergeBack {
+                edit_workspace_id,
+                task_workspace_id,
+                ..
+            })
+            | Self::MergeBackDiff {
+                edit_workspace_id,
+                task_workspace_id,
+            } => {
+                if edit_workspace_id == task_workspace_id {
+                    return Err(ValidationError::Request(
+                        "a workspace cannot be merged back into itself".into(),
+                    ));
+                }
+            }
             Self::ReleaseSession { .. }
             | Self::HibernateRuntime { .. }
             | Self::DestroyRuntime { .. }
@@ -351,6 +392,8 @@ pub enum CommandResult {
     Sweep(crate::sweep::SweepReport),
     Released(ReleaseReport),
     Tool(ToolOutput),
+    MergeBackDiff(MergeBackDiff),
+    MergedBack(MergeBackReport),
     PullRequest(PullRequest),
     PullRequestComment(PullRequestComment),
     Done,

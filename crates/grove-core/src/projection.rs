@@ -65,6 +65,8 @@ impl Reads {
                 | Event::WorkspaceFileWritten { workspace_id, .. }
                 | Event::WorkspaceCommitted { workspace_id, .. }
                 | Event::WorkspacePushed { workspace_id, .. }
+                | Event::WorkspaceMergedBack { workspace_id, .. }
+                | Event::WorkspaceMergeBackConflicted { workspace_id, .. }
                 | Event::WorkspacePullRequestOpened { workspace_id, .. }
                 | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
@@ -220,10 +222,13 @@ impl Projections {
             Event::WorkspaceFileWritten { workspace_id, .. }
             | Event::WorkspaceCommitted { workspace_id, .. }
             | Event::WorkspacePushed { workspace_id, .. }
+            | Event::WorkspaceMergedBack { workspace_id, .. }
             | Event::WorkspacePullRequestOpened { workspace_id, .. }
             | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
                 self.update_workspace(workspace_id, at, |_| {});
             }
+            // A conflicted merge-back left the workspace exactly as it was.
+            Event::WorkspaceMergeBackConflicted { .. } => {}
             Event::WorkspaceDestroyed { workspace_id } => {
                 self.workspaces.remove(&workspace_id);
                 self.touched.workspaces.insert(workspace_id);

@@ -1,0 +1,890 @@
+//! grove-daytona: the [`RuntimeProvider`] on Daytona sandboxes, over Daytona's REST API
+//! and its toolbox (reqwest; no SDK, no untyped handles).
+//!
+//! One sandbox per (user, project), found again by its labels (`grove.managed`,
+//! `grove.user`, `grove.project` and the deployment's scope labels) after a restart.
+//! Workspaces live inside it as clones named `<user>_<scope>_<branch>` under
+//! `<home>/grove/workspaces` ([`workspace`]), made from one clone per repository
+//! under `<home>/grove/repos` (the repo-cache rule, per sandbox). A runtime's
+//! [`RuntimeSpec::workdir`] is the workspace's path **inside the sandbox**; host
+//! mounts cannot reach a remote sandbox, so a spec mounting anything but its own
+//! workdir is refused.
+//!
+//! Every toolbox call that fails is checked against the sandbox's state: a sandbox that
+//! is not started is started and the call retried once; one that is gone is created
+//! again (its workspaces with it, which the caller re-prepares) and the call retried
+//! once. Destroying a runtime stops the sandbox (compute released, disk kept): the
+//! sandbox holds workspaces, and a runtime is never allowed to delete a workspace;
+//! [`DaytonaRuntimeProvider::delete_sandbox`] is the explicit cleanup.
+//!
+//! # Layout
+//! - [`api`]: the typed REST client (sandboxes, toolbox sessions, files, git).
+//! - [`error`]: [`DaytonaError`] and its mapping to `RuntimeError`.
+//! - [`script`]: argv/env/cwd/stdin as a quoted `sh` script for the session API.
+//! - [`workspace`]: workspaces inside the sandbox (clone, branch, checkout, verified).
+
+pub mod api;
+pub mod error;
+pub mod script;
+pub mod workspace;
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use futures::stream::BoxStream;
+use futures::{SinkExt, StreamExt};
+use grove_core::error::RuntimeError;
+use grove_core::ports::{
+    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
+    RuntimeProvider, RuntimeSpec, StreamKind,
+};
+
+pub use api::{ApiKey, Client, Sandbox, SandboxState};
+pub use error::DaytonaError;
+pub use workspace::{RemoteWorkspace, WorkspacePlacement};
+
+/// Label on every sandbox grove creates.
+pub const LABEL_MANAGED: &str = "grove.managed";
+/// The user and project a sandbox belongs to (one sandbox per pair).
+pub const LABEL_USER: &str = "grove.user";
+pub const LABEL_PROJECT: &str = "grove.project";
+/// The network policy the sandbox was created with.
+pub const LABEL_NETWORK: &str = "grove.network";
+
+/// The exit code reported for a command killed at its timeout (SIGKILL).
+const TIMEOUT_EXIT: i32 = 137;
+const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
+
+/// How to reach one Daytona deployment and what to ask of it. Comes from the
+/// deployment's configuration ([`DaytonaConfig::from_env`]), never from a request.
+#[derive(Debug, Clone)]
+pub struct DaytonaConfig {
+    /// The API root, e.g. `https://app.daytona.io/api`.
+    pub api_url: String,
+    pub api_key: ApiKey,
+    pub organization: Option<String>,
+    pub target: Option<String>,
+    /// The snapshot sandboxes are created from (`None`: Daytona's default).
+    pub snapshot: Option<String>,
+    pub cpu: Option<u32>,
+    pub memory_gib: Option<u32>,
+    pub disk_gib: Option<u32>,
+    /// Minutes idle before Daytona stops a sandbox (0: never).
+    pub auto_stop_minutes: u32,
+    /// Minutes stopped before Daytona archives it.
+    pub auto_archive_minutes: u32,
+    /// CIDRs for network `limited` (comma-separated); `None`: `limited` is refused.
+    pub network_allow_list: Option<String>,
+    /// How long to wait for a sandbox to reach `started`.
+    pub start_timeout: Duration,
+    /// How often to poll a sandbox's state and a command's output.
+    pub poll_interval: Duration,
+}
+
+impl DaytonaConfig {
+    pub fn new(api_url: impl Into<String>, api_key: ApiKey) -> Self {
+        Self {
+            api_url: api_url.into(),
+            api_key,
+            organization: None,
+            target: None,
+            snapshot: None,
+            cpu: None,
+            memory_gib: None,
+            disk_gib: None,
+            auto_stop_minutes: 15,
+            auto_archive_minutes: 7 * 24 * 60,
+            network_allow_list: None,
+            start_timeout: Duration::from_secs(120),
+            poll_interval: Duration::from_millis(100),
+        }
+    }
+
+    /// Reads `GROVE_DAYTONA_API_URL` and `GROVE_DAYTONA_API_KEY` (both or neither) and
+    /// the optional `GROVE_DAYTONA_ORGANIZATION_ID`, `GROVE_DAYTONA_TARGET`,
+    /// `GROVE_DAYTONA_SNAPSHOT`, `GROVE_DAYTONA_AUTO_STOP_MINUTES`,
+    /// `GROVE_DAYTONA_AUTO_ARCHIVE_MINUTES`, `GROVE_DAYTONA_NETWORK_ALLOW_LIST`.
+    /// `Ok(None)` when Daytona is not configured.
+    pub fn from_env() -> Result<Option<Self>, DaytonaError> {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        let (url, key) = match (var("GROVE_DAYTONA_API_URL"), var("GROVE_DAYTONA_API_KEY")) {
+            (None, None) => return Ok(None),
+            (Some(u), Some(k)) => (u, k),
+            (Some(_), None) => {
+                return Err(DaytonaError::Config(
+                    "GROVE_DAYTONA_API_URL is set but GROVE_DAYTONA_API_KEY is not".into(),
+                ))
+            }
+            (None, Some(_)) => {
+                return Err(DaytonaError::Config(
+                    "GROVE_DAYTONA_API_KEY is set but GROVE_DAYTONA_API_URL is not".into(),
+                ))
+            }
+        };
+        if !(url.starts_with("https://") || url.starts_with("http://")) {
+            return Err(DaytonaError::Config(
+                "GROVE_DAYTONA_API_URL must be an http(s) URL".into(),
+            ));
+        }
+        let minutes = |k: &str, default: u32| -> Result<u32, DaytonaError> {
+            match var(k) {
+                None => Ok(default),
+                Some(v) => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| DaytonaError::Config(format!("{k} must be a number of minutes"))),
+            }
+        };
+        let mut c = Self::new(url, ApiKey::new(key));
+        c.organization = var("GROVE_DAYTONA_ORGANIZATION_ID");
+        c.target = var("GROVE_DAYTONA_TARGET");
+        c.snapshot = var("GROVE_DAYTONA_SNAPSHOT");
+        c.auto_stop_minutes = minutes("GROVE_DAYTONA_AUTO_STOP_MINUTES", c.auto_stop_minutes)?;
+        c.auto_archive_minutes =
+            minutes("GROVE_DAYTONA_AUTO_ARCHIVE_MINUTES", c.auto_archive_minutes)?;
+        c.network_allow_list = var("GROVE_DAYTONA_NETWORK_ALLOW_LIST");
+        Ok(Some(c))
+    }
+}
+
+/// The (user, project) a sandbox serves.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SandboxKey {
+    pub user: String,
+    pub project: String,
+}
+
+impl SandboxKey {
+    /// From a spec's `grove.user` / `grove.project` labels (`default` when absent).
+    pub fn of(spec: &RuntimeSpec) -> Self {
+        let get = |k: &str| {
+            spec.labels
+                .get(k)
+                .cloned()
+                .unwrap_or_else(|| "default".to_string())
+        };
+        Self {
+            user: get(LABEL_USER),
+            project: get(LABEL_PROJECT),
+        }
+    }
+}
+
+/// The Daytona runtime provider. Cheap to clone (shared state inside).
+#[derive(Clone)]
+pub struct DaytonaRuntimeProvider {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    client: Client,
+    config: DaytonaConfig,
+    scope: BTreeMap<String, String>,
+    /// Sandbox ids by key, as last seen; a lookup failure re-reads them by label.
+    sandboxes: tokio::sync::Mutex<HashMap<SandboxKey, String>>,
+}
+
+/// What the state check after a failed toolbox call decided.
+enum Recovery {
+    /// The sandbox is started: the failure was the call's own.
+    Genuine,
+    /// The sandbox was stopped (or archived) and is started again.
+    Restarted(String),
+    /// The sandbox was gone and a new one was created.
+    Recreated(String),
+}
+
+impl DaytonaRuntimeProvider {
+    pub fn new(config: DaytonaConfig) -> Result<Self, DaytonaError> {
+        let client = Client::new(
+            &config.api_url,
+            config.api_key.clone(),
+            config.organization.clone(),
+        )?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                client,
+                config,
+                scope: BTreeMap::new(),
+                sandboxes: Default::default(),
+            }),
+        })
+    }
+
+    /// Adds a label that scopes this provider's sandboxes (e.g. a deployment id): it is
+    /// set on every sandbox created and required of every sandbox found by label.
+    pub fn with_scope_label(self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|arc| Inner {
+            client: arc.client.clone(),
+            config: arc.config.clone(),
+            scope: arc.scope.clone(),
+            sandboxes: Default::default(),
+        });
+        let mut inner = inner;
+        inner.scope.insert(key.into(), value.into());
+        Self {
+            inner: Arc::new(inner),
+        }
+    }
+
+    pub fn client(&self) -> &Client {
+        &self.inner.client
+    }
+
+    pub fn config(&self) -> &DaytonaConfig {
+        &self.inner.config
+    }
+
+    /// The labels that identify the sandbox of `key`.
+    pub fn labels_of(&self, key: &SandboxKey) -> BTreeMap<String, String> {
+        let mut l = self.inner.scope.clone();
+        l.insert(LABEL_MANAGED.into(), "true".into());
+        l.insert(LABEL_USER.into(), key.user.clone());
+        l.insert(LABEL_PROJECT.into(), key.project.clone());
+        l
+    }
+
+    /// The started sandbox of `key`: the known one, else one found by label (started
+    /// if stopped), else a new one.
+    pub async fn sandbox(
+        &self,
+        key: &SandboxKey,
+        network: NetworkPolicy,
+    ) -> Result<String, RuntimeError> {
+        let mut known = self.inner.sandboxes.lock().await;
+        if let Some(id) = known.get(key) {
+            return Ok(id.clone());
+        }
+        let found = self
+            .inner
+            .client
+            .list_sandboxes(&self.labels_of(key))
+            .await?
+            .into_iter()
+            .find(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying));
+        let id = match found {
+            Some(s) => {
+                check_network(&s, network)?;
+                tracing::info!(sandbox = %s.id, user = %key.user, project = %key.project, "daytona sandbox recovered by label");
+                self.ensure_started(&s.id).await?;
+                s.id
+            }
+            None => self.create_sandbox(key, network).await?,
+        };
+        known.insert(key.clone(), id.clone());
+        Ok(id)
+    }
+
+    async fn create_sandbox(
+        &self,
+        key: &SandboxKey,
+        network: NetworkPolicy,
+    ) -> Result<String, RuntimeError> {
+        let c = &self.inner.config;
+        let mut labels = self.labels_of(key);
+        labels.insert(LABEL_NETWORK.into(), network_name(network).into());
+        let allow = match network {
+            NetworkPolicy::Limited => Some(c.network_allow_list.clone().ok_or_else(|| {
+                RuntimeError::CommandRejected(
+                    "network limited needs GROVE_DAYTONA_NETWORK_ALLOW_LIST on this deployment"
+                        .into(),
+                )
+            })?),
+            _ => None,
+        };
+        let body = api::CreateSandbox {
+            snapshot: c.snapshot.clone(),
+            user: None,
+            env: BTreeMap::new(),
+            labels,
+            target: c.target.clone(),
+            cpu: c.cpu,
+            memory: c.memory_gib,
+            disk: c.disk_gib,
+            auto_stop_interval: c.auto_stop_minutes,
+            auto_archive_interval: c.auto_archive_minutes,
+            network_block_all: network == NetworkPolicy::None,
+            network_allow_list: allow,
+        };
+        let created = self.inner.client.create_sandbox(&body).await?;
+        tracing::info!(sandbox = %created.id, user = %key.user, project = %key.project, "daytona sandbox created");
+        self.ensure_started(&created.id).await?;
+        Ok(created.id)
+    }
+
+    /// Waits for `id` to be started, starting it when it is stopped or archived.
+    pub async fn ensure_started(&self, id: &str) -> Result<(), RuntimeError> {
+        let deadline = Instant::now() + self.inner.config.start_timeout;
+        let mut asked = false;
+        loop {
+            let s = self.inner.client.get_sandbox(id).await?;
+            match s.state {
+                SandboxState::Started => return Ok(()),
+                SandboxState::Stopped | SandboxState::Archived if !asked => {
+                    match self.inner.client.start_sandbox(id).await {
+                        // A start racing another start answers with a conflict or a
+                        // validation error; the state read below decides.
+                        Ok(()) => {}
+                        Err(e) if matches!(e.status(), Some(400 | 409)) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                    asked = true;
+                }
+                SandboxState::Error | SandboxState::BuildFailed => {
+                    return Err(DaytonaError::Broken {
+                        id: id.to_string(),
+                        state: format!("{:?}", s.state).to_lowercase(),
+                        reason: s.error_reason.unwrap_or_default(),
+                    }
+                    .into())
+                }
+                SandboxState::Destroyed => {
+                    return Err(RuntimeError::NotFound(format!(
+                        "sandbox {id} was destroyed"
+                    )))
+                }
+                _ => {}
+            }
+            if Instant::now() >= deadline {
+                return Err(RuntimeError::Timeout(format!(
+                    "sandbox {id} not started after {:?} (state {:?})",
+                    self.inner.config.start_timeout, s.state
+                )));
+            }
+            tokio::time::sleep(self.inner.config.poll_interval).await;
+        }
+    }
+
+    /// After a failed toolbox call on `id`: reads the sandbox and starts or recreates
+    /// it when that explains the failure.
+    async fn recover(
+        &self,
+        key: &SandboxKey,
+        id: &str,
+        network: NetworkPolicy,
+    ) -> Result<Recovery, RuntimeError> {
+        match self.inner.client.get_sandbox(id).await {
+            Ok(s) if s.state == SandboxState::Started => Ok(Recovery::Genuine),
+            Ok(s) if s.state != SandboxState::Destroyed && s.state != SandboxState::Destroying => {
+                tracing::info!(sandbox = %id, state = ?s.state, "daytona sandbox not started: starting it");
+                self.ensure_started(id).await?;
+                Ok(Recovery::Restarted(id.to_string()))
+            }
+            Ok(_) | Err(DaytonaError::Api { status: 404, .. }) => {
+                tracing::warn!(sandbox = %id, "daytona sandbox gone: creating it again");
+                let mut known = self.inner.sandboxes.lock().await;
+                if known.get(key).map(String::as_str) == Some(id) {
+                    known.remove(key);
+                }
+                drop(known);
+                let new = self.sandbox(key, network).await?;
+                Ok(Recovery::Recreated(new))
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Runs `op` against the sandbox of `key`, with the not-started / not-found
+    /// recovery: on failure the sandbox's state decides whether to retry once.
+    pub async fn with_sandbox<T, F, Fut>(
+        &self,
+        key: &SandboxKey,
+        network: NetworkPolicy,
+        op: F,
+    ) -> Result<(String, T), RuntimeError>
+    where
+        F: Fn(String) -> Fut,
+        Fut: std::future::Future<Output = Result<T, DaytonaError>>,
+    {
+        let id = self.sandbox(key, network).await?;
+        match op(id.clone()).await {
+            Ok(v) => Ok((id, v)),
+            Err(first) => match self.recover(key, &id, network).await? {
+                Recovery::Genuine => Err(first.into()),
+                Recovery::Restarted(id) | Recovery::Recreated(id) => {
+                    let v = op(id.clone()).await?;
+                    Ok((id, v))
+                }
+            },
+        }
+    }
+
+    /// Deletes the sandbox of `key` and every workspace in it: the explicit cleanup
+    /// when the last workspace of a (user, project) is destroyed. Absent is success.
+    pub async fn delete_sandbox(&self, key: &SandboxKey) -> Result<(), RuntimeError> {
+        let mut known = self.inner.sandboxes.lock().await;
+        known.remove(key);
+        for s in self
+            .inner
+            .client
+            .list_sandboxes(&self.labels_of(key))
+            .await?
+        {
+            match self.inner.client.delete_sandbox(&s.id).await {
+                Ok(()) | Err(DaytonaError::Api { status: 404, .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Forgets the ids this process remembers, as a restart would.
+    pub async fn forget_known_sandboxes(&self) {
+        self.inner.sandboxes.lock().await.clear();
+    }
+
+    fn parse_backend_id(backend_id: &str) -> Option<SandboxKey> {
+        let rest = backend_id.strip_prefix("daytona:")?;
+        let (user, project) = rest.split_once('/')?;
+        Some(SandboxKey {
+            user: user.to_string(),
+            project: project.to_string(),
+        })
+    }
+}
+
+fn network_name(n: NetworkPolicy) -> &'static str {
+    match n {
+        NetworkPolicy::None => "none",
+        NetworkPolicy::Limited => "limited",
+        NetworkPolicy::Default => "default",
+    }
+}
+
+/// A sandbox keeps the network it was created with; a spec asking for another one is
+/// a conflict, not something to approximate.
+fn check_network(s: &Sandbox, wanted: NetworkPolicy) -> Result<(), RuntimeError> {
+    match s.labels.get(LABEL_NETWORK) {
+        Some(have) if have != network_name(wanted) => Err(RuntimeError::Conflict(format!(
+            "sandbox {} was created with network {have}, this runtime asks for {}",
+            s.id,
+            network_name(wanted)
+        ))),
+        _ => Ok(()),
+    }
+}
+
+impl RuntimeProvider for DaytonaRuntimeProvider {
+    fn kind(&self) -> &'static str {
+        "daytona"
+    }
+
+    fn capabilities(&self) -> RuntimeCapabilities {
+        RuntimeCapabilities {
+            writable: true,
+            // Workspaces of one (user, project) share a sandbox and a read-only
+            // workspace is not read-only to the kernel there: isolation between
+            // workspaces is not enforced, only between sandboxes.
+            isolated: false,
+            network_none: true,
+            network_limited: self.inner.config.network_allow_list.is_some(),
+            network_default: true,
+            snapshot: false,
+            preview_url: false,
+            interactive_session: false,
+        }
+    }
+
+    fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
+        Box::pin(async move {
+            let workdir = spec
+                .workdir
+                .to_str()
+                .filter(|w| w.starts_with('/'))
+                .ok_or_else(|| {
+                    RuntimeError::CommandRejected(
+                        "a Daytona workdir must be an absolute UTF-8 path inside the sandbox"
+                            .into(),
+                    )
+                })?
+                .to_string();
+            let mut writable = false;
+            for m in &spec.mounts {
+                if m.source != spec.workdir || m.target != spec.workdir {
+                    return Err(RuntimeError::CommandRejected(format!(
+                        "a Daytona sandbox cannot mount host paths ({} -> {}); only the workspace inside the sandbox is used",
+                        m.source.display(),
+                        m.target.display()
+                    )));
+                }
+                writable |= m.writable;
+            }
+            for (k, v) in &spec.env {
+                grove_core::validate::validate_env(k, v)
+                    .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+            }
+            let key = SandboxKey::of(&spec);
+            self.sandbox(&key, spec.network).await?;
+            Ok(Box::new(DaytonaRuntime {
+                provider: self.clone(),
+                key,
+                network: spec.network,
+                workdir,
+                env: spec.env,
+                writable,
+            }) as Box<dyn Runtime>)
+        })
+    }
+
+    fn backend_id(&self, spec: &RuntimeSpec) -> String {
+        let key = SandboxKey::of(spec);
+        format!("daytona:{}/{}", key.user, key.project)
+    }
+
+    fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        let key = Self::parse_backend_id(backend_id);
+        Box::pin(async move {
+            let Some(key) = key else { return Ok(()) };
+            for s in self
+                .inner
+                .client
+                .list_sandboxes(&self.labels_of(&key))
+                .await?
+            {
+                if s.state == SandboxState::Started {
+                    match self.inner.client.stop_sandbox(&s.id).await {
+                        Ok(()) | Err(DaytonaError::Api { status: 404, .. }) => {}
+                        Err(e) => return Err(e.into()),
+                    }
+                }
+            }
+            Ok(())
+        })
+    }
+
+    /// Stops the sandbox: it holds the workspaces, which a runtime never deletes.
+    fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        self.stop(backend_id)
+    }
+
+    fn healthy(&self, backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
+        let key = Self::parse_backend_id(backend_id);
+        Box::pin(async move {
+            let Some(key) = key else { return Ok(false) };
+            let found = self
+                .inner
+                .client
+                .list_sandboxes(&self.labels_of(&key))
+                .await?;
+            Ok(found
+                .iter()
+                .any(|s| !matches!(s.state, SandboxState::Error | SandboxState::BuildFailed)))
+        })
+    }
+}
+
+/// A runtime: one workspace directory in the sandbox of one (user, project).
+struct DaytonaRuntime {
+    provider: DaytonaRuntimeProvider,
+    key: SandboxKey,
+    network: NetworkPolicy,
+    workdir: String,
+    env: BTreeMap<String, String>,
+    writable: bool,
+}
+
+/// The cwd of a request, checked lexically: relative, no `..`.
+fn lexical_cwd(workdir: &str, cwd: Option<&Path>) -> Result<Option<String>, RuntimeError> {
+    let Some(cwd) = cwd else { return Ok(None) };
+    let mut rel = PathBuf::new();
+    for c in cwd.components() {
+        match c {
+            Component::CurDir => {}
+            Component::Normal(p) => rel.push(p),
+            _ => {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "cwd {} leaves the workspace",
+                    cwd.display()
+                )))
+            }
+        }
+    }
+    if rel.as_os_str().is_empty() {
+        return Ok(None);
+    }
+    let rel = rel
+        .to_str()
+        .ok_or_else(|| RuntimeError::CommandRejected("cwd is not UTF-8".into()))?;
+    Ok(Some(format!("{}/{rel}", workdir.trim_end_matches('/'))))
+}
+
+impl DaytonaRuntime {
+    async fn start(
+        &self,
+        req: ExecRequest,
+    ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
+        grove_core::validate::validate_command(&req.argv)
+            .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        for (k, v) in &req.env {
+            grove_core::validate::validate_env(k, v)
+                .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
+        }
+        if req.mutating && !self.writable {
+            return Err(RuntimeError::CommandRejected(
+                "a mutating command on a read-only workspace".into(),
+            ));
+        }
+        let dir = lexical_cwd(&self.workdir, req.cwd.as_deref())?;
+        let client = self.provider.client().clone();
+        let poll = self.provider.config().poll_interval;
+        let session = format!("grove-{}", uuid::Uuid::new_v4().simple());
+        let (sandbox, ()) = self
+            .provider
+            .with_sandbox(&self.key, self.network, |id| {
+                let client = client.clone();
+                let session = session.clone();
+                async move { client.create_session(&id, &session).await }
+            })
+            .await?;
+        let guard = SessionGuard {
+            client: client.clone(),
+            sandbox: sandbox.clone(),
+            session: session.clone(),
+            armed: true,
+        };
+        if let Some(dir) = &dir {
+            // The cwd must resolve (symlinks included) inside the workspace.
+            let check = script::sh_c(&script::cwd_check_script(&self.workdir, dir));
+            let cmd = client
+                .session_exec_async(&sandbox, &session, &check)
+                .await?;
+            let code = wait_exit(&client, &sandbox, &session, &cmd, poll).await?;
+            if code != 0 {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "cwd {} is not a directory inside the workspace",
+                    req.cwd.as_deref().unwrap_or(Path::new("")).display()
+                )));
+            }
+        }
+        let stdin_file = match req.stdin {
+            Some(data) => {
+                let path = format!("/tmp/{session}.stdin");
+                client.upload_file(&sandbox, &path, data).await?;
+                Some(path)
+            }
+            None => None,
+        };
+        let mut env = self.env.clone();
+        env.extend(req.env.clone());
+        let text = script::command_script(
+            dir.as_deref().unwrap_or(&self.workdir),
+            &env,
+            stdin_file.as_deref(),
+            &req.argv,
+        );
+        let cmd = client
+            .session_exec_async(&sandbox, &session, &script::sh_c(&text))
+            .await?;
+        let (tx, rx) = futures::channel::mpsc::channel(16);
+        let follow = Follow {
+            client,
+            sandbox,
+            session,
+            cmd,
+            poll,
+            deadline: req.timeout.map(|t| Instant::now() + t),
+            cap: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
+        };
+        tokio::spawn(follow.run(tx, guard));
+        Ok(rx.boxed())
+    }
+}
+
+/// Deletes the exec's session (which ends its processes) when dropped armed.
+struct SessionGuard {
+    client: Client,
+    sandbox: String,
+    session: String,
+    armed: bool,
+}
+
+impl SessionGuard {
+    async fn close(mut self) {
+        self.armed = false;
+        if let Err(e) = self
+            .client
+            .delete_session(&self.sandbox, &self.session)
+            .await
+        {
+            tracing::debug!(error = %e, "deleting a daytona session failed");
+        }
+    }
+}
+
+impl Drop for SessionGuard {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let client = self.client.clone();
+        let sandbox = self.sandbox.clone();
+        let session = self.session.clone();
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            handle.spawn(async move {
+                let _ = client.delete_session(&sandbox, &session).await;
+            });
+        }
+    }
+}
+
+async fn wait_exit(
+    client: &Client,
+    sandbox: &str,
+    session: &str,
+    cmd: &str,
+    poll: Duration,
+) -> Result<i32, RuntimeError> {
+    loop {
+        if let Some(code) = client
+            .session_command(sandbox, session, cmd)
+            .await?
+            .exit_code
+        {
+            return Ok(code);
+        }
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// Follows one session command: polls its exit code and logs, sends new output as
+/// chunks, enforces the timeout and the output cap, and ends the session.
+struct Follow {
+    client: Client,
+    sandbox: String,
+    session: String,
+    cmd: String,
+    poll: Duration,
+    deadline: Option<Instant>,
+    cap: usize,
+}
+
+impl Follow {
+    async fn run(
+        self,
+        mut tx: futures::channel::mpsc::Sender<Result<ExecChunk, RuntimeError>>,
+        guard: SessionGuard,
+    ) {
+        let mut seen = [0usize; 2];
+        let mut kept = 0usize;
+        let mut truncated = false;
+        loop {
+            if tx.is_closed() {
+                // The caller dropped the stream: the command ends with the session.
+                guard.close().await;
+                return;
+            }
+            let step = async {
+                let c = self
+                    .client
+                    .session_command(&self.sandbox, &self.session, &self.cmd)
+                    .await?;
+                let logs = self
+                    .client
+                    .session_command_logs(&self.sandbox, &self.session, &self.cmd)
+                    .await?;
+                Ok::<_, DaytonaError>((c.exit_code, logs))
+            };
+            let (exit, logs) = match step.await {
+                Ok(v) => v,
+                Err(e) => {
+                    let _ = tx.send(Err(e.into())).await;
+                    guard.close().await;
+                    return;
+                }
+            };
+            for (i, (kind, text)) in [
+                (StreamKind::Stdout, &logs.stdout),
+                (StreamKind::Stderr, &logs.stderr),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                let bytes = text.as_bytes();
+                if bytes.len() <= seen[i] {
+                    continue;
+                }
+                let new = &bytes[seen[i]..];
+                seen[i] = bytes.len();
+                let room = self.cap.saturating_sub(kept);
+                let take = new.len().min(room);
+                if take < new.len() {
+                    truncated = true;
+                }
+                if take > 0 {
+                    kept += take;
+                    let chunk = ExecChunk::Output {
+                        stream: kind,
+                        data: new[..take].to_vec(),
+                    };
+                    if tx.send(Ok(chunk)).await.is_err() {
+                        guard.close().await;
+                        return;
+                    }
+                }
+            }
+            let timed_out = exit.is_none() && self.deadline.is_some_and(|d| Instant::now() >= d);
+            if exit.is_some() || timed_out {
+                guard.close().await;
+                let result = ExecResult {
+                    exit_code: exit.unwrap_or(TIMEOUT_EXIT),
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    timed_out,
+                    truncated,
+                };
+                let _ = tx.send(Ok(ExecChunk::Finished(result))).await;
+                return;
+            }
+            tokio::time::sleep(self.poll).await;
+        }
+    }
+}
+
+impl Runtime for DaytonaRuntime {
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
+        Box::pin(async move {
+            let stream = self.start(req).await?;
+            grove_core::ports::collect_exec(stream).await
+        })
+    }
+
+    fn exec_stream(
+        &self,
+        req: ExecRequest,
+    ) -> BoxFuture<'_, Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError>>
+    {
+        Box::pin(self.start(req))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cwd_that_leaves_the_workspace_is_refused_lexically() {
+        for bad in ["..", "../x", "a/../..", "/etc"] {
+            assert!(
+                lexical_cwd("/w", Some(Path::new(bad))).is_err(),
+                "{bad} must be refused"
+            );
+        }
+        assert_eq!(lexical_cwd("/w", Some(Path::new("."))).unwrap(), None);
+        assert_eq!(
+            lexical_cwd("/w/", Some(Path::new("a/./b")))
+                .unwrap()
+                .as_deref(),
+            Some("/w/a/b")
+        );
+    }
+
+    #[test]
+    fn backend_ids_name_the_user_and_project() {
+        let key = DaytonaRuntimeProvider::parse_backend_id("daytona:u1/p1").unwrap();
+        assert_eq!((key.user.as_str(), key.project.as_str()), ("u1", "p1"));
+        assert!(DaytonaRuntimeProvider::parse_backend_id("docker:x").is_none());
+    }
+}
