@@ -1,13 +1,14 @@
 //! Pull requests end to end: a real `grove serve` (HTTP, in-process worker, real
 //! Postgres) against the fake GitHub of the test tree, which is also the git remote
-//! (smart HTTP over a local bare repository): acquire, write, commit, push, open a pull
-//! request, read it, comment on it; the token is found nowhere; another user gets 404.
+//! (smart HTTP over a local bare repository): acquire, write, commit and push through the
+//! tool routes, open a pull request, read it, comment on it; the token is found nowhere;
+//! another user gets 404.
 
 use std::process::Stdio;
 use std::time::Duration;
 
 use grove_e2e::fake_github::FakeGitHub;
-use grove_e2e::{files_containing, git, text, TestEnv};
+use grove_e2e::{files_containing, git, TestEnv};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -118,19 +119,31 @@ async fn a_pushed_branch_becomes_a_pull_request_that_is_read_and_commented_over_
     let id = session["session_id"].as_str().unwrap().to_string();
     assert_eq!(session["workspace"]["branch_name"], "agent/edits-c1");
 
-    // Write, commit and push through tool jobs (the CLI submits; the server's worker runs).
-    for args in [
-        vec!["write", "src/new.rs", "--content", "fn main() {}\n"],
-        vec!["commit", "-m", "Add src/new.rs"],
-        vec!["push", "--set-upstream", "--token-env", "GIT_TOKEN"],
+    // Write, commit and push through the tool routes (the push with the token header).
+    for (tool, args, git_token) in [
+        (
+            "write_file",
+            json!({"path": "src/new.rs", "content": "fn main() {}\n"}),
+            None,
+        ),
+        ("git_commit", json!({"message": "Add src/new.rs"}), None),
+        (
+            "git_push",
+            json!({"set_upstream": true}),
+            Some(token.as_str()),
+        ),
     ] {
-        let mut all = vec!["tool", id.as_str()];
-        all.extend(args);
-        let out = env.grove_env(&all, &[("GIT_TOKEN", token.as_str())]).await;
-        assert!(out.status.success(), "grove {all:?}: {:?}", text(&out));
-        let (stdout, stderr) = text(&out);
-        bodies.push(stdout);
-        bodies.push(stderr);
+        let (status, _, raw) = server
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/workspaces/{id}/tools/{tool}"),
+                ALICE,
+                git_token,
+                Some(args),
+            )
+            .await;
+        assert_eq!(status, StatusCode::OK, "{tool}: {raw}");
+        bodies.push(raw);
     }
     let pushed = git(&bare, &["rev-parse", "refs/heads/agent/edits-c1"]);
     assert_eq!(pushed.trim().len(), 40, "the branch reached the remote");
