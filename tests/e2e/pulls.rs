@@ -8,7 +8,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use grove_e2e::fake_github::FakeGitHub;
-use grove_e2e::{files_containing, git, TestEnv};
+use grove_e2e::{files_containing, git, text, TestEnv};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -289,6 +289,58 @@ async fn a_pushed_branch_becomes_a_pull_request_that_is_read_and_commented_over_
         "bob's requests reached the platform"
     );
 
+    // The CLI: show asks the platform (no job), comment is a job with --token-env.
+    let cli_env = [
+        ("GROVE_GITHUB_API_URL", fake.api_url()),
+        ("GH_TOKEN", token.clone()),
+    ];
+    let cli_env: Vec<(&str, &str)> = cli_env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let out = env
+        .grove_env(&["pr", "show", &id, "1", "--json"], &cli_env)
+        .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "pr show: {stderr}");
+    let shown: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(
+        (shown["number"].clone(), shown["head"].clone()),
+        (json!(1), json!("agent/edits-c1"))
+    );
+    bodies.extend([stdout, stderr]);
+    let out = env
+        .grove_env(
+            &[
+                "pr",
+                "comment",
+                &id,
+                "1",
+                "--body",
+                "From the CLI.",
+                "--token-env",
+                "GH_TOKEN",
+            ],
+            &cli_env,
+        )
+        .await;
+    let (stdout, stderr) = text(&out);
+    assert!(out.status.success(), "pr comment: {stderr}");
+    assert!(stdout.starts_with("comment "), "{stdout}");
+    bodies.extend([stdout, stderr]);
+    assert_eq!(fake.comments()[1]["body"], "From the CLI.");
+    // Without the variable set: bad input, exit 2, nothing submitted.
+    let out = env
+        .grove(&[
+            "pr",
+            "comment",
+            &id,
+            "1",
+            "--body",
+            "x",
+            "--token-env",
+            "GH_TOKEN",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "{:?}", text(&out));
+
     // The events: opened and commented, with numbers and URLs.
     let events: Vec<(String, Value)> = sqlx::query_as(
         "SELECT event_type, payload FROM grove.events WHERE event_type LIKE 'workspace.pull_request_%' ORDER BY position",
@@ -296,7 +348,7 @@ async fn a_pushed_branch_becomes_a_pull_request_that_is_read_and_commented_over_
     .fetch_all(&env.pool)
     .await
     .unwrap();
-    assert_eq!(events.len(), 2, "{events:?}");
+    assert_eq!(events.len(), 3, "{events:?}");
     assert_eq!(events[0].0, "workspace.pull_request_opened");
     assert_eq!(events[0].1["number"], 1);
     assert_eq!(events[0].1["repo"], "octo/hello");
@@ -304,6 +356,7 @@ async fn a_pushed_branch_becomes_a_pull_request_that_is_read_and_commented_over_
     assert_eq!(events[0].1["url"], pr["url"]);
     assert_eq!(events[1].0, "workspace.pull_request_commented");
     assert_eq!(events[1].1["comment_id"], comment["comment_id"]);
+    assert_eq!(events[2].0, "workspace.pull_request_commented");
 
     // The token is nowhere: events, ledger, jobs, secrets, responses, logs, files.
     for body in &bodies {
@@ -328,7 +381,8 @@ async fn a_pushed_branch_becomes_a_pull_request_that_is_read_and_commented_over_
     assert!(!log.contains(&token), "token in the server log");
     let hits = files_containing(&env.home(), token.as_bytes());
     assert!(hits.is_empty(), "token under GROVE_HOME: {hits:?}");
-    // The kinds the ledger recorded: one pull request opened, one refused, one comment.
+    // The kinds the ledger recorded: one pull request opened, a comment, one refused, a
+    // comment from the CLI.
     let kinds: Vec<(String, String)> = sqlx::query_as(
         "SELECT kind, status FROM grove.commands WHERE kind LIKE '%pull_request' ORDER BY enqueued_at",
     )
@@ -341,6 +395,7 @@ async fn a_pushed_branch_becomes_a_pull_request_that_is_read_and_commented_over_
             ("create_pull_request".into(), "succeeded".into()),
             ("comment_pull_request".into(), "succeeded".into()),
             ("create_pull_request".into(), "failed".into()),
+            ("comment_pull_request".into(), "succeeded".into()),
         ]
     );
 }

@@ -226,7 +226,7 @@ fn validation(errors: Value) -> Response {
 }
 
 /// What every REST request goes through: record it, check the version, the injected
-/// failures and the credentials. `Ok(authenticated)` or the answer to give.
+/// failures and the credentials. `None` to go on, or the answer to give.
 fn gate(
     inner: &Shared,
     method: &str,
@@ -234,7 +234,7 @@ fn gate(
     headers: &HeaderMap,
     body: Value,
     write: bool,
-) -> Result<(), Response> {
+) -> Option<Response> {
     let mut g = inner.lock().unwrap();
     let authorization = header(headers, "authorization");
     g.requests.push(Recorded {
@@ -248,7 +248,7 @@ fn gate(
     });
     if let Some(v) = header(headers, "x-github-api-version") {
         if v != API_VERSION {
-            return Err(message(
+            return Some(message(
                 StatusCode::BAD_REQUEST,
                 &format!("API version {v} is not supported."),
             ));
@@ -256,7 +256,7 @@ fn gate(
     }
     if !g.fail_next.is_empty() {
         let failure = g.fail_next.remove(0);
-        return Err(match failure {
+        return Some(match failure {
             Failure::PrimaryRateLimit { reset_in } => {
                 let mut resp = message(
                     StatusCode::FORBIDDEN,
@@ -282,13 +282,13 @@ fn gate(
             .map(str::to_string)
     });
     match token {
-        Some(t) if t == g.token => Ok(()),
-        Some(_) => Err(message(StatusCode::UNAUTHORIZED, "Bad credentials")),
+        Some(t) if t == g.token => None,
+        Some(_) => Some(message(StatusCode::UNAUTHORIZED, "Bad credentials")),
         None if authorization.is_some() => {
-            Err(message(StatusCode::UNAUTHORIZED, "Bad credentials"))
+            Some(message(StatusCode::UNAUTHORIZED, "Bad credentials"))
         }
-        None if write => Err(message(StatusCode::UNAUTHORIZED, "Requires authentication")),
-        None => Ok(()),
+        None if write => Some(message(StatusCode::UNAUTHORIZED, "Requires authentication")),
+        None => None,
     }
 }
 
@@ -321,7 +321,7 @@ async fn create_pull(
 ) -> Response {
     let path = format!("/repos/{owner}/{repo}/pulls");
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
-    if let Err(resp) = gate(
+    if let Some(resp) = gate(
         &inner,
         "POST",
         path,
@@ -433,7 +433,7 @@ async fn get_pull(
     headers: HeaderMap,
 ) -> Response {
     let path = format!("/repos/{owner}/{repo}/pulls/{number}");
-    if let Err(resp) = gate(&inner, "GET", path, &headers, Value::Null, false) {
+    if let Some(resp) = gate(&inner, "GET", path, &headers, Value::Null, false) {
         return resp;
     }
     let Ok(number) = number.parse::<u64>() else {
@@ -454,7 +454,7 @@ async fn create_comment(
 ) -> Response {
     let path = format!("/repos/{owner}/{repo}/issues/{number}/comments");
     let parsed: Option<Value> = serde_json::from_slice(&body).ok();
-    if let Err(resp) = gate(
+    if let Some(resp) = gate(
         &inner,
         "POST",
         path,
