@@ -1,5 +1,5 @@
 //! Jobs `create_pull_request` and `comment_pull_request`: the git platform side of the
-//! edit flow, after a push (ADR 12).
+//! edit flow, after a push (ADR 13).
 //!
 //! The repository is the workspace's (located from its repo cache URL by the platform
 //! port, never named by the caller); the head of a new pull request is the workspace's

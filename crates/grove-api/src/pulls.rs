@@ -3,7 +3,7 @@
 //! Opening and commenting are commands (`create_pull_request`, `comment_pull_request`)
 //! submitted like every state change, with the token of `X-Grove-Git-Token` handed to
 //! `grove.command_secrets` (ADR 05). Reading is no job: it asks the platform directly
-//! with the request's token, which is then dropped (ADR 12). The repository is always
+//! with the request's token, which is then dropped (ADR 13). The repository is always
 //! the workspace's; another user's workspace answers 404 before anything happens.
 
 use std::sync::Arc;
