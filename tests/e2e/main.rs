@@ -8,6 +8,7 @@ mod eviction;
 mod input;
 mod lifecycle;
 mod merge_back;
+mod pulls;
 mod queue;
 mod reader;
 mod replay;

@@ -6,6 +6,8 @@
 //! a test prints why and skips, unless `GROVE_TEST_REQUIRE_DB=1` (set by the README's
 //! test command and CI), where the absence is a failure.
 
+pub mod fake_github;
+
 use std::path::{Path, PathBuf};
 use std::process::{Output, Stdio};
 use std::time::{Duration, Instant};

@@ -7,6 +7,7 @@
 //!   schedule.
 //! - [`merge_back`]: the diff between a task and an edit workspace, and bringing the
 //!   task's commits into the edit branch.
+//! - [`pulls`]: pull requests and their comments through the git platform port.
 //! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
@@ -17,6 +18,7 @@ pub mod config;
 pub mod eviction;
 pub mod handlers;
 pub mod merge_back;
+pub mod pulls;
 pub mod relay;
 pub mod runner;
 
@@ -51,11 +53,22 @@ pub unsafe fn init_process() -> Result<(), grove_core::error::GitError> {
 pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Deps {
     let layout = Layout::new(config.home.clone());
     let runtimes = build_runtimes(&mut config).await;
+    // GitHub (or GitHub Enterprise through GROVE_GITHUB_API_URL); a configuration that
+    // does not parse leaves pull requests unavailable and says why, once.
+    let platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>> =
+        match grove_github::GitHubProvider::from_env() {
+            Ok(github) => Some(Arc::new(github)),
+            Err(e) => {
+                tracing::error!(error = %e, "git platform not configured: pull request jobs will fail");
+                None
+            }
+        };
     handlers::Deps {
         pool,
         layout,
         git: Arc::new(grove_git::Git2Adapter::new()),
         runtimes,
+        platform,
         inflight: Default::default(),
         config,
     }

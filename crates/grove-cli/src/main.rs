@@ -8,6 +8,7 @@ mod client;
 mod evict;
 mod localdb;
 mod merge_back;
+mod pr;
 mod serve;
 mod tool;
 
@@ -80,6 +81,9 @@ enum Top {
     Exec(ExecArgs),
     /// Agent tools on a workspace: text editor, files, search, git. Prints JSON.
     Tool(tool::ToolArgs),
+    /// Pull requests of a workspace on the git platform (GitHub): create, show, comment.
+    #[command(subcommand)]
+    Pr(pr::PrCmd),
     /// Read (or follow) the event log.
     Events {
         #[arg(long)]
@@ -550,6 +554,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => evict::release(user, project, conversation, task, destroy_workspaces, json).await,
         Top::Exec(args) => exec(args).await,
         Top::Tool(args) => tool::tool(args).await,
+        Top::Pr(cmd) => pr::pr(cmd).await,
         Top::Events {
             stream,
             after,
@@ -904,6 +909,8 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
         CommandResult::Tool(output) => println!("{}", serde_json::to_string(output)?),
         CommandResult::MergeBackDiff(d) => merge_back::print_diff(d, json)?,
         CommandResult::MergedBack(r) => merge_back::print_report(r, json)?,
+        CommandResult::PullRequest(pr) => println!("{}", serde_json::to_string(pr)?),
+        CommandResult::PullRequestComment(c) => println!("{}", serde_json::to_string(c)?),
         CommandResult::Done => {}
     }
     Ok(ExitCode::SUCCESS)
