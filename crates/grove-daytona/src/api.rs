@@ -193,6 +193,7 @@ pub struct Client {
     base: String,
     key: ApiKey,
     organization: Option<String>,
+    page_size: u32,
 }
 
 impl std::fmt::Debug for Client {
@@ -218,7 +219,14 @@ impl Client {
             base: base.trim_end_matches('/').to_string(),
             key,
             organization,
+            page_size: 100,
         })
+    }
+
+    /// Sandboxes asked for per page when listing (the API allows up to 200).
+    pub fn with_page_size(mut self, n: u32) -> Self {
+        self.page_size = n.clamp(1, 200);
+        self
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -306,7 +314,7 @@ impl Client {
                     self.request(reqwest::Method::GET, "/sandbox/paginated")
                         .query(&[
                             ("page", page.to_string()),
-                            ("limit", "100".to_string()),
+                            ("limit", self.page_size.to_string()),
                             ("labels", labels.clone()),
                         ]),
                 )

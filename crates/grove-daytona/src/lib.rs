@@ -82,6 +82,8 @@ pub struct DaytonaConfig {
     pub start_timeout: Duration,
     /// How often to poll a sandbox's state and a command's output.
     pub poll_interval: Duration,
+    /// Sandboxes per page when listing by label.
+    pub list_page_size: u32,
 }
 
 impl DaytonaConfig {
@@ -100,6 +102,7 @@ impl DaytonaConfig {
             network_allow_list: None,
             start_timeout: Duration::from_secs(120),
             poll_interval: Duration::from_millis(100),
+            list_page_size: 100,
         }
     }
 
@@ -203,7 +206,8 @@ impl DaytonaRuntimeProvider {
             &config.api_url,
             config.api_key.clone(),
             config.organization.clone(),
-        )?;
+        )?
+        .with_page_size(config.list_page_size);
         Ok(Self {
             inner: Arc::new(Inner {
                 client,

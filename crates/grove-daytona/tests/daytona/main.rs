@@ -193,6 +193,35 @@ async fn a_restarted_provider_finds_its_sandbox_by_label_instead_of_creating_one
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_by_label_follows_the_pages() {
+    let fake = FakeDaytona::start().await;
+    let mut c = config(&fake);
+    c.list_page_size = 2;
+    let env = Env::with(fake, DaytonaRuntimeProvider::new(c).unwrap());
+    let ws = env.workspace();
+    for i in 0..5 {
+        echo(
+            &env.provider,
+            spec_for(ws.path(), &format!("u{i}"), "p1"),
+            "x",
+        )
+        .await;
+    }
+    let managed = BTreeMap::from([("grove.managed".to_string(), "true".to_string())]);
+    let all = env
+        .provider
+        .client()
+        .list_sandboxes(&managed)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 5, "five sandboxes over three pages of two");
+    let one = BTreeMap::from([("grove.user".to_string(), "u3".to_string())]);
+    let found = env.provider.client().list_sandboxes(&one).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].labels["grove.user"], "u3");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_provider_starts_the_stopped_sandbox_it_finds() {
     let env = Env::new().await;
     let ws = env.workspace();
