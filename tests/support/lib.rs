@@ -99,6 +99,13 @@ impl TestEnv {
             eprintln!("skipped {test}: no GROVE_TEST_DATABASE_URL/DATABASE_URL (run ./scripts/test, which starts Postgres)");
             return None;
         };
+        Some(Self::on_server(&admin).await)
+    }
+
+    /// A fresh database with grove's migrations applied on the Postgres server of
+    /// `admin` (an admin URL), for a test that brings a server of its own.
+    pub async fn on_server(admin: &str) -> Self {
+        let admin = admin.to_string();
         let db_name = format!("grove_test_{}", uuid::Uuid::new_v4().simple());
         let admin_pool = PgPoolOptions::new()
             .max_connections(1)
@@ -138,7 +145,7 @@ impl TestEnv {
             .connect(&env.db_url)
             .await
             .expect("pool");
-        Some(env)
+        env
     }
 
     /// `$GROVE_HOME` of this test.

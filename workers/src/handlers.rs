@@ -964,7 +964,7 @@ fn is_git_tool(op: &ToolOp) -> bool {
 }
 
 /// Gives every entry under `dir` (itself included) to `uid:gid`, symlinks themselves.
-fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
+pub(crate) fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let mut stack = vec![dir.to_path_buf()];
     while let Some(path) = stack.pop() {

@@ -5,6 +5,8 @@
 //! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
 //! - [`eviction`]: the eviction sweep, restore, release of a conversation or task, the
 //!   schedule.
+//! - [`merge_back`]: the diff between a task and an edit workspace, and bringing the
+//!   task's commits into the edit branch.
 //! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
@@ -14,6 +16,7 @@
 pub mod config;
 pub mod eviction;
 pub mod handlers;
+pub mod merge_back;
 pub mod relay;
 pub mod runner;
 

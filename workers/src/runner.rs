@@ -559,6 +559,14 @@ async fn handle(
             until,
         } => deps.pin_workspace(*workspace_id, *until, at).await,
         Command::Tool(t) => deps.tool(t, token.as_ref()).await,
+        Command::MergeBack(m) => deps.merge_back(m).await,
+        Command::MergeBackDiff {
+            edit_workspace_id,
+            task_workspace_id,
+        } => {
+            deps.merge_back_diff(*edit_workspace_id, *task_workspace_id)
+                .await
+        }
         _ => Err(CommandError::new(
             ErrorKind::Rejected,
             "unknown command kind",

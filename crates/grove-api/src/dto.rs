@@ -405,3 +405,25 @@ pub struct EventsQuery {
     #[serde(default)]
     pub follow: bool,
 }
+
+/// A tool a workspace offers.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolInfo {
+    /// The route's `{tool}`: `POST /v1/workspaces/{id}/tools/{name}`.
+    pub name: String,
+    pub description: String,
+    /// The tool changes the workspace or its remote (never offered on a read-only one).
+    pub writes: bool,
+    /// JSON Schema (draft 2020-12) of the tool's arguments, the request body.
+    #[schema(value_type = Object)]
+    pub input_schema: serde_json::Value,
+}
+
+/// The tools of one workspace.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ToolList {
+    pub workspace_id: Uuid,
+    /// Whether write tools are offered (the workspace's `capabilities.writable`).
+    pub writable: bool,
+    pub tools: Vec<ToolInfo>,
+}

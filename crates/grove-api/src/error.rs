@@ -29,6 +29,11 @@ pub struct ErrorBody {
     pub kind: String,
     /// One line naming the problem.
     pub message: String,
+    /// The workspace-relative paths the failure is about: every conflicting path of a
+    /// merge-back conflict (409), or the uncommitted paths that refused it (422).
+    /// Absent for other errors.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 /// A failed request.
@@ -79,6 +84,10 @@ impl ApiError {
         ErrorBody {
             kind: kind.to_string(),
             message: message.lines().next().unwrap_or("").to_string(),
+            paths: match self {
+                Self::Command(e) => e.paths.clone(),
+                _ => Vec::new(),
+            },
         }
     }
 }

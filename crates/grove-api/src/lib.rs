@@ -2,15 +2,17 @@
 //!
 //! JSON over HTTP for callers in any language: repo caches (ensure), sessions
 //! (acquire, release), workspaces (list, get, destroy, pin), execs (synchronous, and
-//! streamed as server-sent events while they run) and a workspace's events (paged or
-//! followed). Every state change is a command through the queue, exactly as the CLI
+//! streamed as server-sent events while they run), a workspace's events (paged or
+//! followed) and the agent tool surface (text editor, files, search, git). Every state change is a command through the queue, exactly as the CLI
 //! submits it; reads go to the projections and the log. See docs/adr/09-http-api.md.
 //!
 //! # Layout
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
 //! - [`stream`]: server-sent events: streaming exec, following events.
+//! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
+//! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
 //! - [`error`]: the error body and the status of each error kind.
@@ -23,9 +25,11 @@ pub mod auth;
 pub mod dto;
 pub mod error;
 pub mod extract;
+pub mod merge_back;
 pub mod notify;
 pub mod routes;
 pub mod stream;
+pub mod tools;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -42,6 +46,7 @@ use uuid::Uuid;
 use crate::auth::Tokens;
 use crate::error::ApiError;
 use crate::notify::Notifier;
+use crate::tools::ToolSchemas;
 
 /// What every request shares.
 pub struct AppState {
@@ -87,7 +92,7 @@ impl AppState {
 #[openapi(
     info(
         title = "grove",
-        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs and events. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
+        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs, events and tools. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
     ),
     paths(
         routes::ensure_repo_cache,
@@ -102,9 +107,11 @@ impl AppState {
         stream::exec_stream,
         routes::get_exec,
         routes::workspace_events,
+        tools::list_tools,
+        tools::call_tool,
     ),
     components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &ToolSchemas),
     security(("bearer" = []))
 )]
 pub struct ApiDoc;
@@ -125,7 +132,9 @@ impl Modify for BearerAuth {
 /// The OpenAPI document, as served at `/openapi.json` and committed at
 /// `docs/openapi.json` (regenerate with `grove openapi > docs/openapi.json`).
 pub fn openapi_json() -> String {
-    let mut text = ApiDoc::openapi()
+    let mut doc = ApiDoc::openapi();
+    doc.merge(merge_back::MergeBackDoc::openapi());
+    let mut text = doc
         .to_pretty_json()
         .expect("the OpenAPI document serializes");
     text.push('\n');
@@ -153,6 +162,8 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/workspaces/{id}/exec", post(routes::exec))
         .route("/v1/workspaces/{id}/exec/stream", post(stream::exec_stream))
         .route("/v1/workspaces/{id}/events", get(routes::workspace_events))
+        .route("/v1/workspaces/{id}/tools", get(tools::list_tools))
+        .route("/v1/workspaces/{id}/tools/{tool}", post(tools::call_tool))
         .route("/v1/execs/{id}", get(routes::get_exec))
         .route(
             "/openapi.json",
@@ -167,6 +178,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             "/healthz",
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
+        .merge(merge_back::routes())
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state)
 }

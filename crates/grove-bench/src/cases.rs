@@ -102,7 +102,7 @@ pub struct Ctx {
     worker: Option<RunningWorker>,
     docker: Result<DockerBits, String>,
     /// Edit workspaces made so far (conversation id, row), reused by later cases.
-    workspaces: Vec<WorkspaceRow>,
+    pub(crate) workspaces: Vec<WorkspaceRow>,
 }
 
 impl Ctx {
@@ -228,7 +228,7 @@ impl Ctx {
         })
     }
 
-    async fn exec(&self, ws: Uuid, runtime: &str, argv: &[&str]) -> Result<()> {
+    pub(crate) async fn exec(&self, ws: Uuid, runtime: &str, argv: &[&str]) -> Result<()> {
         match self
             .client
             .submit(&self.exec_cmd(ws, runtime, argv))
@@ -292,14 +292,8 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     case!("worker_rss", worker_rss(ctx, out));
     case!("eviction_sweep", crate::sweep::eviction_sweep(ctx, out));
     case!("replay", replay(ctx, out));
-    for name in ["http_read_file", "http_exec"] {
-        if wants(name) {
-            out.emit(skipped(
-                name,
-                "grove has no HTTP API yet: nothing to request over loopback",
-            ));
-        }
-    }
+    case!("http_read_file", crate::http::http_read_file(ctx, out));
+    case!("http_exec", crate::http::http_exec(ctx, out));
     Ok(())
 }
 

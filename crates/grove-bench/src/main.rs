@@ -10,6 +10,7 @@
 mod cases;
 mod client;
 mod fixture;
+mod http;
 mod stats;
 mod sweep;
 
@@ -85,6 +86,9 @@ pub struct Args {
     /// which the TTL sweep evicts).
     #[arg(long, default_value_t = 500)]
     pub sweep_real: usize,
+    /// Requests of each HTTP case (and as many in-process submissions).
+    #[arg(long, default_value_t = 1000)]
+    pub http_n: usize,
     /// Repetitions of the steady (nothing to do) sweep.
     #[arg(long, default_value_t = 5)]
     pub sweep_n: usize,

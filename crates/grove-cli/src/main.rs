@@ -7,6 +7,7 @@
 mod client;
 mod evict;
 mod localdb;
+mod merge_back;
 mod serve;
 mod tool;
 
@@ -257,6 +258,30 @@ enum WorkspaceCmd {
         id: String,
         #[arg(long = "command-id")]
         command_id: Option<Uuid>,
+    },
+    /// Bring a task workspace's commits into this (edit) workspace's branch.
+    MergeBack {
+        /// The edit workspace (the target).
+        id: String,
+        /// The task workspace whose commits are brought in.
+        #[arg(long)]
+        task: String,
+        /// merge (fast-forward or a merge commit) or cherry-pick (one new commit each).
+        #[arg(long)]
+        strategy: String,
+        #[arg(long = "command-id")]
+        command_id: Option<Uuid>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// What a merge-back of a task workspace would bring: commits and changed files.
+    MergeBackDiff {
+        /// The edit workspace (the target).
+        id: String,
+        #[arg(long)]
+        task: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -657,6 +682,14 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             clear,
             json,
         } => evict::pin(id, until, clear, json).await,
+        WorkspaceCmd::MergeBack {
+            id,
+            task,
+            strategy,
+            command_id,
+            json,
+        } => merge_back::merge_back(id, task, strategy, command_id, json).await,
+        WorkspaceCmd::MergeBackDiff { id, task, json } => merge_back::diff(id, task, json).await,
         WorkspaceCmd::Show { id, json } => {
             let id = parse_id(&id)?;
             let pool = connect(2).await?;
@@ -815,6 +848,8 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
         CommandResult::Sweep(report) => evict::print_report(report, json)?,
         CommandResult::Released(report) => evict::print_released(report, json)?,
         CommandResult::Tool(output) => println!("{}", serde_json::to_string(output)?),
+        CommandResult::MergeBackDiff(d) => merge_back::print_diff(d, json)?,
+        CommandResult::MergedBack(r) => merge_back::print_report(r, json)?,
         CommandResult::Done => {}
     }
     Ok(ExitCode::SUCCESS)

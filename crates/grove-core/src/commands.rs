@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::merge_back::{MergeBackDiff, MergeBackReport, MergeStrategy};
 use crate::model::{
     ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
 };
@@ -121,6 +122,15 @@ pub struct ReleaseScope {
     pub destroy_workspaces: bool,
 }
 
+/// Brings a task workspace's commits into a writable (edit) workspace of the same user,
+/// project and repository (job `merge_back`, on the edit workspace's node).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MergeBack {
+    pub edit_workspace_id: Uuid,
+    pub task_workspace_id: Uuid,
+    pub strategy: MergeStrategy,
+}
+
 /// A command, as stored in the job payload and the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
@@ -155,6 +165,13 @@ pub enum Command {
     },
     /// One agent tool operation (text editor, files, search, git) on a workspace.
     Tool(ToolRequest),
+    /// Brings a task workspace's commits into an edit workspace's branch.
+    MergeBack(MergeBack),
+    /// Reads what a merge-back would bring (commits and changed files); changes nothing.
+    MergeBackDiff {
+        edit_workspace_id: Uuid,
+        task_workspace_id: Uuid,
+    },
 }
 
 impl Command {
@@ -172,6 +189,8 @@ impl Command {
             Self::ReleaseScope(_) => "release_scope",
             Self::PinWorkspace { .. } => "pin_workspace",
             Self::Tool(_) => "tool",
+            Self::MergeBack(_) => "merge_back",
+            Self::MergeBackDiff { .. } => "merge_back_diff",
         }
     }
 
@@ -181,6 +200,8 @@ impl Command {
         match self {
             Self::Exec(_) => false,
             Self::Tool(t) => t.op.is_idempotent(),
+            // It makes commits: a delivery that finds it running ends as worker_lost.
+            Self::MergeBack(_) => false,
             _ => true,
         }
     }
@@ -190,6 +211,11 @@ impl Command {
         match self {
             Self::Exec(e) => Some(e.workspace_id),
             Self::Tool(t) => Some(t.workspace_id),
+            // The target: the job runs on its node (the task must live there too).
+            Self::MergeBack(m) => Some(m.edit_workspace_id),
+            Self::MergeBackDiff {
+                edit_workspace_id, ..
+            } => Some(*edit_workspace_id),
             Self::ReleaseSession { workspace_id, .. }
             | Self::HibernateRuntime { workspace_id }
             | Self::DestroyRuntime { workspace_id }
@@ -276,6 +302,21 @@ impl Command {
                     }
                 }
             }
+            Self::MergeBack(MergeBack {
+                edit_workspace_id,
+                task_workspace_id,
+                ..
+            })
+            | Self::MergeBackDiff {
+                edit_workspace_id,
+                task_workspace_id,
+            } => {
+                if edit_workspace_id == task_workspace_id {
+                    return Err(ValidationError::Request(
+                        "a workspace cannot be merged back into itself".into(),
+                    ));
+                }
+            }
             Self::ReleaseSession { .. }
             | Self::HibernateRuntime { .. }
             | Self::DestroyRuntime { .. }
@@ -297,6 +338,8 @@ pub enum CommandResult {
     Sweep(crate::sweep::SweepReport),
     Released(ReleaseReport),
     Tool(ToolOutput),
+    MergeBackDiff(MergeBackDiff),
+    MergedBack(MergeBackReport),
     Done,
 }
 

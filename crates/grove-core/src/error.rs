@@ -122,6 +122,10 @@ pub struct CommandError {
     /// Whether a later attempt of the same job may succeed (used by the retry policy).
     #[serde(default)]
     pub transient: bool,
+    /// Workspace-relative paths the failure is about (a merge-back's conflicting paths);
+    /// empty for most errors.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths: Vec<String>,
 }
 
 impl CommandError {
@@ -131,7 +135,13 @@ impl CommandError {
             kind,
             message: message.lines().next().unwrap_or("").to_string(),
             transient: false,
+            paths: Vec::new(),
         }
+    }
+    /// The same error, naming the paths it is about.
+    pub fn with_paths(mut self, paths: Vec<String>) -> Self {
+        self.paths = paths;
+        self
     }
     pub fn transient(mut self) -> Self {
         self.transient = true;

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::eviction::Reason;
+use crate::merge_back::MergeStrategy;
 use crate::model::{Capabilities, ExecKind, SavedWork, WorkspaceMode};
 use crate::sweep::SweepReport;
 
@@ -230,6 +231,33 @@ pub enum Event {
         previous: Option<String>,
         forced: bool,
     },
+    /// A merge-back brought a task workspace's commits into this (edit) workspace's
+    /// branch: its working tree and index are at `new_head`.
+    #[serde(rename = "workspace.merged_back")]
+    WorkspaceMergedBack {
+        workspace_id: Uuid,
+        task_workspace_id: Uuid,
+        strategy: MergeStrategy,
+        branch: String,
+        previous_head: String,
+        new_head: String,
+        /// The task commits brought in, oldest first.
+        commits: Vec<String>,
+        /// Commits made on the branch (the merge commit, or the cherry-picked ones).
+        created: Vec<String>,
+        fast_forward: bool,
+    },
+    /// A merge-back conflicted and changed nothing in this (edit) workspace.
+    #[serde(rename = "workspace.merge_back_conflicted")]
+    WorkspaceMergeBackConflicted {
+        workspace_id: Uuid,
+        task_workspace_id: Uuid,
+        strategy: MergeStrategy,
+        /// Every conflicting path, relative to the workspace root.
+        paths: Vec<String>,
+        /// For a cherry-pick: the task commit that did not apply.
+        commit: Option<String>,
+    },
 }
 
 impl Event {
@@ -265,6 +293,8 @@ impl Event {
             Self::WorkspaceFileWritten { .. } => "workspace.file_written",
             Self::WorkspaceCommitted { .. } => "workspace.committed",
             Self::WorkspacePushed { .. } => "workspace.pushed",
+            Self::WorkspaceMergedBack { .. } => "workspace.merged_back",
+            Self::WorkspaceMergeBackConflicted { .. } => "workspace.merge_back_conflicted",
         }
     }
     /// The stream this event is appended to.
@@ -290,7 +320,11 @@ impl Event {
             | Self::ExecFinished { workspace_id, .. }
             | Self::WorkspaceFileWritten { workspace_id, .. }
             | Self::WorkspaceCommitted { workspace_id, .. }
-            | Self::WorkspacePushed { workspace_id, .. } => workspace_stream(*workspace_id),
+            | Self::WorkspacePushed { workspace_id, .. }
+            | Self::WorkspaceMergedBack { workspace_id, .. }
+            | Self::WorkspaceMergeBackConflicted { workspace_id, .. } => {
+                workspace_stream(*workspace_id)
+            }
             Self::RuntimeStarted { runtime_id, .. }
             | Self::RuntimeStopped { runtime_id, .. }
             | Self::RuntimeDestroyed { runtime_id, .. } => runtime_stream(*runtime_id),

@@ -10,7 +10,12 @@
 //! - [`sweep`]: what one eviction sweep did (its report and event payload).
 //! - [`commands`]: the job kinds and their payloads.
 //! - [`tools`]: the agent tool surface as data (operations, outputs).
-//! - [`ports`]: the traits adapters implement (git, runtimes).
+//! - [`tool_catalog`]: the tools offered for a workspace, their argument schemas, and
+//!   a tool call (name and JSON arguments) to an operation.
+//! - [`ports`]: the traits adapters implement (git, runtimes, optional runtime
+//!   capabilities).
+//! - [`session`]: interactive sessions as data, and the table providers share.
+//! - [`merge_back`]: bringing a task workspace's commits into an edit workspace.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //!
@@ -23,9 +28,12 @@ pub mod events;
 pub mod eviction;
 pub mod idempotency;
 pub mod layout;
+pub mod merge_back;
 pub mod model;
 pub mod ports;
 pub mod projection;
+pub mod session;
 pub mod sweep;
+pub mod tool_catalog;
 pub mod tools;
 pub mod validate;

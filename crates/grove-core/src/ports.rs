@@ -13,6 +13,7 @@ use futures::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{GitError, RuntimeError};
+use crate::merge_back::{MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy};
 use crate::model::SavedWork;
 use crate::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 
@@ -140,6 +141,19 @@ pub struct PushRequest<'a> {
     pub token: Option<&'a GitToken>,
 }
 
+/// Two workspaces of one repository for a merge-back: the task's branch is brought
+/// into the target's (edit) branch. Both directories are checkouts of the same repo
+/// cache; the task's own commits live only in the task's object store.
+#[derive(Debug, Clone)]
+pub struct MergeBackRequest<'a> {
+    pub edit_dir: &'a Path,
+    /// The branch the target's HEAD must be on, and the one that is moved.
+    pub edit_branch: &'a str,
+    pub task_dir: &'a Path,
+    /// The task branch whose commits are brought in.
+    pub task_branch: &'a str,
+}
+
 /// Repo caches and workspace checkouts. Blocking: callers run it on a blocking thread.
 ///
 /// Implementations must keep credentials out of remote URLs, git config, error
@@ -197,6 +211,20 @@ pub trait GitPort: Send + Sync {
     fn commit(&self, req: &CommitRequest<'_>) -> Result<Committed, GitError>;
     /// Pushes a branch to `origin`; a rejected update is [`GitError::Rejected`].
     fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError>;
+    /// What a merge-back would bring: the task's commits the target branch lacks and
+    /// the files the task changed since the merge base. Changes nothing in either
+    /// workspace.
+    fn merge_back_diff(&self, req: &MergeBackRequest<'_>) -> Result<MergeBackDiff, MergeBackError>;
+    /// Brings the task's commits into the target branch by `strategy`, computed in
+    /// memory; only a clean result is written (objects, then the working tree and index,
+    /// then the branch). A conflict, or uncommitted changes to the target's tracked
+    /// files, leaves the target exactly as it was (HEAD, index, working tree, untracked
+    /// files, stash). The report's workspace ids are left nil for the caller to fill.
+    fn merge_back(
+        &self,
+        req: &MergeBackRequest<'_>,
+        strategy: MergeStrategy,
+    ) -> Result<MergeBackReport, MergeBackError>;
 }
 
 /// Network policy of a runtime.
@@ -286,17 +314,65 @@ pub enum ExecChunk {
 }
 
 /// What a runtime provider can honestly promise.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Build it with `..RuntimeCapabilities::default()` for the fields a provider does not
+/// claim: every default is `false`, the safe claim, and new fields then compile in
+/// every adapter unchanged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
 pub struct RuntimeCapabilities {
     /// It can run commands that change the workspace.
     pub writable: bool,
     /// Its isolation is enforced by the operating system or a VM, not by a flag.
     pub isolated: bool,
+    /// It enforces [`NetworkPolicy::None`] (loopback only).
     pub network_none: bool,
+    /// It enforces [`NetworkPolicy::Limited`] (an allow-list).
     pub network_limited: bool,
+    /// It accepts [`NetworkPolicy::Default`] (the backend's ordinary network).
+    #[serde(default)]
+    pub network_default: bool,
+    /// [`RuntimeProvider::snapshotter`] is `Some`.
     pub snapshot: bool,
+    /// [`RuntimeProvider::preview_urls`] is `Some`.
     pub preview_url: bool,
+    /// [`RuntimeProvider::sessions`] is `Some`.
     pub interactive_session: bool,
+}
+
+impl RuntimeCapabilities {
+    /// The network policies a runtime of this provider can be created with, strictest
+    /// first.
+    pub fn network_policies(&self) -> Vec<NetworkPolicy> {
+        let mut out = Vec::new();
+        if self.network_none {
+            out.push(NetworkPolicy::None);
+        }
+        if self.network_limited {
+            out.push(NetworkPolicy::Limited);
+        }
+        if self.network_default {
+            out.push(NetworkPolicy::Default);
+        }
+        out
+    }
+}
+
+/// The serialized form carries the derived `network_policies` list next to the flags.
+impl Serialize for RuntimeCapabilities {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("RuntimeCapabilities", 9)?;
+        s.serialize_field("writable", &self.writable)?;
+        s.serialize_field("isolated", &self.isolated)?;
+        s.serialize_field("network_none", &self.network_none)?;
+        s.serialize_field("network_limited", &self.network_limited)?;
+        s.serialize_field("network_default", &self.network_default)?;
+        s.serialize_field("network_policies", &self.network_policies())?;
+        s.serialize_field("snapshot", &self.snapshot)?;
+        s.serialize_field("preview_url", &self.preview_url)?;
+        s.serialize_field("interactive_session", &self.interactive_session)?;
+        s.end()
+    }
 }
 
 /// A running or stopped runtime attached to one workspace.
@@ -352,25 +428,205 @@ pub trait RuntimeProvider: Send + Sync {
     fn healthy(&self, _backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
         Box::pin(futures::future::ready(Ok(true)))
     }
+    /// Snapshots of runtimes, if this provider can take them (`capabilities().snapshot`).
+    /// A provider without them answers `None`, never an error.
+    fn snapshotter(&self) -> Option<&dyn Snapshotter> {
+        None
+    }
+    /// Ports of runtimes exposed as URLs, if this provider can (`capabilities().preview_url`).
+    fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
+        None
+    }
+    /// Interactive sessions, if this provider holds them
+    /// (`capabilities().interactive_session`).
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        None
+    }
+}
+
+/// A snapshot of a runtime's state, by the provider's id for it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    /// The provider's id of the snapshot (an image id, a remote snapshot name).
+    pub id: String,
+    /// The runtime it was taken of.
+    pub backend_id: String,
+    pub label: Option<String>,
+}
+
+/// What to snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SnapshotRequest {
+    /// The runtime, as [`RuntimeProvider::backend_id`] named it.
+    pub backend_id: String,
+    /// A caller's label kept with the snapshot; validated by the provider.
+    pub label: Option<String>,
+}
+
+/// Optional capability: a runtime's state (its filesystem outside the workspace, such
+/// as installed packages) saved under an id, and a runtime created again from it. The
+/// workspace is not part of a snapshot: it is durable on its own.
+///
+/// API is not stable; implemented only inside this workspace.
+pub trait Snapshotter: Send + Sync {
+    /// Saves the state of a runtime.
+    fn snapshot(&self, req: SnapshotRequest) -> BoxFuture<'_, Result<SnapshotInfo, RuntimeError>>;
+    /// Creates the runtime `spec` describes from a snapshot (replacing the one the spec
+    /// names, if any; its workspace is untouched). An unknown snapshot is `NotFound`.
+    fn restore<'a>(
+        &'a self,
+        snapshot_id: &'a str,
+        spec: RuntimeSpec,
+    ) -> BoxFuture<'a, Result<Box<dyn Runtime>, RuntimeError>>;
+}
+
+/// What to expose.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PreviewRequest {
+    pub backend_id: String,
+    /// The port a process inside the runtime listens on.
+    pub port: u16,
+}
+
+/// Where an exposed port is reachable.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PreviewUrl {
+    pub port: u16,
+    /// Never carries a credential.
+    pub url: String,
+}
+
+/// Optional capability: a port inside a runtime reachable as a URL.
+///
+/// API is not stable; implemented only inside this workspace.
+pub trait PreviewUrls: Send + Sync {
+    /// The URL of `port`; a port the runtime cannot expose is `CommandRejected`.
+    fn expose(&self, req: PreviewRequest) -> BoxFuture<'_, Result<PreviewUrl, RuntimeError>>;
+}
+
+pub use crate::session::{
+    SessionExit, SessionId, SessionInfo, SessionInput, SessionOutput, SessionRequest,
+};
+
+/// Optional capability: interactive sessions, persistent processes (a shell, a REPL, a
+/// dev server) started in a runtime, fed through stdin and read by polling.
+///
+/// Sessions are runtime state held by the provider's process: they are not durable,
+/// not events, and end with the process that holds them (and with their runtime).
+/// Output (stdout and stderr interleaved as read) is kept in a ring of
+/// `max_buffer_bytes` that keeps the newest bytes; each poll returns what arrived since
+/// the previous poll and says how many bytes were lost in between.
+///
+/// API is not stable; implemented only inside this workspace.
+pub trait Sessions: Send + Sync {
+    /// Starts `req` in the runtime `spec` describes (creating or re-attaching to it).
+    fn start(
+        &self,
+        spec: RuntimeSpec,
+        req: SessionRequest,
+    ) -> BoxFuture<'_, Result<SessionInfo, RuntimeError>>;
+    /// Writes to the session's stdin (and closes it when `input.close`). A session that
+    /// ended is `CommandRejected`; an unknown one `NotFound`.
+    fn write<'a>(
+        &'a self,
+        id: &'a SessionId,
+        input: SessionInput,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// Output since the last poll, waiting up to `wait` for some when there is none
+    /// yet; reports the exit once the process ended and everything was read.
+    fn poll<'a>(
+        &'a self,
+        id: &'a SessionId,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<SessionOutput, RuntimeError>>;
+    /// Kills the session's processes. Killing an ended session is Ok.
+    fn kill<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// One session, without consuming its output.
+    fn info(&self, id: &SessionId) -> Result<SessionInfo, RuntimeError>;
+    /// Every session this provider holds (running or ended and not yet forgotten).
+    fn list(&self) -> Vec<SessionInfo>;
+}
+
+/// A provider as `grove runtimes` lists it: configured here or only known.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ProviderStatus {
+    pub kind: &'static str,
+    /// Whether it can serve runtimes from this process (its configuration is present
+    /// and, for Docker, the engine answers).
+    pub configured: bool,
+    /// Why it is not configured, or a note on a degraded setup; never a secret.
+    pub detail: Option<String>,
+    pub capabilities: RuntimeCapabilities,
 }
 
 /// The runtime providers this worker can use, by name; a request picks one per exec.
+/// It also remembers providers grove knows but cannot use here, for `grove runtimes`.
 #[derive(Clone, Default)]
 pub struct RuntimeRegistry {
     providers: Vec<std::sync::Arc<dyn RuntimeProvider>>,
+    /// Known, not usable here: (kind, why, what it would offer).
+    unconfigured: Vec<(&'static str, String, RuntimeCapabilities)>,
+    /// Notes on configured providers (e.g. local without isolation), by kind.
+    notes: Vec<(&'static str, String)>,
 }
 
 impl RuntimeRegistry {
     pub fn with(mut self, provider: std::sync::Arc<dyn RuntimeProvider>) -> Self {
         self.providers.retain(|p| p.kind() != provider.kind());
+        self.unconfigured.retain(|(k, _, _)| *k != provider.kind());
         self.providers.push(provider);
+        self
+    }
+    /// Records a provider grove knows but cannot use here, with the reason (which must
+    /// not contain a secret) and the capabilities it would report once configured.
+    pub fn with_unconfigured(
+        mut self,
+        kind: &'static str,
+        reason: impl Into<String>,
+        capabilities: RuntimeCapabilities,
+    ) -> Self {
+        if self.get(kind).is_none() {
+            self.unconfigured.retain(|(k, _, _)| *k != kind);
+            self.unconfigured.push((kind, reason.into(), capabilities));
+        }
+        self
+    }
+    /// Attaches a note to a configured provider's listing.
+    pub fn with_note(mut self, kind: &'static str, note: impl Into<String>) -> Self {
+        self.notes.retain(|(k, _)| *k != kind);
+        self.notes.push((kind, note.into()));
         self
     }
     pub fn get(&self, kind: &str) -> Option<std::sync::Arc<dyn RuntimeProvider>> {
         self.providers.iter().find(|p| p.kind() == kind).cloned()
     }
+    /// The kinds usable here.
     pub fn kinds(&self) -> Vec<&'static str> {
         self.providers.iter().map(|p| p.kind()).collect()
+    }
+    /// Every provider grove knows: the usable ones in registration order, then the
+    /// known but unconfigured ones.
+    pub fn statuses(&self) -> Vec<ProviderStatus> {
+        let configured = self.providers.iter().map(|p| ProviderStatus {
+            kind: p.kind(),
+            configured: true,
+            detail: self
+                .notes
+                .iter()
+                .find(|(k, _)| *k == p.kind())
+                .map(|(_, n)| n.clone()),
+            capabilities: p.capabilities(),
+        });
+        let known = self
+            .unconfigured
+            .iter()
+            .map(|(kind, why, caps)| ProviderStatus {
+                kind,
+                configured: false,
+                detail: Some(why.clone()),
+                capabilities: *caps,
+            });
+        configured.chain(known).collect()
     }
 }
 

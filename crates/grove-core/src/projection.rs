@@ -64,7 +64,9 @@ impl Reads {
                 | Event::WorkspaceRestored { workspace_id, .. }
                 | Event::WorkspaceFileWritten { workspace_id, .. }
                 | Event::WorkspaceCommitted { workspace_id, .. }
-                | Event::WorkspacePushed { workspace_id, .. } => {
+                | Event::WorkspacePushed { workspace_id, .. }
+                | Event::WorkspaceMergedBack { workspace_id, .. }
+                | Event::WorkspaceMergeBackConflicted { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
                 }
                 Event::SweepFinished { .. } => {}
@@ -216,9 +218,12 @@ impl Projections {
             // the workspace dirty is a `workspace.dirty_changed` of its own (as for an exec).
             Event::WorkspaceFileWritten { workspace_id, .. }
             | Event::WorkspaceCommitted { workspace_id, .. }
-            | Event::WorkspacePushed { workspace_id, .. } => {
+            | Event::WorkspacePushed { workspace_id, .. }
+            | Event::WorkspaceMergedBack { workspace_id, .. } => {
                 self.update_workspace(workspace_id, at, |_| {});
             }
+            // A conflicted merge-back left the workspace exactly as it was.
+            Event::WorkspaceMergeBackConflicted { .. } => {}
             Event::WorkspaceDestroyed { workspace_id } => {
                 self.workspaces.remove(&workspace_id);
                 self.touched.workspaces.insert(workspace_id);

@@ -185,6 +185,14 @@ impl ToolOp {
     /// checked against the workspace root by the code that runs the operation.
     pub fn validate(&self) -> Result<(), ValidationError> {
         let req = |m: &str| Err(ValidationError::Request(m.to_string()));
+        // No argument may carry a NUL: no path can hold one, and the ledger's JSON
+        // cannot store one.
+        if let Some(field) = self.strings().find(|(_, s)| s.contains('\0')) {
+            return Err(ValidationError::Request(format!(
+                "{} contains a NUL byte",
+                field.0
+            )));
+        }
         match self {
             Self::Create { content, .. } | Self::WriteFile { content, .. }
                 if content.len() > MAX_WRITE_BYTES =>
@@ -281,6 +289,65 @@ impl ToolOp {
     }
 }
 
+impl ToolOp {
+    /// Every string argument, with its name.
+    fn strings(&self) -> impl Iterator<Item = (&'static str, &str)> {
+        let mut out: Vec<(&'static str, &str)> = Vec::new();
+        match self {
+            Self::View { path, .. } | Self::ReadFile { path } => out.push(("path", path.as_str())),
+            Self::Create { path, content } | Self::WriteFile { path, content } => {
+                out.extend([("path", path.as_str()), ("content", content.as_str())])
+            }
+            Self::StrReplace {
+                path,
+                old_str,
+                new_str,
+            } => out.extend([
+                ("path", path.as_str()),
+                ("old_str", old_str.as_str()),
+                ("new_str", new_str.as_str()),
+            ]),
+            Self::Insert { path, text, .. } => {
+                out.extend([("path", path.as_str()), ("text", text.as_str())])
+            }
+            Self::ListDir { path } => out.extend(path.as_deref().map(|p| ("path", p))),
+            Self::Search {
+                pattern,
+                glob,
+                path,
+                ..
+            } => {
+                out.push(("pattern", pattern));
+                out.extend(glob.iter().map(|g| ("glob", g.as_str())));
+                out.extend(path.as_deref().map(|p| ("path", p)));
+            }
+            Self::GitStatus | Self::GitLog { .. } => {}
+            Self::GitDiff { against, paths } => {
+                if let DiffAgainst::Ref(r) = against {
+                    out.push(("ref", r));
+                }
+                out.extend(paths.iter().map(|p| ("paths", p.as_str())));
+            }
+            Self::GitCommit {
+                message,
+                paths,
+                author_name,
+                author_email,
+            } => {
+                out.push(("message", message));
+                out.extend(paths.iter().map(|p| ("paths", p.as_str())));
+                out.extend(author_name.as_deref().map(|p| ("author_name", p)));
+                out.extend(author_email.as_deref().map(|p| ("author_email", p)));
+            }
+            Self::GitPush { branch, expect, .. } => {
+                out.extend(branch.as_deref().map(|p| ("branch", p)));
+                out.extend(expect.as_deref().map(|p| ("expect", p)));
+            }
+        }
+        out.into_iter()
+    }
+}
+
 /// A tool as offered to an agent for one workspace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ToolSpec {
@@ -288,6 +355,8 @@ pub struct ToolSpec {
     pub description: String,
     /// The tool changes the workspace or its remote (absent from read-only workspaces).
     pub writes: bool,
+    /// JSON Schema (draft 2020-12) of the tool's arguments, an object.
+    pub input_schema: serde_json::Value,
 }
 
 /// One entry of a directory listing.
@@ -497,6 +566,27 @@ mod tests {
         ];
         for op in bad {
             assert!(op.validate().is_err(), "{op:?} was accepted");
+        }
+        let nul = [
+            ToolOp::ReadFile {
+                path: "a\0b".into(),
+            },
+            ToolOp::WriteFile {
+                path: "a".into(),
+                content: "x\0".into(),
+            },
+            ToolOp::Search {
+                pattern: "x".into(),
+                regex: false,
+                case_sensitive: true,
+                glob: vec!["*\0".into()],
+                path: None,
+                max_results: None,
+            },
+        ];
+        for op in nul {
+            let e = op.validate().unwrap_err().to_string();
+            assert!(e.contains("NUL"), "{op:?}: {e}");
         }
         assert!(ToolOp::View {
             path: "a".into(),

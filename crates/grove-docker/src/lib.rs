@@ -767,6 +767,7 @@ impl RuntimeProvider for DockerRuntimeProvider {
             isolated: true,
             network_none: true,
             network_limited: false,
+            network_default: true,
             snapshot: false,
             preview_url: false,
             interactive_session: false,

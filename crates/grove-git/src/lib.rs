@@ -13,6 +13,9 @@
 //! `workdir` runs git as an agent tool inside a workspace (status, diff, log, commit,
 //! push); a push's token goes through the same credentials callback as a fetch's.
 //!
+//! `merge` brings a task workspace's commits into an edit workspace's branch (merge or
+//! cherry-pick), computed in memory and written only when clean.
+//!
 //! Both are built in a `.<name>.partial-<random>` sibling and renamed into place, so a
 //! crash never leaves a half-built cache or checkout at the final path.
 
@@ -20,6 +23,7 @@ mod cache;
 mod checkout;
 mod errors;
 mod fsutil;
+mod merge;
 mod preserve;
 mod workdir;
 
@@ -27,9 +31,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use grove_core::error::GitError;
+use grove_core::merge_back::{MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy};
 use grove_core::ports::{
-    CacheReport, CheckoutReport, CheckoutRequest, CommitRequest, GitPort, GitToken, PushRequest,
-    RestoreRequest, SaveWorkReport, SaveWorkRequest,
+    CacheReport, CheckoutReport, CheckoutRequest, CommitRequest, GitPort, GitToken,
+    MergeBackRequest, PushRequest, RestoreRequest, SaveWorkReport, SaveWorkRequest,
 };
 use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 
@@ -151,5 +156,17 @@ impl GitPort for Git2Adapter {
 
     fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError> {
         workdir::push(req)
+    }
+
+    fn merge_back_diff(&self, req: &MergeBackRequest<'_>) -> Result<MergeBackDiff, MergeBackError> {
+        merge::diff(req)
+    }
+
+    fn merge_back(
+        &self,
+        req: &MergeBackRequest<'_>,
+        strategy: MergeStrategy,
+    ) -> Result<MergeBackReport, MergeBackError> {
+        merge::merge_back(req, strategy)
     }
 }

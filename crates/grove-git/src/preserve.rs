@@ -135,7 +135,11 @@ pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, Git
 }
 
 /// Copies into `cache` every object `commit` needs that the cache does not have.
-fn copy_missing(ws: &Repository, cache: &Repository, commit: Oid) -> Result<(), GitError> {
+pub(crate) fn copy_missing(
+    ws: &Repository,
+    cache: &Repository,
+    commit: Oid,
+) -> Result<(), GitError> {
     let src = ws.odb().map_err(local)?;
     let dst = cache.odb().map_err(local)?;
     if dst.exists(commit) {

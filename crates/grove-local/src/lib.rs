@@ -208,6 +208,7 @@ impl RuntimeProvider for LocalRuntimeProvider {
             isolated,
             network_none: isolated,
             network_limited: false,
+            network_default: true,
             snapshot: false,
             preview_url: false,
             interactive_session: false,

@@ -705,10 +705,58 @@ pub async fn other_workspaces_are_not_visible(h: &dyn Harness) -> Outcome {
     Outcome::Passed
 }
 
+/// Each optional capability is reported exactly when its accessor answers `Some`: a
+/// caller asking a provider without it gets `None`, never an error, and a provider
+/// claiming it must hand it out.
+pub async fn capability_accessors_match_capabilities(h: &dyn Harness) -> Outcome {
+    let p = h.provider();
+    let caps = p.capabilities();
+    let kind = p.kind();
+    let pairs = [
+        ("snapshot", caps.snapshot, p.snapshotter().is_some()),
+        ("preview_url", caps.preview_url, p.preview_urls().is_some()),
+        (
+            "interactive_session",
+            caps.interactive_session,
+            p.sessions().is_some(),
+        ),
+    ];
+    for (what, claimed, present) in pairs {
+        assert_eq!(
+            claimed,
+            present,
+            "provider '{kind}' reports {what}: {claimed} but its accessor is {}",
+            if present { "Some" } else { "None" }
+        );
+    }
+    let policies = caps.network_policies();
+    assert_eq!(
+        policies.contains(&NetworkPolicy::None),
+        caps.network_none,
+        "network_policies must list `none` exactly when network_none"
+    );
+    assert_eq!(
+        policies.contains(&NetworkPolicy::Limited),
+        caps.network_limited,
+        "network_policies must list `limited` exactly when network_limited"
+    );
+    if caps.writable {
+        assert!(
+            caps.isolated,
+            "provider '{kind}' claims writable without isolation: writes never run unsandboxed"
+        );
+    }
+    Outcome::Passed
+}
+
 /// Every check in order; prints skips as the checks do. For providers whose tests
 /// do not want one test per check.
 pub async fn run_all(h: &dyn Harness) -> Vec<(&'static str, Outcome)> {
     vec![
+        (
+            "capability_accessors_match_capabilities",
+            capability_accessors_match_capabilities(h).await,
+        ),
         (
             "echo_and_exit_codes_pass_through",
             echo_and_exit_codes_pass_through(h).await,

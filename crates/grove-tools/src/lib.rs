@@ -7,7 +7,8 @@
 //! - `files`: `view`, `create`, `str_replace`, `insert`, `read_file`, `write_file`,
 //!   `list_dir`.
 //! - `search`: line matches over the working tree.
-//! - [`catalog`]: the tools offered for a workspace's capabilities.
+//! The catalogue of tools offered for a workspace's capabilities is
+//! `grove_core::tool_catalog` (the API and the MCP server use it without this crate).
 //! - [`error`]: [`ToolError`] and its command-level kind.
 //!
 //! The git tools are not here: workers reach git only through `GitPort` (`grove-git`);
@@ -17,7 +18,6 @@
 //! goes through [`Root::open_beneath`]. The crate knows nothing of Postgres, queues or
 //! git, and its calls are blocking (workers run them with `spawn_blocking`).
 
-pub mod catalog;
 pub mod error;
 mod files;
 pub mod path;
@@ -27,7 +27,6 @@ use std::path::{Path, PathBuf};
 
 use grove_core::tools::{ToolOp, ToolOutput, WrittenFile};
 
-pub use catalog::tools_for;
 pub use error::ToolError;
 pub use files::MAX_READ_BYTES;
 pub use path::{RelPath, Root};

@@ -2,7 +2,8 @@
 //! limits, streaming and the orphan sweep.
 //!
 //! Every test first asks whether an engine answers and, if none does, prints
-//! `skipped: no Docker engine: ...` and returns. Tests build the minimal busybox image
+//! `skipped: no Docker engine: ...` and returns (with `GROVE_TEST_REQUIRE_DOCKER=1` it
+//! fails instead). Tests build the minimal busybox image
 //! once per process (offline, from the `busybox-static` package), run in parallel, and
 //! remove their containers when they end: each test's provider puts a unique
 //! `grove.test` scope label on what it creates, and a guard removes everything with
@@ -47,6 +48,7 @@ mod contract {
     use super::*;
 
     contract_tests!(
+        capability_accessors_match_capabilities,
         echo_and_exit_codes_pass_through,
         a_missing_program_is_a_failed_command,
         stdin_reaches_the_command,

@@ -37,6 +37,9 @@ pub async fn env_or_skip(test: &str) -> Option<TestEnv> {
     let provider = match DockerRuntimeProvider::connect().await {
         Ok(p) => p,
         Err(e) => {
+            if std::env::var("GROVE_TEST_REQUIRE_DOCKER").is_ok_and(|v| v == "1") {
+                panic!("{test}: GROVE_TEST_REQUIRE_DOCKER=1 but no Docker engine answers: {e}");
+            }
             eprintln!("skipped: no Docker engine: {test}: {e}");
             return None;
         }

@@ -2,6 +2,7 @@
 
 mod cache;
 mod checkout;
+mod merge;
 mod preserve;
 mod support;
 mod workdir;

@@ -79,6 +79,7 @@ macro_rules! contract_tests {
 macro_rules! all_contract_tests {
     ($harness:ident) => {
         contract_tests!($harness:
+            capability_accessors_match_capabilities,
             echo_and_exit_codes_pass_through,
             a_missing_program_is_a_failed_command,
             stdin_reaches_the_command,

@@ -1,0 +1,172 @@
+//! The agent tool surface over HTTP: the tools a workspace offers, and one route per
+//! tool whose JSON body is the tool's arguments. A call is a `tool` command through the
+//! queue (`Command::Tool`), exactly as `grove tool` submits it, answered with the
+//! tool's output.
+//!
+//! The catalogue, the argument schemas and the conversion of arguments to an operation
+//! are `grove_core::tool_catalog`'s, shared with the CLI and the MCP server.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use grove_core::commands::{Command, CommandResult};
+use grove_core::tool_catalog::{self, ArgsError};
+use grove_core::tools::{ToolOutput, ToolRequest};
+use serde_json::{Map, Value};
+use utoipa::openapi::schema::Schema;
+use utoipa::openapi::{ComponentsBuilder, RefOr};
+use utoipa::Modify;
+use uuid::Uuid;
+
+use crate::auth::Caller;
+use crate::dto::{ToolInfo, ToolList};
+use crate::error::{ApiError, ErrorResponse};
+use crate::extract::{git_token, parse_id, OptionalJsonBody};
+use crate::routes::visible_workspace;
+use crate::AppState;
+
+type St = State<Arc<AppState>>;
+
+/// The tools this workspace offers: every tool on a writable workspace, the read tools
+/// only on a read-only (analysis) one. Each comes with the JSON Schema of its arguments.
+#[utoipa::path(
+    get,
+    path = "/v1/workspaces/{id}/tools",
+    tag = "tools",
+    params(("id" = Uuid, Path)),
+    responses(
+        (status = 200, body = ToolList),
+        (status = 401, body = ErrorResponse),
+        (status = 404, body = ErrorResponse),
+    )
+)]
+pub async fn list_tools(
+    State(state): St,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ToolList>, ApiError> {
+    let id = parse_id(&id, "workspace")?;
+    let ws = visible_workspace(&state, &caller, id).await?;
+    Ok(Json(ToolList {
+        workspace_id: ws.id,
+        writable: ws.capabilities.writable,
+        tools: tool_catalog::tools_for(&ws.capabilities)
+            .into_iter()
+            .map(|t| ToolInfo {
+                name: t.name,
+                description: t.description,
+                writes: t.writes,
+                input_schema: t.input_schema,
+            })
+            .collect(),
+    }))
+}
+
+/// Run one tool in the workspace. The body is the tool's arguments (the schema
+/// `ToolArgs.<tool>`; `{}` or no body for a tool without any), e.g.
+/// `POST /v1/workspaces/{id}/tools/str_replace` with
+/// `{"path": "src/a.rs", "old_str": "a", "new_str": "b"}`. The answer is the tool's
+/// output, tagged by `output` (`text`, `file`, `dir`, `written`, `search`, `status`,
+/// `diff`, `log`, `committed`, `pushed`).
+#[utoipa::path(
+    post,
+    path = "/v1/workspaces/{id}/tools/{tool}",
+    tag = "tools",
+    params(
+        ("id" = Uuid, Path),
+        ("tool" = String, Path, description = "view, create, str_replace, insert, read_file, write_file, list_dir, search, git_status, git_diff, git_log, git_commit or git_push"),
+        ("X-Grove-Git-Token" = Option<String>, Header, description = "git_push only: a git token for the remote; used for this request only, never stored or echoed"),
+    ),
+    request_body(content = Object, description = "The tool's arguments: see the `ToolArgs.<tool>` schemas, or `GET /v1/workspaces/{id}/tools`"),
+    responses(
+        (status = 200, body = Object, description = "The tool's output, tagged by `output`"),
+        (status = 400, body = ErrorResponse, description = "Invalid input: a path outside the workspace, a NUL byte, a bad range, a missing old_str, ..."),
+        (status = 401, body = ErrorResponse),
+        (status = 403, body = ErrorResponse, description = "git_push: the remote refused the credentials"),
+        (status = 404, body = ErrorResponse, description = "No such workspace (or not the caller's), no such tool, or no such file"),
+        (status = 409, body = ErrorResponse, description = "The file exists (create), the push was refused, or the workspace is locked"),
+        (status = 422, body = ErrorResponse, description = "Arguments of the wrong shape (unknown field, wrong type), or refused: a write tool on a read-only workspace, old_str found 0 or several times, nothing to commit"),
+        (status = 503, body = ErrorResponse, description = "No worker took the job"),
+    )
+)]
+pub async fn call_tool(
+    State(state): St,
+    caller: Caller,
+    headers: HeaderMap,
+    Path((id, tool)): Path<(String, String)>,
+    OptionalJsonBody(args): OptionalJsonBody<Map<String, Value>>,
+) -> Result<Json<ToolOutput>, ApiError> {
+    let workspace_id = parse_id(&id, "workspace")?;
+    visible_workspace(&state, &caller, workspace_id).await?;
+    let op = tool_catalog::op_from_args(&tool, args).map_err(|e| match e {
+        ArgsError::UnknownTool(_) => ApiError::not_found(e.to_string()),
+        _ => ApiError::Request(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+    })?;
+    // Only a push talks to the remote; a token sent with anything else is not used.
+    let token = if matches!(op, grove_core::tools::ToolOp::GitPush { .. }) {
+        git_token(&headers)?
+    } else {
+        None
+    };
+    let command = Command::Tool(ToolRequest { workspace_id, op });
+    command.validate()?;
+    match state
+        .submit(&command, Uuid::now_v7(), token.as_deref())
+        .await?
+    {
+        CommandResult::Tool(output) => Ok(Json(output)),
+        _ => Err(ApiError::Command(grove_core::error::CommandError::new(
+            grove_core::error::ErrorKind::Internal,
+            "unexpected result for tool",
+        ))),
+    }
+}
+
+/// Adds the argument schema of every tool to the document's components, as
+/// `ToolArgs.<tool>`, from the same catalogue the routes use.
+pub struct ToolSchemas;
+
+impl Modify for ToolSchemas {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let mut components = openapi
+            .components
+            .take()
+            .unwrap_or_else(|| ComponentsBuilder::new().build());
+        for t in tool_catalog::all_tools() {
+            let schema: Schema = serde_json::from_value(t.input_schema)
+                .expect("a tool's argument schema is an OpenAPI schema");
+            components
+                .schemas
+                .insert(format!("ToolArgs.{}", t.name), RefOr::T(schema));
+        }
+        openapi.components = Some(components);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_documented_argument_schemas_are_the_catalogues_unchanged() {
+        let mut bad = vec![];
+        for t in tool_catalog::all_tools() {
+            let schema: Schema = serde_json::from_value(t.input_schema.clone()).unwrap();
+            if serde_json::to_value(&schema).unwrap() != t.input_schema {
+                bad.push(t.name.clone());
+            }
+        }
+        assert!(bad.is_empty(), "{bad:?}");
+        for t in tool_catalog::all_tools() {
+            let schema: Schema = serde_json::from_value(t.input_schema.clone()).unwrap();
+            assert_eq!(
+                serde_json::to_value(&schema).unwrap(),
+                t.input_schema,
+                "{}",
+                t.name
+            );
+        }
+    }
+}

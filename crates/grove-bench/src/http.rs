@@ -1,0 +1,162 @@
+//! The `http_*` cases: a request to `grove serve`'s API over loopback next to the same
+//! command submitted in-process, both through the same queue and the same worker.
+//!
+//! The API runs in this process (`grove_api::serve` on `127.0.0.1:0`, a dev operator
+//! token), with one kept-alive HTTP/1.1 client, so the difference is what HTTP adds:
+//! the request, authentication, the tenancy check and the JSON in and out.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+use grove_core::commands::{Command, CommandResult};
+use grove_core::tools::{ToolOp, ToolRequest};
+use serde_json::{json, Value};
+use tokio::sync::oneshot;
+
+use crate::cases::{ms, Ctx};
+use crate::stats::latency;
+use crate::Out;
+
+/// The API served in-process until dropped.
+pub struct Api {
+    base: String,
+    token: String,
+    http: reqwest::Client,
+    stop: Option<oneshot::Sender<()>>,
+}
+
+impl Api {
+    pub async fn start(ctx: &Ctx) -> Result<Self> {
+        let (tokens, token) = grove_api::auth::Tokens::dev("bench");
+        let state = grove_api::AppState::new(
+            ctx.pool.clone(),
+            tokens,
+            grove_postgres::submit::WaitOptions::default(),
+        )
+        .await?;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let (stop, rx) = oneshot::channel::<()>();
+        tokio::spawn(grove_api::serve(listener, Arc::new(state), async move {
+            let _ = rx.await;
+        }));
+        Ok(Self {
+            base,
+            token,
+            http: reqwest::Client::new(),
+            stop: Some(stop),
+        })
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Result<Value> {
+        let resp = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .bearer_auth(&self.token)
+            .json(&body)
+            .send()
+            .await?;
+        let status = resp.status();
+        let value: Value = resp.json().await.context("a JSON answer")?;
+        if !status.is_success() {
+            bail!("{path}: {status} {value}");
+        }
+        Ok(value)
+    }
+}
+
+impl Drop for Api {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// `true` (kind read, local runtime) over HTTP vs submitted in-process.
+pub async fn http_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    ctx.workspaces_at_least(1).await?;
+    let ws = ctx.workspaces[0].id;
+    let api = Api::start(ctx).await?;
+    let path = format!("/v1/workspaces/{ws}/exec");
+    let body = json!({"argv": ["true"], "kind": "read"});
+    api.post(&path, body.clone()).await?; // warm-up: the connection and the runtime
+    let (mut grove, mut floor) = (vec![], vec![]);
+    for _ in 0..ctx.args.http_n {
+        let t = Instant::now();
+        let r = api.post(&path, body.clone()).await?;
+        grove.push(ms(t));
+        if r["exit_code"] != 0 {
+            bail!("exec over HTTP: {r}");
+        }
+        let t = Instant::now();
+        ctx.exec(ws, "local", &["true"]).await?;
+        floor.push(ms(t));
+    }
+    let mut row = latency("http_exec", &grove, &floor);
+    row.insert(
+        "floor_is".into(),
+        json!("the same exec submitted in-process"),
+    );
+    out.emit(row);
+    Ok(())
+}
+
+/// `read_file` of a tracked file over HTTP vs the same tool command in-process.
+pub async fn http_read_file(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    ctx.workspaces_at_least(1).await?;
+    let ws = ctx.workspaces[0].id;
+    let file = first_file(&ctx.workspaces[0].local_path)?;
+    let api = Api::start(ctx).await?;
+    let path = format!("/v1/workspaces/{ws}/tools/read_file");
+    let body = json!({"path": file});
+    let expected = api.post(&path, body.clone()).await?; // warm-up
+    let command = Command::Tool(ToolRequest {
+        workspace_id: ws,
+        op: ToolOp::ReadFile { path: file.clone() },
+    });
+    let (mut grove, mut floor) = (vec![], vec![]);
+    for _ in 0..ctx.args.http_n {
+        let t = Instant::now();
+        let r = api.post(&path, body.clone()).await?;
+        grove.push(ms(t));
+        if r != expected {
+            bail!("read_file over HTTP answered differently: {r}");
+        }
+        let t = Instant::now();
+        match ctx.client.submit(&command).await? {
+            CommandResult::Tool(_) => {}
+            other => bail!("read_file returned {other:?}"),
+        }
+        floor.push(ms(t));
+    }
+    let mut row = latency("http_read_file", &grove, &floor);
+    row.insert(
+        "floor_is".into(),
+        json!("the same tool command submitted in-process"),
+    );
+    row.insert("file".into(), json!(file));
+    out.emit(row);
+    Ok(())
+}
+
+/// A tracked file of the fixture (relative path).
+fn first_file(workspace: &str) -> Result<String> {
+    let src = std::path::Path::new(workspace).join("src");
+    let mut dir = src.clone();
+    loop {
+        let mut entries: Vec<_> = std::fs::read_dir(&dir)?.flatten().collect();
+        entries.sort_by_key(|e| e.file_name());
+        let first = entries
+            .first()
+            .context("an empty directory in the fixture")?;
+        if first.file_type()?.is_dir() {
+            dir = first.path();
+            continue;
+        }
+        let rel = first.path();
+        let rel = rel.strip_prefix(workspace)?;
+        return Ok(rel.to_string_lossy().into_owned());
+    }
+}
