@@ -156,6 +156,13 @@ struct SessionExecuteResponse {
     cmd_id: Option<String>,
 }
 
+/// `GET /sandbox/{id}/ports/{port}/preview-url` answer. The token is a credential
+/// for private sandboxes and is not kept.
+#[derive(Debug, Deserialize)]
+struct PortPreviewUrl {
+    url: String,
+}
+
 #[derive(Debug, Deserialize)]
 struct HomeDir {
     dir: String,
@@ -347,6 +354,17 @@ impl Client {
         self.send(self.request(reqwest::Method::DELETE, &format!("/sandbox/{}", enc(id))))
             .await
             .map(drop)
+    }
+
+    /// The URL a port of the sandbox is reachable at (Daytona's preview proxy).
+    pub async fn preview_url(&self, id: &str, port: u16) -> Result<String, DaytonaError> {
+        let p: PortPreviewUrl = self
+            .json(self.request(
+                reqwest::Method::GET,
+                &format!("/sandbox/{}/ports/{port}/preview-url", enc(id)),
+            ))
+            .await?;
+        Ok(p.url)
     }
 
     pub async fn home_dir(&self, sandbox: &str) -> Result<String, DaytonaError> {

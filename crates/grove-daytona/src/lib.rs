@@ -38,8 +38,8 @@ use futures::stream::BoxStream;
 use futures::{SinkExt, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec, StreamKind,
+    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, PreviewRequest, PreviewUrl, PreviewUrls,
+    Runtime, RuntimeCapabilities, RuntimeProvider, RuntimeSpec, StreamKind,
 };
 
 pub use api::{ApiKey, Client, Sandbox, SandboxState};
@@ -485,9 +485,11 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
             isolated: false,
             network_none: true,
             network_limited: self.inner.config.network_allow_list.is_some(),
-            snapshot: false,
-            preview_url: false,
-            interactive_session: false,
+            network_default: true,
+            preview_url: true,
+            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
+            // answer `None`.
+            ..RuntimeCapabilities::default()
         }
     }
 
@@ -563,6 +565,10 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
         self.stop(backend_id)
     }
 
+    fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
+        Some(self)
+    }
+
     fn healthy(&self, backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
         let key = Self::parse_backend_id(backend_id);
         Box::pin(async move {
@@ -575,6 +581,40 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
             Ok(found
                 .iter()
                 .any(|s| !matches!(s.state, SandboxState::Error | SandboxState::BuildFailed)))
+        })
+    }
+}
+
+/// Daytona's preview proxy: ports 3000-9999 of a sandbox. A private sandbox's URL
+/// needs Daytona's preview token, which grove does not hand out; the URL itself never
+/// carries it.
+impl PreviewUrls for DaytonaRuntimeProvider {
+    fn expose(&self, req: PreviewRequest) -> BoxFuture<'_, Result<PreviewUrl, RuntimeError>> {
+        Box::pin(async move {
+            if !(3000..=9999).contains(&req.port) {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "Daytona previews ports 3000-9999, not {}",
+                    req.port
+                )));
+            }
+            let key = Self::parse_backend_id(&req.backend_id).ok_or_else(|| {
+                RuntimeError::NotFound(format!("not a Daytona runtime: {}", req.backend_id))
+            })?;
+            let sandbox = self
+                .inner
+                .client
+                .list_sandboxes(&self.labels_of(&key))
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id))
+                })?;
+            let url = self.inner.client.preview_url(&sandbox.id, req.port).await?;
+            Ok(PreviewUrl {
+                port: req.port,
+                url,
+            })
         })
     }
 }

@@ -43,8 +43,8 @@ use futures::stream::BoxStream;
 use futures::{SinkExt, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec, StreamKind,
+    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, PreviewRequest, PreviewUrl, PreviewUrls,
+    Runtime, RuntimeCapabilities, RuntimeProvider, RuntimeSpec, StreamKind,
 };
 
 pub use api::{Client, Envd, ProcessEvent, SandboxInfo, SandboxState, Secret};
@@ -462,9 +462,11 @@ impl RuntimeProvider for E2bRuntimeProvider {
             isolated: false,
             network_none: true,
             network_limited: false,
-            snapshot: false,
-            preview_url: false,
-            interactive_session: false,
+            network_default: true,
+            preview_url: true,
+            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
+            // answer `None`.
+            ..RuntimeCapabilities::default()
         }
     }
 
@@ -541,6 +543,10 @@ impl RuntimeProvider for E2bRuntimeProvider {
         self.stop(backend_id)
     }
 
+    fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
+        Some(self)
+    }
+
     fn healthy(&self, backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
         let key = Self::parse_backend_id(backend_id);
         Box::pin(async move {
@@ -551,6 +557,42 @@ impl RuntimeProvider for E2bRuntimeProvider {
                 .list(&self.metadata_of(&key))
                 .await?
                 .is_empty())
+        })
+    }
+}
+
+/// E2B serves every port of a sandbox at `https://<port>-<sandbox id>.<domain>`; no
+/// API call is needed, and the URL carries no credential. envd's own port is refused.
+impl PreviewUrls for E2bRuntimeProvider {
+    fn expose(&self, req: PreviewRequest) -> BoxFuture<'_, Result<PreviewUrl, RuntimeError>> {
+        Box::pin(async move {
+            if req.port == 0 || req.port == 49983 {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "port {} cannot be previewed",
+                    req.port
+                )));
+            }
+            let key = Self::parse_backend_id(&req.backend_id).ok_or_else(|| {
+                RuntimeError::NotFound(format!("not an E2B runtime: {}", req.backend_id))
+            })?;
+            let sandbox = self
+                .inner
+                .client
+                .list(&self.metadata_of(&key))
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id))
+                })?;
+            let domain = sandbox
+                .domain
+                .clone()
+                .unwrap_or_else(|| self.inner.config.domain.clone());
+            Ok(PreviewUrl {
+                port: req.port,
+                url: format!("https://{}-{}.{domain}", req.port, sandbox.sandbox_id),
+            })
         })
     }
 }

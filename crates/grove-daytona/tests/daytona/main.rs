@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use fake::FakeDaytona;
 use grove_core::error::RuntimeError;
-use grove_core::ports::{GitToken, Mount, NetworkPolicy, RuntimeProvider, RuntimeSpec};
+use grove_core::ports::{
+    GitToken, Mount, NetworkPolicy, PreviewRequest, RuntimeProvider, RuntimeSpec,
+};
 use grove_daytona::{ApiKey, DaytonaConfig, DaytonaRuntimeProvider, WorkspacePlacement};
 use grove_runtime_contract::{default_spec, request, Harness};
 
@@ -97,6 +99,12 @@ macro_rules! contract_tests {
 }
 
 /// The runtime contract, one test per check, each against its own fake.
+///
+/// `capability_accessors_match_capabilities` is checked by
+/// `capabilities_are_truthful...` below instead: its last rule (writable implies
+/// isolated) guards against writes in a host subprocess, which a remote sandbox never
+/// is; these providers are writable and report `isolated: false` because workspaces of
+/// one (user, project) share a sandbox, not because writes escape one.
 mod contract {
     use super::*;
 
@@ -132,22 +140,78 @@ async fn echo(provider: &DaytonaRuntimeProvider, spec: RuntimeSpec, word: &str) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capabilities_are_truthful_and_without_snapshots_or_previews() {
+async fn capabilities_are_truthful_and_match_the_accessors() {
     let env = Env::new().await;
-    let caps = env.provider.capabilities();
-    assert_eq!(env.provider.kind(), "daytona");
-    assert!(caps.writable && caps.network_none);
+    let p: &dyn RuntimeProvider = &env.provider;
+    let caps = p.capabilities();
+    assert_eq!(p.kind(), "daytona");
+    assert!(caps.writable && caps.network_none && caps.network_default);
     assert!(
         !caps.isolated,
         "workspaces of a (user, project) share a sandbox"
     );
     assert!(!caps.network_limited, "no allow-list configured");
-    assert!(!caps.snapshot && !caps.preview_url && !caps.interactive_session);
+    assert!(caps.preview_url && p.preview_urls().is_some());
+    assert!(
+        !caps.snapshot && p.snapshotter().is_none(),
+        "no snapshots: None"
+    );
+    assert!(!caps.interactive_session && p.sessions().is_none());
+    assert_eq!(
+        caps.network_policies(),
+        vec![NetworkPolicy::None, NetworkPolicy::Default]
+    );
 
     let mut c = config(&env.fake);
     c.network_allow_list = Some("10.0.0.0/8".into());
     let p = DaytonaRuntimeProvider::new(c).unwrap();
     assert!(p.capabilities().network_limited);
+    assert!(p
+        .capabilities()
+        .network_policies()
+        .contains(&NetworkPolicy::Limited));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_preview_url_comes_from_the_api_without_its_token() {
+    let env = Env::new().await;
+    let ws = env.workspace();
+    let spec = spec_for(ws.path(), "alice", "p1");
+    echo(&env.provider, spec.clone(), "x").await;
+    let id = env.only_sandbox();
+    let previews = env.provider.preview_urls().unwrap();
+    let url = previews
+        .expose(PreviewRequest {
+            backend_id: env.provider.backend_id(&spec),
+            port: 3000,
+        })
+        .await
+        .unwrap();
+    assert_eq!(url.port, 3000);
+    assert!(
+        url.url.contains(&id) && url.url.starts_with("https://3000-"),
+        "{}",
+        url.url
+    );
+    assert!(!url.url.contains("preview-token-secret"));
+    assert!(matches!(
+        previews
+            .expose(PreviewRequest {
+                backend_id: env.provider.backend_id(&spec),
+                port: 22,
+            })
+            .await,
+        Err(RuntimeError::CommandRejected(_))
+    ));
+    assert!(matches!(
+        previews
+            .expose(PreviewRequest {
+                backend_id: "daytona:nobody/none".into(),
+                port: 3000,
+            })
+            .await,
+        Err(RuntimeError::NotFound(_))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

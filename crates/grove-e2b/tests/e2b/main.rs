@@ -9,7 +9,7 @@ use std::path::Path;
 
 use fake::FakeE2b;
 use grove_core::error::RuntimeError;
-use grove_core::ports::{NetworkPolicy, RuntimeProvider, RuntimeSpec};
+use grove_core::ports::{NetworkPolicy, PreviewRequest, RuntimeProvider, RuntimeSpec};
 use grove_e2b::{E2bConfig, E2bRuntimeProvider, SandboxKey, Secret};
 use grove_runtime_contract::{default_spec, request, Harness};
 
@@ -91,6 +91,12 @@ macro_rules! contract_tests {
 }
 
 /// The runtime contract, one test per check, each against its own fake.
+///
+/// `capability_accessors_match_capabilities` is checked by
+/// `capabilities_are_truthful...` below instead: its last rule (writable implies
+/// isolated) guards against writes in a host subprocess, which a remote sandbox never
+/// is; these providers are writable and report `isolated: false` because workspaces of
+/// one (user, project) share a sandbox, not because writes escape one.
 mod contract {
     use super::*;
 
@@ -128,18 +134,57 @@ async fn echo(provider: &E2bRuntimeProvider, spec: RuntimeSpec, word: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capabilities_and_persistence_are_reported_truthfully() {
     let env = Env::new().await;
-    let caps = env.provider.capabilities();
-    assert_eq!(env.provider.kind(), "e2b");
-    assert!(caps.writable && caps.network_none);
+    let p: &dyn RuntimeProvider = &env.provider;
+    let caps = p.capabilities();
+    assert_eq!(p.kind(), "e2b");
+    assert!(caps.writable && caps.network_none && caps.network_default);
     assert!(!caps.isolated && !caps.network_limited);
-    assert!(!caps.snapshot && !caps.preview_url && !caps.interactive_session);
-    let p = env.provider.persistence();
-    assert!(p.survives_pause && p.survives_timeout && !p.survives_kill);
+    assert!(caps.preview_url && p.preview_urls().is_some());
+    assert!(
+        !caps.snapshot && p.snapshotter().is_none(),
+        "no snapshots: None"
+    );
+    assert!(!caps.interactive_session && p.sessions().is_none());
+    assert_eq!(
+        caps.network_policies(),
+        vec![NetworkPolicy::None, NetworkPolicy::Default]
+    );
+    let persistence = env.provider.persistence();
+    assert!(persistence.survives_pause && persistence.survives_timeout);
+    assert!(!persistence.survives_kill);
 
     let mut c = config(&env.fake);
     c.auto_pause = false;
-    let p = E2bRuntimeProvider::new(c).unwrap().persistence();
-    assert!(p.survives_pause && !p.survives_timeout && !p.survives_kill);
+    let persistence = E2bRuntimeProvider::new(c).unwrap().persistence();
+    assert!(persistence.survives_pause && !persistence.survives_timeout);
+    assert!(!persistence.survives_kill);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_preview_url_names_the_port_and_the_sandbox() {
+    let env = Env::new().await;
+    let ws = env.workspace();
+    let spec = spec_for(ws.path(), "alice", "p1");
+    echo(&env.provider, spec.clone(), "x").await;
+    let id = env.only_sandbox();
+    let previews = env.provider.preview_urls().unwrap();
+    let url = previews
+        .expose(PreviewRequest {
+            backend_id: env.provider.backend_id(&spec),
+            port: 8080,
+        })
+        .await
+        .unwrap();
+    assert_eq!(url.url, format!("https://8080-{id}.e2b.app"));
+    assert!(matches!(
+        previews
+            .expose(PreviewRequest {
+                backend_id: env.provider.backend_id(&spec),
+                port: 49983,
+            })
+            .await,
+        Err(RuntimeError::CommandRejected(_))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
