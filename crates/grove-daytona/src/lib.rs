@@ -112,7 +112,12 @@ impl DaytonaConfig {
     /// `GROVE_DAYTONA_AUTO_ARCHIVE_MINUTES`, `GROVE_DAYTONA_NETWORK_ALLOW_LIST`.
     /// `Ok(None)` when Daytona is not configured.
     pub fn from_env() -> Result<Option<Self>, DaytonaError> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`DaytonaConfig::from_env`] over any source of variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DaytonaError> {
+        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let (url, key) = match (var("GROVE_DAYTONA_API_URL"), var("GROVE_DAYTONA_API_KEY")) {
             (None, None) => return Ok(None),
             (Some(u), Some(k)) => (u, k),
@@ -236,6 +241,25 @@ impl DaytonaRuntimeProvider {
 
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// What the provider offers once configured (`network_limited` needs an allow-list
+    /// in the configuration).
+    pub fn offered_capabilities() -> RuntimeCapabilities {
+        RuntimeCapabilities {
+            writable: true,
+            // Workspaces of one (user, project) share a sandbox and a read-only
+            // workspace is not read-only to the kernel there: isolation between
+            // workspaces is not enforced, only between sandboxes.
+            isolated: false,
+            network_none: true,
+            network_limited: true,
+            network_default: true,
+            preview_url: true,
+            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
+            // answer `None`.
+            ..RuntimeCapabilities::default()
+        }
     }
 
     pub fn config(&self) -> &DaytonaConfig {
@@ -478,18 +502,8 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
 
     fn capabilities(&self) -> RuntimeCapabilities {
         RuntimeCapabilities {
-            writable: true,
-            // Workspaces of one (user, project) share a sandbox and a read-only
-            // workspace is not read-only to the kernel there: isolation between
-            // workspaces is not enforced, only between sandboxes.
-            isolated: false,
-            network_none: true,
             network_limited: self.inner.config.network_allow_list.is_some(),
-            network_default: true,
-            preview_url: true,
-            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
-            // answer `None`.
-            ..RuntimeCapabilities::default()
+            ..Self::offered_capabilities()
         }
     }
 
@@ -906,6 +920,39 @@ impl Runtime for DaytonaRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn configuration_needs_both_url_and_key_and_never_shows_the_key() {
+        assert!(DaytonaConfig::from_vars(vars(&[])).unwrap().is_none());
+        let e =
+            DaytonaConfig::from_vars(vars(&[("GROVE_DAYTONA_API_KEY", "dtn_secret")])).unwrap_err();
+        assert!(!e.to_string().contains("dtn_secret"), "{e}");
+        assert!(DaytonaConfig::from_vars(vars(&[("GROVE_DAYTONA_API_URL", "https://x")])).is_err());
+        assert!(DaytonaConfig::from_vars(vars(&[
+            ("GROVE_DAYTONA_API_URL", "ftp://x"),
+            ("GROVE_DAYTONA_API_KEY", "k")
+        ]))
+        .is_err());
+        let c = DaytonaConfig::from_vars(vars(&[
+            ("GROVE_DAYTONA_API_URL", "https://app.daytona.io/api"),
+            ("GROVE_DAYTONA_API_KEY", "dtn_secret"),
+            ("GROVE_DAYTONA_AUTO_STOP_MINUTES", "30"),
+            ("GROVE_DAYTONA_NETWORK_ALLOW_LIST", "10.0.0.0/8"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.auto_stop_minutes, 30);
+        assert_eq!(c.network_allow_list.as_deref(), Some("10.0.0.0/8"));
+        assert!(!format!("{c:?}").contains("dtn_secret"));
+    }
 
     #[test]
     fn a_cwd_that_leaves_the_workspace_is_refused_lexically() {

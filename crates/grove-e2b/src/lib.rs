@@ -98,7 +98,12 @@ impl E2bConfig {
     /// template with `{sandbox_id}` and `{domain}`), `GROVE_E2B_TIMEOUT_SECS`,
     /// `GROVE_E2B_AUTO_PAUSE` (`true`/`false`). `Ok(None)` when E2B is not configured.
     pub fn from_env() -> Result<Option<Self>, E2bError> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`E2bConfig::from_env`] over any source of variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, E2bError> {
+        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let (url, key) = match (var("GROVE_E2B_API_URL"), var("GROVE_E2B_API_KEY")) {
             (None, None) => return Ok(None),
             (Some(u), Some(k)) => (u, k),
@@ -235,6 +240,23 @@ impl E2bRuntimeProvider {
 
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// What the provider offers (the same whether or not it is configured).
+    pub fn offered_capabilities() -> RuntimeCapabilities {
+        RuntimeCapabilities {
+            writable: true,
+            // One microVM per (user, project): workspaces inside it are not isolated
+            // from each other, and a read-only workspace is not read-only there.
+            isolated: false,
+            network_none: true,
+            network_limited: false,
+            network_default: true,
+            preview_url: true,
+            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
+            // answer `None`.
+            ..RuntimeCapabilities::default()
+        }
     }
 
     pub fn persistence(&self) -> Persistence {
@@ -455,19 +477,7 @@ impl RuntimeProvider for E2bRuntimeProvider {
     }
 
     fn capabilities(&self) -> RuntimeCapabilities {
-        RuntimeCapabilities {
-            writable: true,
-            // One microVM per (user, project): workspaces inside it are not isolated
-            // from each other, and a read-only workspace is not read-only there.
-            isolated: false,
-            network_none: true,
-            network_limited: false,
-            network_default: true,
-            preview_url: true,
-            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
-            // answer `None`.
-            ..RuntimeCapabilities::default()
-        }
+        Self::offered_capabilities()
     }
 
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
@@ -879,6 +889,42 @@ impl Runtime for E2bRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn configuration_needs_both_url_and_key_and_never_shows_the_key() {
+        assert!(E2bConfig::from_vars(vars(&[])).unwrap().is_none());
+        let e = E2bConfig::from_vars(vars(&[("GROVE_E2B_API_KEY", "e2b_secret")])).unwrap_err();
+        assert!(!e.to_string().contains("e2b_secret"), "{e}");
+        let base = [
+            ("GROVE_E2B_API_URL", "https://api.e2b.dev"),
+            ("GROVE_E2B_API_KEY", "e2b_secret"),
+        ];
+        let c = E2bConfig::from_vars(vars(&base)).unwrap().unwrap();
+        assert!(c.auto_pause && c.timeout_secs == 900 && c.template == "base");
+        assert!(!format!("{c:?}").contains("e2b_secret"));
+        let mut bad = base.to_vec();
+        bad.push(("GROVE_E2B_ENVD_URL", "https://envd.example"));
+        assert!(
+            E2bConfig::from_vars(vars(&bad)).is_err(),
+            "a template without {{sandbox_id}}"
+        );
+        let mut off = base.to_vec();
+        off.push(("GROVE_E2B_AUTO_PAUSE", "false"));
+        assert!(
+            !E2bConfig::from_vars(vars(&off))
+                .unwrap()
+                .unwrap()
+                .auto_pause
+        );
+    }
 
     #[test]
     fn signals_become_128_plus_their_number() {
