@@ -29,9 +29,12 @@
 //! # Layout
 //! - [`api`]: the typed clients (REST, envd Connect-JSON process service, files).
 //! - [`error`]: [`E2bError`] and its mapping to `RuntimeError`.
+//! - [`workspace`]: workspaces inside the sandbox (one clone per repository, then a
+//!   `<user>_<scope>_<branch>` clone of it per workspace), made with the sandbox's git.
 
 pub mod api;
 pub mod error;
+pub mod workspace;
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Component, Path, PathBuf};
@@ -49,6 +52,7 @@ use grove_core::ports::{
 
 pub use api::{Client, Envd, ProcessEvent, SandboxInfo, SandboxState, Secret};
 pub use error::E2bError;
+pub use workspace::{RemoteWorkspace, WorkspacePlacement};
 
 pub const LABEL_MANAGED: &str = "grove.managed";
 pub const LABEL_USER: &str = "grove.user";

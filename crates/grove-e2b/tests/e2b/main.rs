@@ -9,8 +9,9 @@ use std::path::Path;
 
 use fake::FakeE2b;
 use grove_core::error::RuntimeError;
+use grove_core::ports::GitToken;
 use grove_core::ports::{NetworkPolicy, PreviewRequest, RuntimeProvider, RuntimeSpec};
-use grove_e2b::{E2bConfig, E2bRuntimeProvider, SandboxKey, Secret};
+use grove_e2b::{E2bConfig, E2bRuntimeProvider, SandboxKey, Secret, WorkspacePlacement};
 use grove_runtime_contract::{default_spec, request, Harness};
 
 struct Env {
@@ -414,4 +415,122 @@ async fn limited_network_is_refused_and_another_network_is_a_conflict() {
         env.restarted().create(spec).await,
         Err(RuntimeError::Conflict(_))
     ));
+}
+
+/// A repository with one commit on `main`, as a file:// URL.
+fn fixture_repo(root: &Path) -> String {
+    let dir = root.join("upstream");
+    std::fs::create_dir_all(&dir).unwrap();
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args([
+                "-c",
+                "user.name=t",
+                "-c",
+                "user.email=t@example.com",
+                "-c",
+                "init.defaultBranch=main",
+            ])
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "git {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    git(&["init", "-q"]);
+    std::fs::write(dir.join("README.md"), "hello\n").unwrap();
+    git(&["add", "."]);
+    git(&["commit", "-q", "-m", "first"]);
+    format!("file://{}", dir.display())
+}
+
+fn placement(url: &str, scope: &str, branch: &str) -> WorkspacePlacement {
+    WorkspacePlacement {
+        user: "alice".into(),
+        project: "p1".into(),
+        scope: scope.into(),
+        repo_name: "acme/widgets".into(),
+        repo_url: url.into(),
+        base_ref: "main".into(),
+        branch: Some(branch.into()),
+        network: NetworkPolicy::Default,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_conversations_on_one_branch_get_two_workspaces_from_one_clone() {
+    let env = Env::new().await;
+    let url = fixture_repo(env.scratch.path());
+    let token = GitToken::new("ghp_e2b_token_value".into());
+    let a = env
+        .provider
+        .ensure_workspace(&placement(&url, "conv-1", "feature"), Some(&token))
+        .await
+        .unwrap();
+    let b = env
+        .provider
+        .ensure_workspace(&placement(&url, "conv-2", "feature"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        a.sandbox_id, b.sandbox_id,
+        "one sandbox per (user, project)"
+    );
+    assert_ne!(a.path, b.path, "two conversations share a directory");
+    assert!(
+        a.cloned_cache && !b.cloned_cache,
+        "the repository was cloned twice"
+    );
+    assert_eq!(env.fake.creates(), 1);
+    let head = std::fs::read_to_string(format!("{}/.git/HEAD", a.path)).unwrap();
+    assert_eq!(head.trim(), "ref: refs/heads/feature");
+    let config = std::fs::read_to_string(format!("{}/.git/config", a.cache_path)).unwrap();
+    assert!(
+        !config.contains("ghp_e2b_token_value"),
+        "the token landed in git config"
+    );
+    let again = env
+        .provider
+        .ensure_workspace(&placement(&url, "conv-1", "feature"), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        (again.path.as_str(), again.cloned_cache),
+        (a.path.as_str(), false)
+    );
+
+    let mut spec = default_spec(Path::new(&a.path), true, NetworkPolicy::Default);
+    spec.labels.insert("grove.user".into(), "alice".into());
+    spec.labels.insert("grove.project".into(), "p1".into());
+    let rt = env.provider.create(spec).await.unwrap();
+    let r = rt.exec(request(&["cat", "README.md"])).await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "hello\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_base_ref_is_a_rejected_workspace_and_hostile_refs_touch_nothing() {
+    let env = Env::new().await;
+    let url = fixture_repo(env.scratch.path());
+    let mut p = placement(&url, "conv-1", "feature");
+    p.base_ref = "no-such-branch".into();
+    match env.provider.ensure_workspace(&p, None).await {
+        Err(RuntimeError::CommandRejected(msg)) => {
+            assert!(msg.contains("making the workspace"), "{msg}")
+        }
+        other => panic!("expected CommandRejected, got {other:?}"),
+    }
+    let before = env.fake.creates();
+    // Another user: reaching the provider at all would create a sandbox.
+    let mut p = placement(&url, "conv-2", "feature");
+    p.user = "mallory".into();
+    p.branch = Some("--upload-pack=evil".into());
+    assert!(matches!(
+        env.provider.ensure_workspace(&p, None).await,
+        Err(RuntimeError::CommandRejected(_))
+    ));
+    assert_eq!(env.fake.creates(), before);
 }
