@@ -9,6 +9,7 @@ mod input;
 mod lifecycle;
 mod queue;
 mod reader;
+mod remote;
 mod replay;
 mod secrets;
 mod tools;
