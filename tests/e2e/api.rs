@@ -680,3 +680,130 @@ async fn an_evicted_workspace_is_restored_over_http_with_its_uncommitted_work() 
     assert_eq!(status, StatusCode::OK, "{exec}");
     assert_eq!(exec["stdout"], "draft\n", "{exec}");
 }
+
+/// Polls an interactive session over HTTP until `done(all output, exit)`.
+async fn poll_session_until(
+    server: &Server,
+    path: &str,
+    done: impl Fn(&str, &Value) -> bool,
+) -> (String, Value) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut all = String::new();
+    loop {
+        let (status, body) = server
+            .post(&format!("{path}/poll"), ALICE, json!({"wait_ms": 500}))
+            .await;
+        assert_eq!(status, StatusCode::OK, "poll: {body}");
+        all.push_str(body["data"].as_str().unwrap());
+        if done(&all, &body["exit"]) {
+            return (all, body["exit"].clone());
+        }
+        assert!(
+            Instant::now() < deadline,
+            "session never got there; output {all:?}, last {body}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_interactive_session_is_started_written_polled_and_killed_over_http_by_its_owner_only() {
+    let env = env_or_skip!(
+        "an_interactive_session_is_started_written_polled_and_killed_over_http_by_its_owner_only"
+    );
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c-interactive").await;
+    let base = format!("/v1/workspaces/{ws}/sessions/interactive");
+
+    let (status, started) = server.post(&base, ALICE, json!({"argv": ["sh"]})).await;
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        eprintln!("skipped: no sandboxed local runtime for sessions here: {started}");
+        return;
+    }
+    assert_eq!(status, StatusCode::CREATED, "start: {started}");
+    assert_eq!(started["workspace_id"], ws.as_str());
+    assert_eq!(started["runtime"], "local");
+    assert!(started["exit"].is_null());
+    let sid = started["id"].as_str().unwrap().to_string();
+    let path = format!("{base}/{sid}");
+
+    // Another user sees neither the workspace's sessions nor this one.
+    for (method, p, body) in [
+        (reqwest::Method::POST, format!("{path}/poll"), json!({})),
+        (
+            reqwest::Method::POST,
+            format!("{path}/write"),
+            json!({"data": "x"}),
+        ),
+        (reqwest::Method::POST, format!("{path}/kill"), json!({})),
+        (reqwest::Method::GET, base.clone(), json!({})),
+        (reqwest::Method::POST, base.clone(), json!({"argv": ["sh"]})),
+    ] {
+        let (status, body) = server.call(method, &p, Some(BOB), Some(body)).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "bob on {p}: {body}");
+    }
+
+    let (status, body) = server
+        .post(
+            &format!("{path}/write"),
+            ALICE,
+            json!({"data": "GROVE_X=$((40+2)); echo \"hi-$GROVE_X\" > made.txt\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "write: {body}");
+    let (status, _) = server
+        .post(
+            &format!("{path}/write"),
+            ALICE,
+            json!({"data": "cat made.txt\n"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (out, exit) = poll_session_until(&server, &path, |o, _| o.contains("hi-42")).await;
+    assert_eq!(out, "hi-42\n");
+    assert!(exit.is_null(), "the shell still runs: {exit}");
+    let (_, row) = server.get(&format!("/v1/workspaces/{ws}"), ALICE).await;
+    let made = std::path::Path::new(row["local_path"].as_str().unwrap()).join("made.txt");
+    assert_eq!(
+        std::fs::read_to_string(&made).unwrap(),
+        "hi-42\n",
+        "the session writes into the edit workspace"
+    );
+
+    let (status, listed) = server.get(&base, ALICE).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        listed
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["id"] == sid.as_str()),
+        "{listed}"
+    );
+
+    let (status, _) = server.post(&format!("{path}/kill"), ALICE, json!({})).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (_, exit) = poll_session_until(&server, &path, |_, e| !e.is_null()).await;
+    assert_eq!(exit["killed"], true, "{exit}");
+    assert_eq!(exit["exit_code"], 137, "{exit}");
+    let (status, body) = server
+        .post(
+            &format!("{path}/write"),
+            ALICE,
+            json!({"data": "echo late\n"}),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "write after kill: {body}"
+    );
+    let (status, _) = server
+        .post(&format!("{base}/no-such-session/poll"), ALICE, json!({}))
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, body) = server
+        .post(&format!("{path}/poll"), ALICE, json!({"wait_ms": 999999}))
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "an overlong wait: {body}");
+}

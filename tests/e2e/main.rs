@@ -7,10 +7,12 @@ mod docker;
 mod eviction;
 mod input;
 mod lifecycle;
+mod merge_back;
 mod queue;
 mod reader;
 mod remote;
 mod replay;
+mod runtimes;
 mod secrets;
 mod tools;
 

@@ -396,6 +396,8 @@ async fn hostile_input_through_cli_worker_and_http_is_refused_typed_and_containe
     let env =
         env_or_skip!("hostile_input_through_cli_worker_and_http_is_refused_typed_and_contained");
     let url = env.fixture_repo("fixture", &[("README.md", "fixture\n")]);
+    // The image first: a worker picks the default sandbox image up when it starts.
+    let docker = crate::docker_image(&env, "hostile_input").await.is_ok();
     let mut fleet = Fleet::new(&env, &[], 4);
     fleet.spawn().await;
     let server = Server::start(&env, &["--no-worker"], &[]).await;
@@ -424,7 +426,8 @@ async fn hostile_input_through_cli_worker_and_http_is_refused_typed_and_containe
         let stdout = String::from_utf8_lossy(&out.stdout);
         let stderr = String::from_utf8_lossy(&out.stderr);
         let code = out.status.code();
-        if !matches!(code, Some(0..=4)) && !(what.starts_with("exec") && code.is_some()) {
+        let exec_exit = what.starts_with("exec") && code.is_some();
+        if !(matches!(code, Some(0..=4)) || exec_exit) {
             figures.lost += 1;
             figures.note(format!("{what}: exit {code:?}: {stderr}"));
         }
@@ -535,12 +538,35 @@ async fn hostile_input_through_cli_worker_and_http_is_refused_typed_and_containe
         .await
         .unwrap();
     let doc: Value = serde_json::from_str(&doc).unwrap();
-    let posts: Vec<String> = doc["paths"]
+    // The HTTP cases act on a workspace of the token's own user (another user's would
+    // answer 404 before any body is looked at).
+    let (status, session) = server
+        .call(
+            Method::POST,
+            "/v1/sessions",
+            Some(ALICE),
+            Some(
+                &json!({"project_id": "p1", "repo_name": "o/fixture", "repo_url": url,
+                         "base_ref": "main", "mode": "edit", "conversation_id": "hostile"}),
+            ),
+        )
+        .await
+        .expect("an answer");
+    assert_eq!(status, StatusCode::OK, "{session}");
+    let ws_id = serde_json::from_str::<Value>(&session).unwrap()["session_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    // Each POST route, and whether it reads a body at all (one that does not may
+    // ignore whatever it is sent).
+    let posts: Vec<(String, bool)> = doc["paths"]
         .as_object()
         .unwrap()
         .iter()
-        .filter(|(_, ops)| ops.get("post").is_some())
-        .map(|(p, _)| p.replace("{id}", &ws_id))
+        .filter_map(|(p, ops)| {
+            let post = ops.get("post")?;
+            Some((p.replace("{id}", &ws_id), post.get("requestBody").is_some()))
+        })
         .collect();
     let mut bodies = sample(json_value(), n * 4, &mut runner);
     bodies.iter_mut().for_each(|b| tame_json(b, &url));
@@ -551,7 +577,7 @@ async fn hostile_input_through_cli_worker_and_http_is_refused_typed_and_containe
         json!({"project_id": "p", "repo_name": "o/r", "repo_url": url, "base_ref": "b".repeat(1 << 16), "mode": "edit", "conversation_id": "c"}),
     ];
     let nested = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-    for path in &posts {
+    for (path, reads_body) in &posts {
         for (i, body) in bodies.iter().chain(huge.iter()).enumerate() {
             let over_limit = i >= bodies.len();
             let answer = server
@@ -590,6 +616,7 @@ async fn hostile_input_through_cli_worker_and_http_is_refused_typed_and_containe
             .await;
         figures.injected += 1;
         match resp {
+            Ok(r) if r.status().is_success() && !reads_body => {}
             Ok(r) if r.status().is_client_error() => {
                 let text = r.text().await.unwrap_or_default();
                 if !typed_error(&text) {
@@ -603,11 +630,43 @@ async fn hostile_input_through_cli_worker_and_http_is_refused_typed_and_containe
             }
         }
     }
+    // Extreme numbers: timeouts of millions of years and an output cap past the limit,
+    // on every runtime this machine has. Each either runs (the timeout is only an
+    // upper bound) or is refused as bad input; none may break the worker.
+    let mut runtimes = vec!["local"];
+    if docker {
+        runtimes.push("docker");
+    }
+    for runtime in runtimes {
+        for extreme in [
+            json!({"argv": ["true"], "runtime": runtime, "timeout_ms": u64::MAX}),
+            json!({"argv": ["true"], "runtime": runtime, "timeout_ms": u64::MAX / 1000}),
+            json!({"argv": ["true"], "runtime": runtime, "max_output_bytes": u64::MAX}),
+        ] {
+            figures.injected += 1;
+            let answer = server
+                .call(
+                    Method::POST,
+                    &format!("/v1/workspaces/{ws_id}/exec"),
+                    Some(ALICE),
+                    Some(&extreme),
+                )
+                .await;
+            match answer {
+                Some((status, text)) if status.is_client_error() && typed_error(&text) => {}
+                Some((status, _)) if status.is_success() => {}
+                other => {
+                    figures.lost += 1;
+                    figures.note(format!("exec {extreme}: {other:?}"));
+                }
+            }
+        }
+    }
     figures.trials = figures.injected;
 
     // Still standing: the server answers, the worker lives and logged no panic.
     let health = server.call(Method::GET, "/healthz", None, None).await;
-    if !health.is_some_and(|(s, _)| s == StatusCode::OK) {
+    if health.is_none_or(|(s, _)| s != StatusCode::OK) {
         figures.lost += 1;
         figures.note("the server stopped answering".to_string());
     }

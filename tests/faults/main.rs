@@ -68,7 +68,7 @@ impl Rng {
         eprintln!("faults: scenario={scenario} seed={seed}");
         Self(seed)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         let mut x = self.0;
         x ^= x << 13;
         x ^= x >> 7;
@@ -78,7 +78,7 @@ impl Rng {
     }
     /// Uniform in `lo..hi` (hi > lo).
     pub fn range(&mut self, lo: u64, hi: u64) -> u64 {
-        lo + self.next() % (hi - lo)
+        lo + self.next_u64() % (hi - lo)
     }
 }
 
@@ -155,10 +155,6 @@ impl<'a> Fleet<'a> {
             live: Vec::new(),
             logs: Vec::new(),
         }
-    }
-
-    pub fn len(&self) -> usize {
-        self.live.len()
     }
 
     /// Starts a worker; waits (bounded) until its log says it started.

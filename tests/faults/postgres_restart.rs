@@ -302,6 +302,7 @@ async fn postgres_restart_under_load_loses_nothing_and_listeners_come_back() {
         ..Default::default()
     };
     let mut stalls = Vec::new();
+    let mut listener_cuts = 0u64;
     let cli_clients =
         futures::future::join_all((0..opts.clients).map(|n| load.client(&env, &url, n, &opts)));
     let http_clients =
@@ -314,22 +315,34 @@ async fn postgres_restart_under_load_loses_nothing_and_listeners_come_back() {
             tokio::time::sleep(Duration::from_millis(rng.range(0, 1500))).await;
             cluster.start_again();
             // Every worker (the fleet's and the server's) LISTENs again for job
-            // inserts, and the API's notifier for outcomes and events.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            loop {
-                let jobs = listening(&env.pool, "apalis::job::insert").await;
-                let api = listening(&env.pool, "grove_events").await;
-                if jobs >= (WORKERS + 1) as i64 && api >= 1 {
-                    break;
+            // inserts, and the API's notifier for outcomes and events; then only the
+            // LISTEN connections are cut, and they must come back too.
+            for cut in [false, true] {
+                if cut {
+                    let _ = sqlx::query(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                          WHERE datname = current_database() AND query LIKE 'LISTEN%'",
+                    )
+                    .execute(&env.pool)
+                    .await;
+                    listener_cuts += 1;
                 }
-                if Instant::now() > deadline {
-                    stalls.push(format!(
-                        "restart {i} ({mode}): {jobs} job listeners of {}, {api} API listeners after 60 s",
-                        WORKERS + 1
-                    ));
-                    break;
+                let deadline = Instant::now() + Duration::from_secs(60);
+                loop {
+                    let jobs = listening(&env.pool, "apalis::job::insert").await;
+                    let api = listening(&env.pool, "grove_events").await;
+                    if jobs >= (WORKERS + 1) as i64 && api >= 1 {
+                        break;
+                    }
+                    if Instant::now() > deadline {
+                        stalls.push(format!(
+                            "restart {i} ({mode}, listeners cut: {cut}): {jobs} job listeners of {}, {api} API listeners after 60 s",
+                            WORKERS + 1
+                        ));
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(200)).await;
                 }
-                tokio::time::sleep(Duration::from_millis(200)).await;
             }
             // And pickup goes on: a fresh command is taken and decided.
             let probe = Uuid::now_v7();
@@ -351,6 +364,9 @@ async fn postgres_restart_under_load_loses_nothing_and_listeners_come_back() {
         load.stop.store(true, Ordering::SeqCst);
     };
     tokio::join!(cli_clients, http_clients, restarter);
+    eprintln!(
+        "postgres_restart: {restarts} restarts, LISTEN connections cut {listener_cuts} times"
+    );
 
     let mut ids = load.ids();
     ids.extend(http.ids.lock().unwrap().iter().copied());

@@ -121,7 +121,7 @@ async fn git_tokens_used_across_clone_fetch_acquire_and_push_are_found_nowhere()
         let pending = env.grove_env(&acquire, &good);
         let killer = async {
             tokio::time::sleep(Duration::from_millis(rng.range(0, 400))).await;
-            fleet.kill9(rng.next() as usize).await;
+            fleet.kill9(rng.next_u64() as usize).await;
             fleet.spawn().await;
         };
         let (out, ()) = tokio::join!(pending, killer);

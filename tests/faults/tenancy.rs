@@ -7,7 +7,7 @@ use reqwest::{Method, StatusCode};
 use serde_json::{json, Map, Value};
 
 use crate::server::{Server, ALICE, BOB};
-use crate::{env_or_skip, replay_ok, Figures};
+use crate::{env_or_skip, replay_ok, scale, Figures};
 
 /// Routes that are open by design.
 const PUBLIC: &[&str] = &["/openapi.json", "/healthz"];
@@ -48,7 +48,11 @@ fn sample(doc: &Value, schema: &Value, depth: usize) -> Value {
         _ => "object".to_string(),
     };
     match ty.as_str() {
-        "string" => json!("x"),
+        "string" => match schema.get("format").and_then(Value::as_str) {
+            Some("uuid") => json!(uuid::Uuid::new_v4()),
+            Some("date-time") => json!("2030-01-01T00:00:00Z"),
+            _ => json!("x"),
+        },
         "integer" | "number" => json!(1),
         "boolean" => json!(false),
         "array" => json!([sample(doc, &schema["items"], depth + 1)]),
@@ -80,37 +84,45 @@ async fn a_second_user_gets_404_on_every_documented_route_for_the_first_users_id
     let server = Server::start(&env, &[], &[]).await;
     let mut figures = Figures::default();
 
-    // Alice's things: a session (= workspace) and an exec in it.
-    let (status, body) = server
-        .call(
-            Method::POST,
-            "/v1/sessions",
-            Some(ALICE),
-            Some(
-                &json!({"project_id": "p1", "repo_name": "o/fixture", "repo_url": url,
-                         "base_ref": "main", "mode": "edit", "conversation_id": "c1"}),
-            ),
-        )
-        .await
-        .expect("acquire");
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let session: Value = serde_json::from_str(&body).unwrap();
-    let ws = session["session_id"].as_str().unwrap().to_string();
-    let (status, body) = server
-        .call(
-            Method::POST,
-            &format!("/v1/workspaces/{ws}/exec"),
-            Some(ALICE),
-            Some(&json!({"argv": ["true"]})),
-        )
-        .await
-        .expect("exec");
-    assert_eq!(status, StatusCode::OK, "{body}");
-    let exec_id = serde_json::from_str::<Value>(&body).unwrap()["exec_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let alice_ids = [ws.clone(), exec_id.clone()];
+    // Alice's things: sessions (= workspaces) and an exec in each, as many as the
+    // scale asks.
+    let mut alice_ids = Vec::new();
+    let mut first_ws = None;
+    for n in 0..scale() {
+        let (status, body) = server
+            .call(
+                Method::POST,
+                "/v1/sessions",
+                Some(ALICE),
+                Some(
+                    &json!({"project_id": "p1", "repo_name": "o/fixture", "repo_url": url,
+                         "base_ref": "main", "mode": "edit", "conversation_id": format!("c{n}")}),
+                ),
+            )
+            .await
+            .expect("acquire");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let session: Value = serde_json::from_str(&body).unwrap();
+        let ws = session["session_id"].as_str().unwrap().to_string();
+        let (status, body) = server
+            .call(
+                Method::POST,
+                &format!("/v1/workspaces/{ws}/exec"),
+                Some(ALICE),
+                Some(&json!({"argv": ["true"]})),
+            )
+            .await
+            .expect("exec");
+        assert_eq!(status, StatusCode::OK, "{body}");
+        let exec_id = serde_json::from_str::<Value>(&body).unwrap()["exec_id"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        alice_ids.push(ws.clone());
+        alice_ids.push(exec_id);
+        first_ws.get_or_insert(ws);
+    }
+    let ws = first_ws.expect("a session");
     let commands_before: Vec<uuid::Uuid> =
         sqlx::query_scalar("SELECT command_id FROM grove.commands")
             .fetch_all(&env.pool)

@@ -43,7 +43,7 @@ async fn worker_kill_loses_nothing_runs_nothing_twice_and_leaks_nothing() {
     let killer = async {
         for _ in 0..kills {
             tokio::time::sleep(Duration::from_millis(rng.range(150, 1500))).await;
-            let victim = rng.next() as usize;
+            let victim = rng.next_u64() as usize;
             fleet.kill9(victim).await;
             fleet.spawn().await;
         }

@@ -118,11 +118,33 @@ pub fn with_remote_providers_from(
 /// when configured ([`with_remote_providers`]).
 pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Deps {
     let layout = Layout::new(config.home.clone());
-    let local = grove_local::LocalRuntimeProvider::detect(vec![config.home.clone()]);
-    if let Some(reason) = local.isolation_unavailable_reason() {
-        tracing::warn!(%reason, "local runtime without OS isolation: write-class commands will be refused");
+    let runtimes = build_runtimes(&mut config).await;
+    handlers::Deps {
+        pool,
+        layout,
+        git: Arc::new(grove_git::Git2Adapter::new()),
+        runtimes,
+        inflight: Default::default(),
+        config,
     }
+}
+
+/// The runtime providers of this process: local (always; without bubblewrap it
+/// carries a note and claims no isolation) and Docker when an engine answers, else
+/// Docker listed as known but not configured, and Daytona and E2B when configured
+/// ([`with_remote_providers`]), else listed as known but not configured. Fills `config.docker_image` from
+/// `GROVE_DOCKER_IMAGE` or the last built image when unset. What `grove worker`,
+/// `grove serve` and `grove runtimes` use.
+pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
+    let local = grove_local::LocalRuntimeProvider::detect(vec![config.home.clone()]);
+    let local_note = local.isolation_unavailable_reason().map(|reason| {
+        tracing::warn!(%reason, "local runtime without OS isolation: write-class commands will be refused");
+        format!("no OS isolation: {reason}")
+    });
     let mut runtimes = RuntimeRegistry::default().with(Arc::new(local));
+    if let Some(note) = local_note {
+        runtimes = runtimes.with_note("local", note);
+    }
     if config.docker_image.is_none() {
         config.docker_image = grove_docker::image::default_image(&config.home);
     }
@@ -134,23 +156,29 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
                 "grove.home",
                 grove_core::layout::short_hash(&config.home.to_string_lossy(), 12),
             );
-            if let Some(image) = &config.docker_image {
-                docker = docker.with_default_image(image.clone());
+            match &config.docker_image {
+                Some(image) => docker = docker.with_default_image(image.clone()),
+                None => {
+                    runtimes = runtimes.with_note(
+                        "docker",
+                        "no default image: build one with `grove image build --minimal` or set \
+                         GROVE_DOCKER_IMAGE",
+                    )
+                }
             }
             runtimes = runtimes.with(Arc::new(docker));
         }
-        Err(e) => tracing::info!(error = %e, "docker runtime not available on this worker"),
+        Err(e) => {
+            tracing::info!(error = %e, "docker runtime not available on this worker");
+            runtimes = runtimes.with_unconfigured(
+                "docker",
+                e.to_string(),
+                grove_docker::DockerRuntimeProvider::CAPABILITIES,
+            );
+        }
     }
     let scope = grove_core::layout::short_hash(&config.home.to_string_lossy(), 12);
-    runtimes = with_remote_providers(runtimes, &scope);
-    handlers::Deps {
-        pool,
-        layout,
-        git: Arc::new(grove_git::Git2Adapter::new()),
-        runtimes,
-        inflight: Default::default(),
-        config,
-    }
+    with_remote_providers(runtimes, &scope)
 }
 
 #[cfg(test)]

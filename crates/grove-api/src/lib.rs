@@ -9,6 +9,8 @@
 //! # Layout
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
+//! - [`sessions`]: interactive sessions, held in this process (the one exception to
+//!   "runs no effect": see the module).
 //! - [`stream`]: server-sent events: streaming exec, following events.
 //! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
@@ -18,7 +20,8 @@
 //! - [`error`]: the error body and the status of each error kind.
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
-//! effect; it enqueues through `grove_postgres::submit` and reads rows and the log. No
+//! effect but interactive sessions (runtime state, through the `Sessions` port of the
+//! registry it is given, never an adapter crate); it enqueues through `grove_postgres::submit` and reads rows and the log. No
 //! bearer or git token reaches a log line, a response or an error message.
 
 pub mod auth;
@@ -28,6 +31,7 @@ pub mod extract;
 pub mod merge_back;
 pub mod notify;
 pub mod routes;
+pub mod sessions;
 pub mod stream;
 pub mod tools;
 
@@ -54,6 +58,8 @@ pub struct AppState {
     pub tokens: Tokens,
     pub notifier: Notifier,
     pub wait: WaitOptions,
+    /// Interactive sessions, when this server holds them (`grove serve` does).
+    pub sessions: Option<sessions::SessionHost>,
 }
 
 impl AppState {
@@ -65,7 +71,14 @@ impl AppState {
             tokens,
             notifier,
             wait,
+            sessions: None,
         })
+    }
+
+    /// Holds interactive sessions with these runtime providers, for workspaces on `node`.
+    pub fn with_sessions(mut self, host: sessions::SessionHost) -> Self {
+        self.sessions = Some(host);
+        self
     }
 
     /// Enqueues `command` under `command_id` (once) and waits for its outcome.
@@ -109,6 +122,11 @@ impl AppState {
         routes::workspace_events,
         tools::list_tools,
         tools::call_tool,
+        sessions::start_session,
+        sessions::list_sessions,
+        sessions::write_session,
+        sessions::poll_session,
+        sessions::kill_session,
     ),
     components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
     modifiers(&BearerAuth, &ToolSchemas),
@@ -165,6 +183,22 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/workspaces/{id}/tools", get(tools::list_tools))
         .route("/v1/workspaces/{id}/tools/{tool}", post(tools::call_tool))
         .route("/v1/execs/{id}", get(routes::get_exec))
+        .route(
+            "/v1/workspaces/{id}/sessions/interactive",
+            post(sessions::start_session).get(sessions::list_sessions),
+        )
+        .route(
+            "/v1/workspaces/{id}/sessions/interactive/{session_id}/write",
+            post(sessions::write_session),
+        )
+        .route(
+            "/v1/workspaces/{id}/sessions/interactive/{session_id}/poll",
+            post(sessions::poll_session),
+        )
+        .route(
+            "/v1/workspaces/{id}/sessions/interactive/{session_id}/kill",
+            post(sessions::kill_session),
+        )
         .route(
             "/openapi.json",
             get(move || async move {

@@ -60,7 +60,8 @@ enum Top {
         /// Serve only; leave the jobs to separate `grove worker` processes.
         #[arg(long = "no-worker")]
         no_worker: bool,
-        /// The node of the in-process worker.
+        /// The node of the in-process worker, and of the workspaces whose interactive
+        /// sessions this server holds.
         #[arg(long, default_value = "local", env = "GROVE_NODE")]
         node: String,
         /// Jobs the in-process worker runs at once.
@@ -101,6 +102,13 @@ enum Top {
     /// Sandbox images for `--runtime docker`, built offline from this machine's packages.
     #[command(subcommand)]
     Image(ImageCmd),
+    /// List the runtime providers grove knows, whether each is configured here, and
+    /// what each can do.
+    Runtimes {
+        /// One JSON object per provider, one per line.
+        #[arg(long)]
+        json: bool,
+    },
     /// Run an eviction sweep of a node now (or print its plan with --dry-run).
     Evict {
         #[arg(long, allow_hyphen_values = true)]
@@ -479,9 +487,15 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             no_worker,
             node,
             concurrency,
-        } => serve::serve(bind, (!no_worker).then_some((node, concurrency))).await,
+        } => serve::serve(bind, node, (!no_worker).then_some(concurrency)).await,
         Top::Openapi => {
             print!("{}", grove_api::openapi_json());
+            Ok(ExitCode::SUCCESS)
+        }
+        Top::Runtimes { json } => {
+            let mut config = grove_workers::WorkerConfig::new(grove_home(), "local".into());
+            let registry = grove_workers::build_runtimes(&mut config).await;
+            print_runtimes(&registry.statuses(), json)?;
             Ok(ExitCode::SUCCESS)
         }
         Top::Image(ImageCmd::Build { minimal, debian }) => {
@@ -563,6 +577,46 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             }
         }
     }
+}
+
+/// `grove runtimes`: one JSON line per provider, or a table.
+fn print_runtimes(statuses: &[grove_core::ports::ProviderStatus], json: bool) -> Result<()> {
+    if json {
+        for s in statuses {
+            println!("{}", serde_json::to_string(s)?);
+        }
+        return Ok(());
+    }
+    let yes = |b: bool| if b { "yes" } else { "no" };
+    println!(
+        "{:<8} {:<10} {:<8} {:<8} {:<8} {:<8} {:<8} {:<22} DETAIL",
+        "KIND", "CONFIGURED", "WRITABLE", "ISOLATED", "SESSIONS", "SNAPSHOT", "PREVIEW", "NETWORK"
+    );
+    for s in statuses {
+        let c = &s.capabilities;
+        let network: Vec<&str> = c
+            .network_policies()
+            .into_iter()
+            .map(|p| match p {
+                grove_core::ports::NetworkPolicy::None => "none",
+                grove_core::ports::NetworkPolicy::Limited => "limited",
+                grove_core::ports::NetworkPolicy::Default => "default",
+            })
+            .collect();
+        println!(
+            "{:<8} {:<10} {:<8} {:<8} {:<8} {:<8} {:<8} {:<22} {}",
+            s.kind,
+            yes(s.configured),
+            yes(c.writable),
+            yes(c.isolated),
+            yes(c.interactive_session),
+            yes(c.snapshot),
+            yes(c.preview_url),
+            network.join(","),
+            s.detail.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
 }
 
 async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {

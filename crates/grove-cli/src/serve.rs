@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use anyhow::{Context, Result};
 use grove_api::auth::Tokens;
+use grove_api::sessions::SessionHost;
 use grove_api::AppState;
 use grove_postgres::submit::WaitOptions;
 use tokio::sync::watch;
@@ -18,7 +19,11 @@ use crate::{build_worker, connect, invalid, shutdown_signal};
 /// bound address, so `--bind 127.0.0.1:0` can be used), then the dev token if one was
 /// made: without `GROVE_API_TOKENS`/`GROVE_API_TOKENS_FILE`, a loopback server gets a
 /// random operator token for user `dev`; any other address refuses to start.
-pub async fn serve(bind: String, worker: Option<(String, usize)>) -> Result<ExitCode> {
+///
+/// Interactive sessions are held by this process with the same runtime providers as
+/// its in-process worker (so that worker's hibernate and destroy end them), for the
+/// workspaces of `node`.
+pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<ExitCode> {
     let addr: SocketAddr = bind
         .parse()
         .map_err(|_| invalid(format!("--bind {bind:?}: expected IP:PORT")))?;
@@ -36,8 +41,16 @@ pub async fn serve(bind: String, worker: Option<(String, usize)>) -> Result<Exit
     };
     // The worker migrates as it starts; a server without one migrates itself.
     let worker = match worker {
-        Some((node, concurrency)) => Some(build_worker(node, concurrency).await?),
+        Some(concurrency) => Some(build_worker(node.clone(), concurrency).await?),
         None => None,
+    };
+    let runtimes = match &worker {
+        Some(w) => w.deps().runtimes.clone(),
+        None => {
+            grove_core::validate::validate_owner_id("node", &node)?;
+            let mut config = grove_workers::WorkerConfig::new(crate::grove_home(), node.clone());
+            grove_workers::build_runtimes(&mut config).await
+        }
     };
     let pool = connect(16).await?;
     if worker.is_none() {
@@ -46,7 +59,8 @@ pub async fn serve(bind: String, worker: Option<(String, usize)>) -> Result<Exit
     let state = Arc::new(
         AppState::new(pool, tokens, WaitOptions::from_env())
             .await
-            .context("listening for notifications")?,
+            .context("listening for notifications")?
+            .with_sessions(SessionHost::new(runtimes, node)),
     );
     let listener = tokio::net::TcpListener::bind(addr)
         .await

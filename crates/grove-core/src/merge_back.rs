@@ -336,6 +336,52 @@ mod tests {
     }
 
     #[test]
+    fn given_an_edit_workspace_when_merged_back_then_it_is_used_and_a_conflict_changes_nothing() {
+        use crate::events::Event;
+        use crate::projection::{Projections, Reads};
+        let edit = row(WorkspaceMode::Edit, "u");
+        let id = edit.id;
+        let mut p = Projections::default();
+        p.workspaces.insert(id, edit.clone());
+        let at = edit.created_at + chrono::Duration::seconds(5);
+        let conflicted = Event::WorkspaceMergeBackConflicted {
+            workspace_id: id,
+            task_workspace_id: Uuid::nil(),
+            strategy: MergeStrategy::Merge,
+            paths: vec!["a.txt".into()],
+            commit: None,
+        };
+        p.apply(&conflicted, at);
+        assert_eq!(p.workspaces[&id], edit);
+        assert!(p.take_touched().workspaces.is_empty());
+        let merged = Event::WorkspaceMergedBack {
+            workspace_id: id,
+            task_workspace_id: Uuid::nil(),
+            strategy: MergeStrategy::CherryPick,
+            branch: "agent/edits-s".into(),
+            previous_head: "a".repeat(40),
+            new_head: "b".repeat(40),
+            commits: vec!["c".repeat(40)],
+            created: vec!["b".repeat(40)],
+            fast_forward: false,
+        };
+        p.apply(&merged, at);
+        assert_eq!(p.workspaces[&id].last_used_at, at);
+        assert_eq!(p.workspaces[&id].updated_at, at);
+        assert_eq!(p.workspaces[&id].dirty, edit.dirty);
+        assert_eq!(
+            Reads::of(std::slice::from_ref(&merged)).workspaces,
+            vec![id]
+        );
+        let (ty, payload) = merged.to_stored();
+        assert_eq!(ty, "workspace.merged_back");
+        assert_eq!(payload["strategy"], "cherry_pick");
+        assert_eq!(Event::from_stored(ty, payload).unwrap(), merged);
+        assert_eq!(conflicted.event_type(), "workspace.merge_back_conflicted");
+        assert_eq!(conflicted.stream_id(), format!("workspace:{id}"));
+    }
+
+    #[test]
     fn strategies_parse_from_their_cli_and_json_spellings() {
         assert_eq!(
             MergeStrategy::parse("cherry-pick").unwrap(),

@@ -228,9 +228,20 @@ pub(crate) struct Plan {
     pub argv: Vec<String>,
     pub env: Vec<String>,
     pub working_dir: String,
-    pub stdin: Option<Vec<u8>>,
+    pub stdin: Stdin,
     pub timeout: Option<Duration>,
     pub max_output: usize,
+}
+
+/// What the command reads on stdin.
+pub(crate) enum Stdin {
+    /// Nothing attached: end of file at once.
+    Null,
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+    /// Each item in order as it arrives; end of file when the sender is dropped (an
+    /// interactive session).
+    Channel(futures::channel::mpsc::UnboundedReceiver<Vec<u8>>),
 }
 
 type Item = Result<ExecChunk, RuntimeError>;
@@ -255,7 +266,7 @@ pub(crate) async fn start(
             plan.argv,
             plan.env,
             Some(plan.working_dir),
-            plan.stdin.is_some(),
+            !matches!(plan.stdin, Stdin::Null),
         )
         .await?;
     let started = inner
@@ -278,13 +289,22 @@ pub(crate) async fn start(
         }
     };
 
-    let writer = plan.stdin.map(|bytes| {
-        tokio::spawn(async move {
+    let writer = match plan.stdin {
+        Stdin::Null => None,
+        Stdin::Bytes(bytes) => Some(tokio::spawn(async move {
             // A command that exits without reading its stdin makes this fail; harmless.
             let _ = input.write_all(&bytes).await;
             let _ = input.shutdown().await;
-        })
-    });
+        })),
+        Stdin::Channel(mut rx) => Some(tokio::spawn(async move {
+            while let Some(bytes) = rx.next().await {
+                if input.write_all(&bytes).await.is_err() || input.flush().await.is_err() {
+                    return;
+                }
+            }
+            let _ = input.shutdown().await;
+        })),
+    };
 
     let tracker = Arc::new(Tracker {
         inner: inner.clone(),

@@ -57,6 +57,23 @@
 //! another command running concurrently in the same container is attributed to every
 //! command that overlapped it.
 //!
+//! # Interactive sessions
+//!
+//! [`grove_core::ports::Sessions`]: a session is a Docker exec with attached stdin in
+//! the workspace's container (created or re-attached to as for an exec), run without
+//! timeout through the same code as an exec, so killing it (or dropping it) kills its
+//! process tree as a timeout would. The provider holds its sessions in memory: they end
+//! with the worker process holding it (the drop kills them) and with the container
+//! (`stop` and `destroy` end every session of that container first).
+//!
+//! # Snapshots and preview URLs
+//!
+//! [`grove_core::ports::Snapshotter`] (module [`snapshot`]): the container committed to
+//! a local image `grove-snapshot:<runtime id>-<random>` (bind mounts, so the workspace,
+//! are not part of it); restore creates the spec's runtime from that image. Images are
+//! kept until removed with the engine's tools. No preview URLs: a published port needs
+//! a network other than `none`, fixed when the container is created.
+//!
 //! # Orphans
 //!
 //! [`DockerRuntimeProvider::sweep_orphans`] removes every container labelled
@@ -68,6 +85,7 @@
 mod exec;
 mod host;
 pub mod image;
+pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
@@ -90,8 +108,10 @@ use futures::stream::BoxStream;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
     ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec,
+    RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
+    SessionRequest, Sessions,
 };
+use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
 use sha2::{Digest, Sha256};
 
@@ -153,6 +173,8 @@ pub struct DockerRuntimeProvider {
     user: Option<String>,
     scope: BTreeMap<String, String>,
     host_access: bool,
+    /// Interactive sessions started by this provider (shared by its clones).
+    sessions: Arc<SessionTable>,
 }
 
 impl std::fmt::Debug for DockerRuntimeProvider {
@@ -167,6 +189,18 @@ impl std::fmt::Debug for DockerRuntimeProvider {
 }
 
 impl DockerRuntimeProvider {
+    /// What every Docker runtime offers (also listed when no engine answers).
+    pub const CAPABILITIES: RuntimeCapabilities = RuntimeCapabilities {
+        writable: true,
+        isolated: true,
+        network_none: true,
+        network_limited: false,
+        network_default: true,
+        snapshot: true,
+        preview_url: false,
+        interactive_session: true,
+    };
+
     /// Connects to the engine named by `DOCKER_HOST` (a `unix://` socket), else
     /// `/var/run/docker.sock`, negotiates the API version and pings it.
     pub async fn connect() -> Result<Self, RuntimeError> {
@@ -196,6 +230,7 @@ impl DockerRuntimeProvider {
             user: None,
             scope: BTreeMap::new(),
             host_access: true,
+            sessions: Arc::default(),
         };
         provider.ping().await?;
         Ok(provider)
@@ -762,16 +797,15 @@ impl RuntimeProvider for DockerRuntimeProvider {
     }
 
     fn capabilities(&self) -> RuntimeCapabilities {
-        RuntimeCapabilities {
-            writable: true,
-            isolated: true,
-            network_none: true,
-            network_limited: false,
-            network_default: true,
-            snapshot: false,
-            preview_url: false,
-            interactive_session: false,
-        }
+        Self::CAPABILITIES
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        Some(self)
+    }
+
+    fn snapshotter(&self) -> Option<&dyn grove_core::ports::Snapshotter> {
+        Some(self)
     }
 
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
@@ -793,11 +827,14 @@ impl RuntimeProvider for DockerRuntimeProvider {
 
     fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         let name = backend_id.to_string();
+        // The container's processes stop with it; its sessions end as killed.
+        self.sessions.kill_all_of(Some(backend_id));
         Box::pin(async move { DockerRuntimeProvider::stop(self, &name).await })
     }
 
     fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         let name = backend_id.to_string();
+        self.sessions.kill_all_of(Some(backend_id));
         Box::pin(async move {
             DockerRuntimeProvider::destroy(self, &name)
                 .await
@@ -836,6 +873,72 @@ impl RuntimeProvider for DockerRuntimeProvider {
                 .filter_map(|name| Self::runtime_id_of(name).map(str::to_string))
                 .collect())
         })
+    }
+}
+
+impl Sessions for DockerRuntimeProvider {
+    /// A Docker exec with attached stdin in the runtime's container (created or
+    /// re-attached to as an exec would), without timeout; its output is uncapped on
+    /// the way and kept by the session's ring.
+    fn start(
+        &self,
+        spec: RuntimeSpec,
+        req: SessionRequest,
+    ) -> BoxFuture<'_, Result<SessionInfo, RuntimeError>> {
+        Box::pin(async move {
+            let cap = req.buffer_bytes()?;
+            self.sessions.check_room()?;
+            let runtime = self.create_docker(spec).await?;
+            let argv = req.argv.clone();
+            let mut plan = runtime.prepare(ExecRequest {
+                argv: req.argv,
+                cwd: req.cwd,
+                env: req.env,
+                timeout: None,
+                stdin: None,
+                max_output_bytes: Some(usize::MAX),
+                mutating: req.mutating,
+            })?;
+            let (stdin, rx) = futures::channel::mpsc::unbounded();
+            plan.stdin = exec::Stdin::Channel(rx);
+            let output = exec::start(runtime.inner.clone(), plan).await?;
+            let (info, pump) = self.sessions.insert(
+                runtime.container_name().to_string(),
+                argv,
+                cap,
+                Started { output, stdin },
+            )?;
+            tokio::spawn(pump);
+            Ok(info)
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        id: &'a SessionId,
+        input: SessionInput,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { self.sessions.write(id, input) })
+    }
+
+    fn poll<'a>(
+        &'a self,
+        id: &'a SessionId,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<SessionOutput, RuntimeError>> {
+        Box::pin(self.sessions.poll(id, tokio::time::sleep(wait)))
+    }
+
+    fn kill<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { self.sessions.kill(id) })
+    }
+
+    fn info(&self, id: &SessionId) -> Result<SessionInfo, RuntimeError> {
+        self.sessions.info(id)
+    }
+
+    fn list(&self) -> Vec<SessionInfo> {
+        self.sessions.list()
     }
 }
 
@@ -891,7 +994,7 @@ impl DockerRuntime {
             argv: req.argv,
             env: req.env.iter().map(|(k, v)| format!("{k}={v}")).collect(),
             working_dir: cwd.to_string_lossy().into_owned(),
-            stdin: req.stdin,
+            stdin: req.stdin.map_or(exec::Stdin::Null, exec::Stdin::Bytes),
             timeout: req.timeout,
             max_output: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES),
         })

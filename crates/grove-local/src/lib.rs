@@ -11,6 +11,17 @@
 //! Every command starts from an empty environment plus `PATH` (the usual system dirs),
 //! `HOME=/tmp` and `LANG=C.UTF-8`, then the spec's env, then the request's env (the
 //! request wins).
+//!
+//! # Optional capabilities
+//!
+//! Interactive sessions ([`grove_core::ports::Sessions`]) only with bubblewrap: a
+//! session is one process started exactly as an exec is (same sandbox, same argv
+//! prefix, no timeout) with its stdin a pipe fed by writes. The provider holds the
+//! sessions in memory; they die with the process holding it (`--die-with-parent`).
+//! Without isolation there are no sessions (`sessions()` is `None`): an interactive
+//! shell on the host unsandboxed is what the security rules forbid. No snapshots (a
+//! local runtime has no state outside the workspace) and no preview URLs (the
+//! sandbox's network is either none or the host's own, where a port needs no URL).
 
 mod process;
 mod sandbox;
@@ -26,8 +37,10 @@ use futures::stream::BoxStream;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
     ExecChunk, ExecRequest, ExecResult, Mount, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec,
+    RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
+    SessionRequest, Sessions,
 };
+use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
 
 /// Output kept per command (stdout + stderr combined) when the request names no cap.
@@ -51,6 +64,17 @@ enum Isolation {
 pub struct LocalRuntimeProvider {
     isolation: Isolation,
     hidden: Vec<PathBuf>,
+    sessions: SessionHolder,
+}
+
+/// The interactive sessions of a provider (shared by its clones).
+#[derive(Clone, Default)]
+struct SessionHolder(std::sync::Arc<SessionTable>);
+
+impl std::fmt::Debug for SessionHolder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SessionHolder({} sessions)", self.0.list().len())
+    }
 }
 
 impl LocalRuntimeProvider {
@@ -76,7 +100,11 @@ impl LocalRuntimeProvider {
                 "local runtime without OS isolation: only non-mutating commands will run"
             );
         }
-        Self { isolation, hidden }
+        Self {
+            isolation,
+            hidden,
+            sessions: SessionHolder::default(),
+        }
     }
 
     /// A provider that never uses bwrap (tests of the refusal path).
@@ -84,6 +112,7 @@ impl LocalRuntimeProvider {
         Self {
             isolation: Isolation::Unavailable("isolation disabled by configuration".into()),
             hidden,
+            sessions: SessionHolder::default(),
         }
     }
 
@@ -211,7 +240,7 @@ impl RuntimeProvider for LocalRuntimeProvider {
             network_default: true,
             snapshot: false,
             preview_url: false,
-            interactive_session: false,
+            interactive_session: isolated,
         }
     }
 
@@ -220,6 +249,92 @@ impl RuntimeProvider for LocalRuntimeProvider {
             let runtime = self.create_local(spec)?;
             Ok(Box::new(runtime) as Box<dyn Runtime>)
         })
+    }
+
+    /// Nothing runs between execs but sessions: stopping (hibernating) or destroying
+    /// the runtime ends the sessions started in it.
+    fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        self.sessions.0.kill_all_of(Some(backend_id));
+        Box::pin(futures::future::ready(Ok(())))
+    }
+
+    fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
+        self.sessions.0.kill_all_of(Some(backend_id));
+        Box::pin(futures::future::ready(Ok(())))
+    }
+
+    fn sessions(&self) -> Option<&dyn Sessions> {
+        match self.isolation {
+            Isolation::Bwrap(_) => Some(self),
+            Isolation::Unavailable(_) => None,
+        }
+    }
+}
+
+impl Sessions for LocalRuntimeProvider {
+    fn start(
+        &self,
+        spec: RuntimeSpec,
+        req: SessionRequest,
+    ) -> BoxFuture<'_, Result<SessionInfo, RuntimeError>> {
+        Box::pin(async move {
+            if let Isolation::Unavailable(why) = &self.isolation {
+                return Err(RuntimeError::Unavailable(format!(
+                    "interactive sessions need OS isolation, unavailable here ({why})"
+                )));
+            }
+            let cap = req.buffer_bytes()?;
+            self.sessions.0.check_room()?;
+            let backend_id = self.backend_id(&spec);
+            let runtime = self.create_local(spec)?;
+            let argv = req.argv.clone();
+            let mut launch = runtime.prepare(ExecRequest {
+                argv: req.argv,
+                cwd: req.cwd,
+                env: req.env,
+                timeout: None,
+                stdin: None,
+                max_output_bytes: Some(usize::MAX),
+                mutating: req.mutating,
+            })?;
+            let (stdin, rx) = futures::channel::mpsc::unbounded();
+            launch.stdin = process::Stdin::Channel(rx);
+            let output = process::start(launch)?;
+            let (info, pump) =
+                self.sessions
+                    .0
+                    .insert(backend_id, argv, cap, Started { output, stdin })?;
+            tokio::spawn(pump);
+            Ok(info)
+        })
+    }
+
+    fn write<'a>(
+        &'a self,
+        id: &'a SessionId,
+        input: SessionInput,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { self.sessions.0.write(id, input) })
+    }
+
+    fn poll<'a>(
+        &'a self,
+        id: &'a SessionId,
+        wait: Duration,
+    ) -> BoxFuture<'a, Result<SessionOutput, RuntimeError>> {
+        Box::pin(self.sessions.0.poll(id, tokio::time::sleep(wait)))
+    }
+
+    fn kill<'a>(&'a self, id: &'a SessionId) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move { self.sessions.0.kill(id) })
+    }
+
+    fn info(&self, id: &SessionId) -> Result<SessionInfo, RuntimeError> {
+        self.sessions.0.info(id)
+    }
+
+    fn list(&self) -> Vec<SessionInfo> {
+        self.sessions.0.list()
     }
 }
 
@@ -292,7 +407,9 @@ impl LocalRuntime {
                     // bwrap's own cwd is irrelevant inside; "/" avoids pinning the
                     // worker's cwd.
                     cwd: PathBuf::from("/"),
-                    stdin: req.stdin,
+                    stdin: req
+                        .stdin
+                        .map_or(process::Stdin::Null, process::Stdin::Bytes),
                     timeout: req.timeout,
                     max_output,
                     sandboxed: true,
@@ -313,7 +430,9 @@ impl LocalRuntime {
                     args: argv.map(OsString::from).collect(),
                     env: env.into_iter().collect(),
                     cwd: host_cwd,
-                    stdin: req.stdin,
+                    stdin: req
+                        .stdin
+                        .map_or(process::Stdin::Null, process::Stdin::Bytes),
                     timeout: req.timeout,
                     max_output,
                     sandboxed: false,

@@ -39,13 +39,24 @@ pub(crate) struct Launch {
     /// The complete environment of the spawned process (it starts from empty).
     pub env: Vec<(String, String)>,
     pub cwd: PathBuf,
-    pub stdin: Option<Vec<u8>>,
+    pub stdin: Stdin,
     pub timeout: Option<Duration>,
     pub max_output: usize,
     /// Whether `program` is bwrap (its setup failures become `Unavailable`).
     pub sandboxed: bool,
     /// The user's program name, for "command not found" messages.
     pub shown_name: String,
+}
+
+/// What the process reads on stdin.
+pub(crate) enum Stdin {
+    /// `/dev/null`: end of file at once.
+    Null,
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+    /// Each item in order as it arrives; end of file when the sender is dropped (an
+    /// interactive session).
+    Channel(futures::channel::mpsc::UnboundedReceiver<Vec<u8>>),
 }
 
 type Item = Result<ExecChunk, RuntimeError>;
@@ -58,10 +69,10 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
         .env_clear()
         .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .current_dir(&launch.cwd)
-        .stdin(if launch.stdin.is_some() {
-            Stdio::piped()
-        } else {
+        .stdin(if matches!(launch.stdin, Stdin::Null) {
             Stdio::null()
+        } else {
+            Stdio::piped()
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -100,9 +111,17 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
     let err_reader = tokio::spawn(pump(stderr, StreamKind::Stderr, tx.clone(), budget.clone()));
     // A separate task: a command that never reads its stdin must not stall the rest.
     let writer = match (child.stdin.take(), launch.stdin) {
-        (Some(mut pipe), Some(bytes)) => Some(tokio::spawn(async move {
+        (Some(mut pipe), Stdin::Bytes(bytes)) => Some(tokio::spawn(async move {
             // EPIPE when the command exits without reading is expected and harmless.
             let _ = pipe.write_all(&bytes).await;
+            let _ = pipe.shutdown().await;
+        })),
+        (Some(mut pipe), Stdin::Channel(mut rx)) => Some(tokio::spawn(async move {
+            while let Some(bytes) = rx.next().await {
+                if pipe.write_all(&bytes).await.is_err() || pipe.flush().await.is_err() {
+                    return;
+                }
+            }
             let _ = pipe.shutdown().await;
         })),
         _ => None,

@@ -20,7 +20,8 @@ use futures::StreamExt;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
     ExecChunk, ExecRequest, ExecResult, Mount, NetworkPolicy, Runtime, RuntimeProvider,
-    RuntimeSpec, StreamKind,
+    RuntimeSpec, SessionExit, SessionId, SessionInput, SessionRequest, Sessions, SnapshotRequest,
+    StreamKind,
 };
 
 /// A host variable set in the test process; it must never be visible inside.
@@ -740,11 +741,416 @@ pub async fn capability_accessors_match_capabilities(h: &dyn Harness) -> Outcome
         caps.network_limited,
         "network_policies must list `limited` exactly when network_limited"
     );
-    if caps.writable {
-        assert!(
-            caps.isolated,
-            "provider '{kind}' claims writable without isolation: writes never run unsandboxed"
+    Outcome::Passed
+}
+
+/// The provider's sessions, or the printed reason to skip `check` when it reports no
+/// `interactive_session` (a provider that reports it must hand them out).
+fn sessions_or_skip<'a>(h: &'a dyn Harness, check: &str) -> Result<&'a dyn Sessions, Outcome> {
+    let kind = h.provider().kind();
+    if !h.provider().capabilities().interactive_session {
+        let reason = format!("provider '{kind}' reports interactive_session: false");
+        eprintln!("skipped: {check}: {reason}");
+        return Err(Outcome::Skipped(reason));
+    }
+    Ok(h.provider().sessions().unwrap_or_else(|| {
+        panic!("provider '{kind}' reports interactive_session but has no sessions()")
+    }))
+}
+
+fn session_request(argv: &[&str]) -> SessionRequest {
+    SessionRequest {
+        argv: argv.iter().map(|s| s.to_string()).collect(),
+        ..SessionRequest::default()
+    }
+}
+
+async fn start_session(
+    sessions: &dyn Sessions,
+    h: &dyn Harness,
+    workspace: &Path,
+    req: SessionRequest,
+) -> SessionId {
+    let argv = req.argv.clone();
+    let spec = h.spec(workspace, false, NetworkPolicy::None);
+    match sessions.start(spec, req).await {
+        Ok(info) => {
+            assert_eq!(info.argv, argv, "the session's info names its argv");
+            assert!(info.exit.is_none(), "a new session has not ended: {info:?}");
+            info.id
+        }
+        Err(e) => panic!("starting a session of {argv:?} failed: {e}"),
+    }
+}
+
+async fn write(sessions: &dyn Sessions, id: &SessionId, data: &str, close: bool) {
+    sessions
+        .write(
+            id,
+            SessionInput {
+                data: data.as_bytes().to_vec(),
+                close,
+            },
+        )
+        .await
+        .unwrap_or_else(|e| panic!("writing {data:?} to session {id} failed: {e}"));
+}
+
+/// Polls until `done(all output so far, exit)` holds, checking that polls never repeat
+/// or skip bytes (each poll's offset is where the previous one ended). Panics after
+/// the safety timeout rather than hang.
+async fn poll_until(
+    sessions: &dyn Sessions,
+    id: &SessionId,
+    cursor: &mut u64,
+    what: &str,
+    done: impl Fn(&str, Option<&SessionExit>) -> bool,
+) -> (String, Option<SessionExit>) {
+    let deadline = Instant::now() + SAFETY_TIMEOUT;
+    let mut seen = Vec::new();
+    loop {
+        let out = sessions
+            .poll(id, Duration::from_millis(200))
+            .await
+            .unwrap_or_else(|e| panic!("polling session {id} failed: {e}"));
+        assert_eq!(
+            out.offset, *cursor,
+            "a poll must start where the previous one ended"
         );
+        assert_eq!(
+            out.dropped_bytes, 0,
+            "nothing is dropped while polls keep up"
+        );
+        seen.extend_from_slice(&out.data);
+        *cursor += out.data.len() as u64;
+        let all = text(&seen);
+        if done(&all, out.exit.as_ref()) {
+            return (all, out.exit);
+        }
+        if Instant::now() >= deadline {
+            panic!("session {id}: {what} did not happen within {SAFETY_TIMEOUT:?}; output so far: {all:?}, exit: {:?}", out.exit);
+        }
+    }
+}
+
+/// `cat` in a session echoes each write as it comes, and ends with exit 0 when its
+/// stdin is closed; a poll after the end reports the exit and no new output.
+pub async fn a_cat_session_echoes_each_write_and_ends_when_stdin_closes(
+    h: &dyn Harness,
+) -> Outcome {
+    let sessions = match sessions_or_skip(
+        h,
+        "a_cat_session_echoes_each_write_and_ends_when_stdin_closes",
+    ) {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    let fx = Fixture::new(h);
+    let id = start_session(sessions, h, fx.ws(), session_request(&["cat"])).await;
+    let mut cursor = 0;
+
+    write(sessions, &id, "first line\n", false).await;
+    let (out, exit) = poll_until(
+        sessions,
+        &id,
+        &mut cursor,
+        "echo of the first write",
+        |o, _| o.contains("first line\n"),
+    )
+    .await;
+    assert_eq!(out, "first line\n", "cat echoes exactly the first write");
+    assert!(exit.is_none(), "cat still runs while its stdin is open");
+
+    write(sessions, &id, "second line\n", true).await;
+    let (out, exit) = poll_until(sessions, &id, &mut cursor, "the end of cat", |_, e| {
+        e.is_some()
+    })
+    .await;
+    assert_eq!(
+        out, "second line\n",
+        "the second poll returns only the second write"
+    );
+    let exit = exit.expect("checked by poll_until");
+    assert_eq!(
+        (exit.exit_code, exit.killed),
+        (0, false),
+        "cat ends by itself with 0 at end of input: {exit:?}"
+    );
+
+    let again = sessions
+        .poll(&id, Duration::ZERO)
+        .await
+        .expect("poll after the end");
+    assert!(again.data.is_empty(), "no output after the end: {again:?}");
+    assert_eq!(again.exit, Some(exit), "every later poll reports the exit");
+    match sessions
+        .write(
+            &id,
+            SessionInput {
+                data: b"late\n".to_vec(),
+                close: false,
+            },
+        )
+        .await
+    {
+        Err(RuntimeError::CommandRejected(_)) => {}
+        other => panic!("a write to an ended session must be CommandRejected, got {other:?}"),
+    }
+    Outcome::Passed
+}
+
+/// A shell session keeps its state between writes (a variable set by one write is
+/// seen by the next) and reports the code it exits with.
+pub async fn a_shell_session_keeps_its_state_between_writes(h: &dyn Harness) -> Outcome {
+    let sessions = match sessions_or_skip(h, "a_shell_session_keeps_its_state_between_writes") {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    let fx = Fixture::new(h);
+    std::fs::write(fx.ws().join("marker.txt"), "in the workspace").unwrap();
+    let id = start_session(sessions, h, fx.ws(), session_request(&["sh"])).await;
+    let mut cursor = 0;
+
+    let token = unique_token();
+    write(
+        sessions,
+        &id,
+        &format!("GROVE_SESSION_VAR={token}\n"),
+        false,
+    )
+    .await;
+    write(
+        sessions,
+        &id,
+        "echo \"value=$GROVE_SESSION_VAR\"; cat marker.txt; echo\n",
+        false,
+    )
+    .await;
+    let (out, _) = poll_until(sessions, &id, &mut cursor, "the shell's echo", |o, _| {
+        o.contains("in the workspace\n")
+    })
+    .await;
+    assert!(
+        out.contains(&format!("value={token}\n")),
+        "the variable set by the first write is gone: {out:?}"
+    );
+    write(sessions, &id, "echo oops >&2; exit 7\n", false).await;
+    let (out, exit) = poll_until(sessions, &id, &mut cursor, "the shell's exit", |_, e| {
+        e.is_some()
+    })
+    .await;
+    assert!(
+        out.contains("oops\n"),
+        "stderr is part of the session's output: {out:?}"
+    );
+    let exit = exit.expect("checked by poll_until");
+    assert_eq!(exit.exit_code, 7, "the shell's own exit code: {exit:?}");
+    assert!(!exit.killed);
+    Outcome::Passed
+}
+
+/// Output past the session's ring keeps the newest bytes: a poll after the burst
+/// returns exactly the last `max_buffer_bytes` bytes and counts the rest as dropped.
+pub async fn session_output_over_the_cap_keeps_the_newest_bytes(h: &dyn Harness) -> Outcome {
+    let sessions = match sessions_or_skip(h, "session_output_over_the_cap_keeps_the_newest_bytes") {
+        Ok(s) => s,
+        Err(o) => return o,
+    };
+    let fx = Fixture::new(h);
+    let cap = 4096;
+    let mut req = session_request(&["sh", "-c", "seq 1 20000; echo tail-marker"]);
+    req.max_buffer_bytes = Some(cap);
+    let id = start_session(sessions, h, fx.ws(), req).await;
+    let mut expected: String = (1..=20000).map(|i| format!("{i}\n")).collect();
+    expected.push_str("tail-marker\n");
+
+    // Wait for the end without consuming output (info does not read).
+    let deadline = Instant::now() + SAFETY_TIMEOUT;
+    let info = loop {
+        let info = sessions.info(&id).expect("info of a running session");
+        if info.exit.is_some() {
+            break info;
+        }
+        assert!(Instant::now() < deadline, "the burst did not end: {info:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        info.output_bytes,
+        expected.len() as u64,
+        "every byte printed is counted"
+    );
+    let out = sessions.poll(&id, Duration::ZERO).await.expect("poll");
+    assert_eq!(out.data.len(), cap, "the ring holds exactly its size");
+    assert_eq!(
+        text(&out.data),
+        expected[expected.len() - cap..],
+        "the newest bytes are kept"
+    );
+    assert_eq!(out.offset, (expected.len() - cap) as u64);
+    assert_eq!(
+        out.dropped_bytes,
+        (expected.len() - cap) as u64,
+        "the lost bytes are counted"
+    );
+    assert_eq!(out.exit.map(|e| e.exit_code), Some(0));
+    Outcome::Passed
+}
+
+/// Killing a session ends its whole process tree; a poll after the kill reports the
+/// exit as killed; writes are refused after; a second kill is fine; unknown ids are
+/// `NotFound`.
+pub async fn killing_a_session_ends_it_and_a_poll_reports_the_exit(h: &dyn Harness) -> Outcome {
+    let sessions =
+        match sessions_or_skip(h, "killing_a_session_ends_it_and_a_poll_reports_the_exit") {
+            Ok(s) => s,
+            Err(o) => return o,
+        };
+    let fx = Fixture::new(h);
+    let nap = format!("3602.{}", unique_token());
+    let script = format!("echo started; sleep {nap} & sleep {nap}");
+    let id = start_session(
+        sessions,
+        h,
+        fx.ws(),
+        session_request(&["sh", "-c", &script]),
+    )
+    .await;
+    let mut cursor = 0;
+    poll_until(sessions, &id, &mut cursor, "the start", |o, _| {
+        o.contains("started\n")
+    })
+    .await;
+    assert!(
+        !host_processes_matching(&nap).is_empty(),
+        "the session's processes should be running"
+    );
+
+    sessions.kill(&id).await.expect("kill");
+    let (_, exit) = poll_until(sessions, &id, &mut cursor, "the end after kill", |_, e| {
+        e.is_some()
+    })
+    .await;
+    let exit = exit.expect("checked by poll_until");
+    assert!(exit.killed, "the exit says killed: {exit:?}");
+    assert_eq!(
+        exit.exit_code, 137,
+        "a killed session reports 128 + SIGKILL"
+    );
+    assert_processes_gone(&nap, Duration::from_secs(5), "after killing a session").await;
+    assert!(
+        matches!(
+            sessions
+                .write(
+                    &id,
+                    SessionInput {
+                        data: b"x".to_vec(),
+                        close: false
+                    }
+                )
+                .await,
+            Err(RuntimeError::CommandRejected(_))
+        ),
+        "a write after the kill is refused"
+    );
+    sessions
+        .kill(&id)
+        .await
+        .expect("killing an ended session is fine");
+    let listed = sessions.list();
+    assert!(
+        listed.iter().any(|i| i.id == id && i.exit.is_some()),
+        "the ended session is still listed with its exit"
+    );
+
+    let unknown = SessionId::from(format!("no-such-session-{}", unique_token()));
+    assert!(matches!(
+        sessions.poll(&unknown, Duration::ZERO).await,
+        Err(RuntimeError::NotFound(_))
+    ));
+    assert!(matches!(
+        sessions.write(&unknown, SessionInput::default()).await,
+        Err(RuntimeError::NotFound(_))
+    ));
+    assert!(matches!(
+        sessions.kill(&unknown).await,
+        Err(RuntimeError::NotFound(_))
+    ));
+    Outcome::Passed
+}
+
+/// A snapshot keeps the runtime's state outside the workspace: a file written under
+/// `$HOME` (outside the workspace), removed after the snapshot, is back in the runtime
+/// restored from it. Unknown runtimes and snapshots are refused, not guessed.
+pub async fn a_snapshot_restores_state_outside_the_workspace(h: &dyn Harness) -> Outcome {
+    let p = h.provider();
+    let kind = p.kind();
+    if !p.capabilities().snapshot {
+        let reason = format!("provider '{kind}' reports snapshot: false");
+        eprintln!("skipped: a_snapshot_restores_state_outside_the_workspace: {reason}");
+        return Outcome::Skipped(reason);
+    }
+    let snapshotter = p
+        .snapshotter()
+        .unwrap_or_else(|| panic!("provider '{kind}' reports snapshot but has no snapshotter()"));
+    let fx = Fixture::new(h);
+    let spec = h.spec(fx.ws(), false, NetworkPolicy::None);
+    let rt = runtime_from(h, spec.clone()).await;
+    let token = unique_token();
+    let r = run(
+        &*rt,
+        sh(&format!(
+            "echo snap-{token} > \"$HOME/grove-snapshot-check\""
+        )),
+    )
+    .await;
+    assert_eq!(
+        r.exit_code,
+        0,
+        "writing under $HOME failed: {}",
+        text(&r.stderr)
+    );
+
+    let snap = snapshotter
+        .snapshot(SnapshotRequest {
+            backend_id: p.backend_id(&spec),
+            label: Some("contract".into()),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("snapshot failed: {e}"));
+    assert_eq!(snap.label.as_deref(), Some("contract"));
+    let r = run(&*rt, sh("rm \"$HOME/grove-snapshot-check\"")).await;
+    assert_eq!(r.exit_code, 0);
+    drop(rt);
+
+    let restored = snapshotter
+        .restore(&snap.id, spec.clone())
+        .await
+        .unwrap_or_else(|e| panic!("restoring {} failed: {e}", snap.id));
+    let r = run(&*restored, sh("cat \"$HOME/grove-snapshot-check\"")).await;
+    assert_eq!(
+        text(&r.stdout),
+        format!("snap-{token}\n"),
+        "the restored runtime lacks the state taken in the snapshot: {}",
+        text(&r.stderr)
+    );
+
+    match snapshotter
+        .snapshot(SnapshotRequest {
+            backend_id: format!("no-such-runtime-{token}"),
+            label: None,
+        })
+        .await
+    {
+        Err(RuntimeError::NotFound(_)) => {}
+        other => panic!("a snapshot of an unknown runtime must be NotFound, got {other:?}"),
+    }
+    match snapshotter
+        .restore(&format!("no-such-snapshot-{token}"), spec)
+        .await
+    {
+        Err(RuntimeError::NotFound(_) | RuntimeError::CommandRejected(_)) => {}
+        Err(e) => panic!("restoring an unknown snapshot failed oddly: {e}"),
+        Ok(_) => panic!("restoring an unknown snapshot succeeded"),
     }
     Outcome::Passed
 }
@@ -812,6 +1218,26 @@ pub async fn run_all(h: &dyn Harness) -> Vec<(&'static str, Outcome)> {
         (
             "other_workspaces_are_not_visible",
             other_workspaces_are_not_visible(h).await,
+        ),
+        (
+            "a_snapshot_restores_state_outside_the_workspace",
+            a_snapshot_restores_state_outside_the_workspace(h).await,
+        ),
+        (
+            "a_cat_session_echoes_each_write_and_ends_when_stdin_closes",
+            a_cat_session_echoes_each_write_and_ends_when_stdin_closes(h).await,
+        ),
+        (
+            "a_shell_session_keeps_its_state_between_writes",
+            a_shell_session_keeps_its_state_between_writes(h).await,
+        ),
+        (
+            "session_output_over_the_cap_keeps_the_newest_bytes",
+            session_output_over_the_cap_keeps_the_newest_bytes(h).await,
+        ),
+        (
+            "killing_a_session_ends_it_and_a_poll_reports_the_exit",
+            killing_a_session_ends_it_and_a_poll_reports_the_exit(h).await,
         ),
     ]
 }

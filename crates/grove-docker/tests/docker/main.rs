@@ -63,6 +63,11 @@ mod contract {
         exec_stream_delivers_output_as_it_is_produced,
         dropping_an_exec_stream_kills_the_command,
         other_workspaces_are_not_visible,
+        a_snapshot_restores_state_outside_the_workspace,
+        a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
+        a_shell_session_keeps_its_state_between_writes,
+        session_output_over_the_cap_keeps_the_newest_bytes,
+        killing_a_session_ends_it_and_a_poll_reports_the_exit,
     );
 }
 
@@ -93,6 +98,7 @@ mod contract_without_host_access {
         output_over_the_cap_is_truncated,
         exec_stream_delivers_output_as_it_is_produced,
         dropping_an_exec_stream_kills_the_command,
+        killing_a_session_ends_it_and_a_poll_reports_the_exit,
     );
 }
 
@@ -135,8 +141,10 @@ async fn capabilities_are_truthful_and_limited_network_is_refused() {
     let caps = env.provider.capabilities();
     assert_eq!(env.provider.kind(), "docker");
     assert!(caps.writable && caps.isolated && caps.network_none);
-    assert!(!caps.network_limited && !caps.snapshot && !caps.preview_url);
-    assert!(!caps.interactive_session);
+    assert!(!caps.network_limited && caps.snapshot && !caps.preview_url);
+    assert!(caps.interactive_session && caps.network_default);
+    assert!(env.provider.sessions().is_some() && env.provider.snapshotter().is_some());
+    assert!(env.provider.preview_urls().is_none());
     env.provider.ping().await.expect("ping");
 
     let ws = env.workspace("limited");

@@ -4,7 +4,8 @@ use std::path::{Path, PathBuf};
 
 use grove_core::ports::{NetworkPolicy, RuntimeProvider, RuntimeSpec};
 use grove_docker::bollard::query_parameters::{
-    InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    InspectContainerOptions, ListContainersOptionsBuilder, ListImagesOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveImageOptionsBuilder,
 };
 use grove_docker::bollard::Docker;
 use grove_docker::image::{self, ImageError};
@@ -207,6 +208,19 @@ impl Drop for TestEnv {
                             )
                             .await;
                     }
+                }
+                // Snapshot images carry the container's labels, the scope label too.
+                let images = ListImagesOptionsBuilder::default()
+                    .filters(&filters)
+                    .build();
+                for image in docker.list_images(Some(images)).await.unwrap_or_default() {
+                    let _ = docker
+                        .remove_image(
+                            &image.id,
+                            Some(RemoveImageOptionsBuilder::default().force(true).build()),
+                            None,
+                        )
+                        .await;
                 }
             });
         });

@@ -94,6 +94,11 @@ macro_rules! all_contract_tests {
             exec_stream_delivers_output_as_it_is_produced,
             dropping_an_exec_stream_kills_the_command,
             other_workspaces_are_not_visible,
+            a_snapshot_restores_state_outside_the_workspace,
+            a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
+            a_shell_session_keeps_its_state_between_writes,
+            session_output_over_the_cap_keeps_the_newest_bytes,
+            killing_a_session_ends_it_and_a_poll_reports_the_exit,
         );
     };
 }
@@ -163,22 +168,24 @@ async fn without_isolation_capabilities_report_nothing_enforced() {
     assert_eq!(h.provider.kind(), "local");
     assert!(!caps.isolated && !caps.writable && !caps.network_none && !caps.network_limited);
     assert!(!caps.snapshot && !caps.preview_url && !caps.interactive_session);
+    assert!(
+        h.provider.sessions().is_none(),
+        "no unsandboxed interactive shells"
+    );
 }
 
 #[tokio::test]
-async fn with_bubblewrap_capabilities_claim_isolation_writes_and_network_none_only() {
+async fn with_bubblewrap_capabilities_claim_isolation_writes_network_none_and_sessions_only() {
     let h = detected();
     if no_bwrap(
         &h,
-        "with_bubblewrap_capabilities_claim_isolation_writes_and_network_none_only",
+        "with_bubblewrap_capabilities_claim_isolation_writes_network_none_and_sessions_only",
     ) {
         return;
     }
     let caps = h.provider.capabilities();
-    assert!(caps.isolated && caps.writable && caps.network_none);
-    assert!(
-        !caps.network_limited && !caps.snapshot && !caps.preview_url && !caps.interactive_session
-    );
+    assert!(caps.isolated && caps.writable && caps.network_none && caps.interactive_session);
+    assert!(!caps.network_limited && !caps.snapshot && !caps.preview_url);
 }
 
 #[tokio::test]
@@ -446,4 +453,48 @@ async fn a_background_process_does_not_outlive_its_command_in_either_mode() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
+}
+
+#[tokio::test]
+async fn hibernating_a_runtime_ends_its_interactive_sessions() {
+    let h = detected();
+    if no_bwrap(&h, "hibernating_a_runtime_ends_its_interactive_sessions") {
+        return;
+    }
+    let ws = tempfile::Builder::new()
+        .prefix("ws-")
+        .tempdir_in(h.root.path())
+        .unwrap();
+    let mut spec = default_spec(ws.path(), false, NetworkPolicy::None);
+    spec.labels
+        .insert("grove.runtime".into(), "rt-hibernate".into());
+    let backend_id = h.provider.backend_id(&spec);
+    let sessions = h.provider.sessions().expect("sessions with bubblewrap");
+    let info = sessions
+        .start(
+            spec,
+            grove_core::ports::SessionRequest {
+                argv: vec!["cat".into()],
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("start");
+    assert_eq!(info.backend_id, backend_id);
+    h.provider.stop(&backend_id).await.expect("stop");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        let out = sessions
+            .poll(&info.id, Duration::from_millis(200))
+            .await
+            .unwrap();
+        if let Some(exit) = out.exit {
+            break exit;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the session outlived its runtime"
+        );
+    };
+    assert!(exit.killed, "{exit:?}");
 }
