@@ -81,9 +81,15 @@ macro_rules! contract_tests {
                 match grove_runtime_contract::$check(&env).await {
                     grove_runtime_contract::Outcome::Passed => {}
                     grove_runtime_contract::Outcome::Skipped(why) => {
-                        // Only per-workspace isolation checks may skip: E2B shares one
+                        // Only checks of per-workspace isolation, sessions and snapshots may
+                        // skip (none of them claimed): E2B shares one
                         // microVM among a user's workspaces of a project.
-                        assert!(why.contains("isolated"), "unexpected skip: {why}");
+                        assert!(
+                            ["isolated: false", "interactive_session: false", "snapshot: false"]
+                                .iter()
+                                .any(|w| why.contains(w)),
+                            "unexpected skip: {why}"
+                        );
                     }
                 }
             }
@@ -116,6 +122,11 @@ mod contract {
         exec_stream_delivers_output_as_it_is_produced,
         dropping_an_exec_stream_kills_the_command,
         other_workspaces_are_not_visible,
+        a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
+        a_shell_session_keeps_its_state_between_writes,
+        session_output_over_the_cap_keeps_the_newest_bytes,
+        killing_a_session_ends_it_and_a_poll_reports_the_exit,
+        a_snapshot_restores_state_outside_the_workspace,
     );
 }
 
