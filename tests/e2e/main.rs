@@ -11,6 +11,7 @@ mod merge_back;
 mod pulls;
 mod queue;
 mod reader;
+mod remote;
 mod replay;
 mod runtimes;
 mod secrets;

@@ -22,7 +22,7 @@ use crate::validate::{
 
 /// Runtime provider names a request may ask for (whether one is configured on the
 /// worker that takes the job is that worker's answer).
-pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker"];
+pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker", "daytona", "e2b"];
 
 /// Largest stdin a command may carry through the queue.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
