@@ -6,6 +6,7 @@
 //! a test prints why and skips, unless `GROVE_TEST_REQUIRE_DB=1` (set by the README's
 //! test command and CI), where the absence is a failure.
 
+pub mod fake_github;
 pub mod http;
 
 use std::path::{Path, PathBuf};

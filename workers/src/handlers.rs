@@ -49,6 +49,9 @@ pub struct Deps {
     pub layout: Layout,
     pub git: Arc<dyn GitPort>,
     pub runtimes: RuntimeRegistry,
+    /// The git platform for pull requests (`None`: not configured; those jobs fail as
+    /// `unavailable`).
+    pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
     pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
 }

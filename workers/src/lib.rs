@@ -7,6 +7,7 @@
 //!   schedule.
 //! - [`merge_back`]: the diff between a task and an edit workspace, and bringing the
 //!   task's commits into the edit branch.
+//! - [`pulls`]: pull requests and their comments through the git platform port.
 //! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
@@ -17,6 +18,7 @@ pub mod config;
 pub mod eviction;
 pub mod handlers;
 pub mod merge_back;
+pub mod pulls;
 pub mod relay;
 pub mod runner;
 
@@ -45,17 +47,96 @@ pub unsafe fn init_process() -> Result<(), grove_core::error::GitError> {
     }
 }
 
+/// Registers the Daytona and E2B providers when this deployment configures them
+/// (`GROVE_DAYTONA_API_URL` + `GROVE_DAYTONA_API_KEY`, `GROVE_E2B_API_URL` +
+/// `GROVE_E2B_API_KEY`, from the environment only, never from a request); otherwise
+/// records them as known but unconfigured, with the reason. Their sandboxes carry the
+/// `grove.home` scope label (`scope`), so deployments sharing an account never adopt
+/// each other's sandboxes.
+pub fn with_remote_providers(runtimes: RuntimeRegistry, scope: &str) -> RuntimeRegistry {
+    with_remote_providers_from(runtimes, scope, |k| std::env::var(k).ok())
+}
+
+/// [`with_remote_providers`] over any source of variables.
+pub fn with_remote_providers_from(
+    mut runtimes: RuntimeRegistry,
+    scope: &str,
+    get: impl Fn(&str) -> Option<String>,
+) -> RuntimeRegistry {
+    let daytona = grove_daytona::DaytonaConfig::from_vars(&get).and_then(|c| {
+        c.map(grove_daytona::DaytonaRuntimeProvider::new)
+            .transpose()
+    });
+    runtimes = match daytona {
+        Ok(Some(p)) => {
+            tracing::info!("daytona runtime configured");
+            runtimes.with(Arc::new(p.with_scope_label("grove.home", scope)))
+        }
+        Ok(None) => runtimes.with_unconfigured(
+            "daytona",
+            "GROVE_DAYTONA_API_URL and GROVE_DAYTONA_API_KEY are not set",
+            grove_daytona::DaytonaRuntimeProvider::offered_capabilities(),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "daytona runtime misconfigured");
+            runtimes.with_unconfigured(
+                "daytona",
+                e.to_string(),
+                grove_daytona::DaytonaRuntimeProvider::offered_capabilities(),
+            )
+        }
+    };
+    let e2b = grove_e2b::E2bConfig::from_vars(&get).and_then(|c| {
+        c.map(|c| {
+            let scope = [("grove.home".to_string(), scope.to_string())].into();
+            grove_e2b::E2bRuntimeProvider::with_scope(c, scope)
+        })
+        .transpose()
+    });
+    match e2b {
+        Ok(Some(p)) => {
+            tracing::info!("e2b runtime configured");
+            runtimes.with(Arc::new(p))
+        }
+        Ok(None) => runtimes.with_unconfigured(
+            "e2b",
+            "GROVE_E2B_API_URL and GROVE_E2B_API_KEY are not set",
+            grove_e2b::E2bRuntimeProvider::offered_capabilities(),
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, "e2b runtime misconfigured");
+            runtimes.with_unconfigured(
+                "e2b",
+                e.to_string(),
+                grove_e2b::E2bRuntimeProvider::offered_capabilities(),
+            )
+        }
+    }
+}
+
 /// Wires the production adapters: git2 for git, bubblewrap-isolated local processes,
-/// and Docker through bollard when an engine answers (else `--runtime docker` is
-/// refused with a clear error and the worker runs without it).
+/// Docker through bollard when an engine answers (else `--runtime docker` is
+/// refused with a clear error and the worker runs without it), and Daytona and E2B
+/// when configured ([`with_remote_providers`]).
 pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Deps {
     let layout = Layout::new(config.home.clone());
     let runtimes = build_runtimes(&mut config).await;
+    // GitHub (or GitHub Enterprise through GROVE_GITHUB_API_URL); a configuration that
+    // does not parse leaves pull requests unavailable and says why, once.
+    let platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>> =
+        match grove_github::GitHubProvider::from_env() {
+            Ok(github) => Some(Arc::new(github)),
+            Err(e) => {
+                tracing::error!(error = %e, "git platform not configured: pull request jobs will fail");
+                None
+            }
+        };
     handlers::Deps {
         pool,
         layout,
         git: Arc::new(grove_git::Git2Adapter::new()),
         runtimes,
+        platform,
         inflight: Default::default(),
         config,
     }
@@ -63,7 +144,8 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
 
 /// The runtime providers of this process: local (always; without bubblewrap it
 /// carries a note and claims no isolation) and Docker when an engine answers, else
-/// Docker listed as known but not configured. Fills `config.docker_image` from
+/// Docker listed as known but not configured, and Daytona and E2B when configured
+/// ([`with_remote_providers`]), else listed as known but not configured. Fills `config.docker_image` from
 /// `GROVE_DOCKER_IMAGE` or the last built image when unset. What `grove worker`,
 /// `grove serve` and `grove runtimes` use.
 pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
@@ -108,5 +190,45 @@ pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
             );
         }
     }
-    runtimes
+    let scope = grove_core::layout::short_hash(&config.home.to_string_lossy(), 12);
+    with_remote_providers(runtimes, &scope)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_providers_are_registered_only_when_configured() {
+        let none = with_remote_providers_from(RuntimeRegistry::default(), "s", |_| None);
+        assert!(none.get("daytona").is_none() && none.get("e2b").is_none());
+        let listed: Vec<_> = none
+            .statuses()
+            .into_iter()
+            .map(|s| (s.kind, s.configured))
+            .collect();
+        assert_eq!(listed, vec![("daytona", false), ("e2b", false)]);
+
+        let vars = |k: &str| match k {
+            "GROVE_DAYTONA_API_URL" => Some("https://daytona.example/api".to_string()),
+            "GROVE_DAYTONA_API_KEY" => Some("dtn_secret".to_string()),
+            "GROVE_E2B_API_URL" => Some("https://api.e2b.example".to_string()),
+            "GROVE_E2B_API_KEY" => Some("e2b_secret".to_string()),
+            _ => None,
+        };
+        let both = with_remote_providers_from(RuntimeRegistry::default(), "s", vars);
+        assert_eq!(both.kinds(), vec!["daytona", "e2b"]);
+
+        let half = with_remote_providers_from(RuntimeRegistry::default(), "s", |k| {
+            (k == "GROVE_E2B_API_KEY").then(|| "e2b_secret".to_string())
+        });
+        let e2b = half
+            .statuses()
+            .into_iter()
+            .find(|s| s.kind == "e2b")
+            .unwrap();
+        assert!(!e2b.configured);
+        let detail = e2b.detail.unwrap();
+        assert!(detail.contains("GROVE_E2B_API_URL") && !detail.contains("e2b_secret"));
+    }
 }

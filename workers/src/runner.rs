@@ -559,6 +559,8 @@ async fn handle(
             until,
         } => deps.pin_workspace(*workspace_id, *until, at).await,
         Command::Tool(t) => deps.tool(t, token.as_ref()).await,
+        Command::CreatePullRequest(c) => deps.create_pull_request(c, token.as_ref()).await,
+        Command::CommentPullRequest(c) => deps.comment_pull_request(c, token.as_ref()).await,
         Command::MergeBack(m) => deps.merge_back(m).await,
         Command::MergeBackDiff {
             edit_workspace_id,

@@ -287,7 +287,7 @@ pub struct ExecRequest {
     /// Default: `none`.
     #[serde(default)]
     pub network: Option<Network>,
-    /// `local` (default) or `docker`.
+    /// `local` (default), `docker`, `daytona` or `e2b` (each where the worker has it).
     #[serde(default)]
     pub runtime: Option<String>,
     /// The same key twice (for the same caller) runs the command once and answers with

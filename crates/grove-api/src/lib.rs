@@ -11,6 +11,7 @@
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
 //! - [`sessions`]: interactive sessions, held in this process (the one exception to
 //!   "runs no effect": see the module).
+//! - [`pulls`]: a workspace's pull requests (open, read, comment) on the git platform.
 //! - [`stream`]: server-sent events: streaming exec, following events.
 //! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
@@ -21,8 +22,10 @@
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect but interactive sessions (runtime state, through the `Sessions` port of the
-//! registry it is given, never an adapter crate); it enqueues through `grove_postgres::submit` and reads rows and the log. No
-//! bearer or git token reaches a log line, a response or an error message.
+//! registry it is given, never an adapter crate); it enqueues through
+//! `grove_postgres::submit` and reads rows and the log (and, for a pull request read,
+//! the git platform through its port). No bearer or git token reaches a log line, a
+//! response or an error message.
 
 pub mod auth;
 pub mod dto;
@@ -30,6 +33,7 @@ pub mod error;
 pub mod extract;
 pub mod merge_back;
 pub mod notify;
+pub mod pulls;
 pub mod routes;
 pub mod sessions;
 pub mod stream;
@@ -60,6 +64,8 @@ pub struct AppState {
     pub wait: WaitOptions,
     /// Interactive sessions, when this server holds them (`grove serve` does).
     pub sessions: Option<sessions::SessionHost>,
+    /// The git platform pull requests are read from (`None`: reads answer 503).
+    pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
 }
 
 impl AppState {
@@ -72,12 +78,22 @@ impl AppState {
             notifier,
             wait,
             sessions: None,
+            platform: None,
         })
     }
 
     /// Holds interactive sessions with these runtime providers, for workspaces on `node`.
     pub fn with_sessions(mut self, host: sessions::SessionHost) -> Self {
         self.sessions = Some(host);
+        self
+    }
+
+    /// Reads pull requests through `platform`.
+    pub fn with_platform(
+        mut self,
+        platform: Arc<dyn grove_core::platform::GitPlatformProvider>,
+    ) -> Self {
+        self.platform = Some(platform);
         self
     }
 
@@ -105,7 +121,7 @@ impl AppState {
 #[openapi(
     info(
         title = "grove",
-        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs, events and tools. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
+        description = "Sandbox control plane for AI coding agents: repo caches, sessions, workspaces, execs, events, tools and pull requests. Authenticate with `Authorization: Bearer <token>`. Errors answer `{\"error\": {\"kind\", \"message\"}}`."
     ),
     paths(
         routes::ensure_repo_cache,
@@ -127,6 +143,9 @@ impl AppState {
         sessions::write_session,
         sessions::poll_session,
         sessions::kill_session,
+        pulls::create_pull_request,
+        pulls::get_pull_request,
+        pulls::comment_pull_request,
     ),
     components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
     modifiers(&BearerAuth, &ToolSchemas),
@@ -198,6 +217,18 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route(
             "/v1/workspaces/{id}/sessions/interactive/{session_id}/kill",
             post(sessions::kill_session),
+        )
+        .route(
+            "/v1/workspaces/{id}/pulls",
+            post(pulls::create_pull_request),
+        )
+        .route(
+            "/v1/workspaces/{id}/pulls/{number}",
+            get(pulls::get_pull_request),
+        )
+        .route(
+            "/v1/workspaces/{id}/pulls/{number}/comments",
+            post(pulls::comment_pull_request),
         )
         .route(
             "/openapi.json",

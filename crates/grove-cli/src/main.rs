@@ -9,6 +9,7 @@ mod evict;
 mod localdb;
 mod mcp;
 mod merge_back;
+mod pr;
 mod serve;
 mod tool;
 
@@ -83,6 +84,9 @@ enum Top {
     Tool(tool::ToolArgs),
     /// Serve one workspace's tools to an MCP client over stdio (stdout is the protocol).
     Mcp(mcp::McpArgs),
+    /// Pull requests of a workspace on the git platform (GitHub): create, show, comment.
+    #[command(subcommand)]
+    Pr(pr::PrCmd),
     /// Read (or follow) the event log.
     Events {
         #[arg(long)]
@@ -554,6 +558,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         Top::Exec(args) => exec(args).await,
         Top::Tool(args) => tool::tool(args).await,
         Top::Mcp(args) => mcp::mcp(args).await,
+        Top::Pr(cmd) => pr::pr(cmd).await,
         Top::Events {
             stream,
             after,
@@ -908,6 +913,8 @@ fn print_result(result: &CommandResult, json: bool) -> Result<ExitCode> {
         CommandResult::Tool(output) => println!("{}", serde_json::to_string(output)?),
         CommandResult::MergeBackDiff(d) => merge_back::print_diff(d, json)?,
         CommandResult::MergedBack(r) => merge_back::print_report(r, json)?,
+        CommandResult::PullRequest(pr) => println!("{}", serde_json::to_string(pr)?),
+        CommandResult::PullRequestComment(c) => println!("{}", serde_json::to_string(c)?),
         CommandResult::Done => {}
     }
     Ok(ExitCode::SUCCESS)

@@ -56,12 +56,17 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
     if worker.is_none() {
         grove_postgres::migrate::migrate(&pool).await?;
     }
-    let state = Arc::new(
-        AppState::new(pool, tokens, WaitOptions::from_env())
-            .await
-            .context("listening for notifications")?
-            .with_sessions(SessionHost::new(runtimes, node)),
-    );
+    let mut state = AppState::new(pool, tokens, WaitOptions::from_env())
+        .await
+        .context("listening for notifications")?
+        .with_sessions(SessionHost::new(runtimes, node));
+    // Pull request reads ask the platform directly; a bad configuration is reported
+    // here and those reads answer 503 (the worker reports it for its jobs too).
+    match grove_github::GitHubProvider::from_env() {
+        Ok(github) => state = state.with_platform(Arc::new(github)),
+        Err(e) => tracing::error!(error = %e, "git platform not configured"),
+    }
+    let state = Arc::new(state);
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;

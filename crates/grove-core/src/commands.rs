@@ -10,6 +10,9 @@ use crate::merge_back::{MergeBackDiff, MergeBackReport, MergeStrategy};
 use crate::model::{
     ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
 };
+use crate::platform::{
+    validate_body, validate_number, validate_title, PullRequest, PullRequestComment,
+};
 use crate::ports::NetworkPolicy;
 use crate::tools::{ToolOutput, ToolRequest};
 use crate::validate::{
@@ -19,7 +22,7 @@ use crate::validate::{
 
 /// Runtime provider names a request may ask for (whether one is configured on the
 /// worker that takes the job is that worker's answer).
-pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker"];
+pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker", "daytona", "e2b"];
 
 /// Largest stdin a command may carry through the queue.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -131,6 +134,30 @@ pub struct MergeBack {
     pub strategy: MergeStrategy,
 }
 
+/// Opens a pull request from the workspace's branch (job `create_pull_request`). The
+/// repository is the workspace's (from its repo cache URL), the head its branch; the
+/// token travels beside the command (ADR 05), never in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatePullRequest {
+    pub workspace_id: Uuid,
+    /// The branch to merge into; `None`: the workspace's base ref.
+    #[serde(default)]
+    pub base: Option<String>,
+    pub title: String,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub draft: bool,
+}
+
+/// Comments on a pull request of the workspace's repository (job `comment_pull_request`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CommentPullRequest {
+    pub workspace_id: Uuid,
+    pub number: u64,
+    pub body: String,
+}
+
 /// A command, as stored in the job payload and the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
@@ -172,6 +199,8 @@ pub enum Command {
         edit_workspace_id: Uuid,
         task_workspace_id: Uuid,
     },
+    CreatePullRequest(CreatePullRequest),
+    CommentPullRequest(CommentPullRequest),
 }
 
 impl Command {
@@ -191,6 +220,8 @@ impl Command {
             Self::Tool(_) => "tool",
             Self::MergeBack(_) => "merge_back",
             Self::MergeBackDiff { .. } => "merge_back_diff",
+            Self::CreatePullRequest(_) => "create_pull_request",
+            Self::CommentPullRequest(_) => "comment_pull_request",
         }
     }
 
@@ -202,6 +233,9 @@ impl Command {
             Self::Tool(t) => t.op.is_idempotent(),
             // It makes commits: a delivery that finds it running ends as worker_lost.
             Self::MergeBack(_) => false,
+            // Opening a pull request or commenting twice makes two (or a refusal): one
+            // attempt, and a lost worker's job ends as `worker_lost`.
+            Self::CreatePullRequest(_) | Self::CommentPullRequest(_) => false,
             _ => true,
         }
     }
@@ -216,6 +250,8 @@ impl Command {
             Self::MergeBackDiff {
                 edit_workspace_id, ..
             } => Some(*edit_workspace_id),
+            Self::CreatePullRequest(c) => Some(c.workspace_id),
+            Self::CommentPullRequest(c) => Some(c.workspace_id),
             Self::ReleaseSession { workspace_id, .. }
             | Self::HibernateRuntime { workspace_id }
             | Self::DestroyRuntime { workspace_id }
@@ -287,6 +323,24 @@ impl Command {
             }
             Self::EvictSweep(c) => validate_owner_id("node", &c.node)?,
             Self::Tool(t) => t.op.validate()?,
+            Self::CreatePullRequest(c) => {
+                if let Some(base) = &c.base {
+                    validate_ref(base)?;
+                }
+                validate_title(&c.title)?;
+                if let Some(body) = &c.body {
+                    validate_body("pull request body", body)?;
+                }
+            }
+            Self::CommentPullRequest(c) => {
+                validate_number(c.number)?;
+                if c.body.trim().is_empty() {
+                    return Err(ValidationError::Request(
+                        "a comment must not be empty".into(),
+                    ));
+                }
+                validate_body("comment", &c.body)?;
+            }
             Self::ReleaseScope(c) => {
                 validate_owner_id("user", &c.user_id)?;
                 if let Some(p) = &c.project_id {
@@ -340,6 +394,8 @@ pub enum CommandResult {
     Tool(ToolOutput),
     MergeBackDiff(MergeBackDiff),
     MergedBack(MergeBackReport),
+    PullRequest(PullRequest),
+    PullRequestComment(PullRequestComment),
     Done,
 }
 

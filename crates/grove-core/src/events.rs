@@ -258,6 +258,35 @@ pub enum Event {
         /// For a cherry-pick: the task commit that did not apply.
         commit: Option<String>,
     },
+    /// A pull request was opened on the git platform from the workspace's branch (job
+    /// `create_pull_request`). Never carries the token.
+    #[serde(rename = "workspace.pull_request_opened")]
+    WorkspacePullRequestOpened {
+        workspace_id: Uuid,
+        /// The platform (`github`).
+        platform: String,
+        /// `owner/name` on the platform.
+        repo: String,
+        number: u64,
+        /// The pull request's web page.
+        url: String,
+        head: String,
+        base: String,
+        title: String,
+        draft: bool,
+    },
+    /// A comment was made on a pull request of the workspace's repository (job
+    /// `comment_pull_request`). The comment's text is not recorded.
+    #[serde(rename = "workspace.pull_request_commented")]
+    WorkspacePullRequestCommented {
+        workspace_id: Uuid,
+        platform: String,
+        repo: String,
+        number: u64,
+        comment_id: u64,
+        /// The comment's web page.
+        url: String,
+    },
 }
 
 impl Event {
@@ -295,6 +324,8 @@ impl Event {
             Self::WorkspacePushed { .. } => "workspace.pushed",
             Self::WorkspaceMergedBack { .. } => "workspace.merged_back",
             Self::WorkspaceMergeBackConflicted { .. } => "workspace.merge_back_conflicted",
+            Self::WorkspacePullRequestOpened { .. } => "workspace.pull_request_opened",
+            Self::WorkspacePullRequestCommented { .. } => "workspace.pull_request_commented",
         }
     }
     /// The stream this event is appended to.
@@ -322,7 +353,9 @@ impl Event {
             | Self::WorkspaceCommitted { workspace_id, .. }
             | Self::WorkspacePushed { workspace_id, .. }
             | Self::WorkspaceMergedBack { workspace_id, .. }
-            | Self::WorkspaceMergeBackConflicted { workspace_id, .. } => {
+            | Self::WorkspaceMergeBackConflicted { workspace_id, .. }
+            | Self::WorkspacePullRequestOpened { workspace_id, .. }
+            | Self::WorkspacePullRequestCommented { workspace_id, .. } => {
                 workspace_stream(*workspace_id)
             }
             Self::RuntimeStarted { runtime_id, .. }

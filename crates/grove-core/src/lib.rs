@@ -16,6 +16,7 @@
 //!   capabilities).
 //! - [`session`]: interactive sessions as data, and the table providers share.
 //! - [`merge_back`]: bringing a task workspace's commits into an edit workspace.
+//! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //!
@@ -30,6 +31,7 @@ pub mod idempotency;
 pub mod layout;
 pub mod merge_back;
 pub mod model;
+pub mod platform;
 pub mod ports;
 pub mod projection;
 pub mod session;

@@ -66,7 +66,9 @@ impl Reads {
                 | Event::WorkspaceCommitted { workspace_id, .. }
                 | Event::WorkspacePushed { workspace_id, .. }
                 | Event::WorkspaceMergedBack { workspace_id, .. }
-                | Event::WorkspaceMergeBackConflicted { workspace_id, .. } => {
+                | Event::WorkspaceMergeBackConflicted { workspace_id, .. }
+                | Event::WorkspacePullRequestOpened { workspace_id, .. }
+                | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
                 }
                 Event::SweepFinished { .. } => {}
@@ -216,10 +218,13 @@ impl Projections {
             }
             // A tool's write, commit or push is a use of the workspace; whether it left
             // the workspace dirty is a `workspace.dirty_changed` of its own (as for an exec).
+            // Opening or commenting on a pull request is a use too, and changes nothing else.
             Event::WorkspaceFileWritten { workspace_id, .. }
             | Event::WorkspaceCommitted { workspace_id, .. }
             | Event::WorkspacePushed { workspace_id, .. }
-            | Event::WorkspaceMergedBack { workspace_id, .. } => {
+            | Event::WorkspaceMergedBack { workspace_id, .. }
+            | Event::WorkspacePullRequestOpened { workspace_id, .. }
+            | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
                 self.update_workspace(workspace_id, at, |_| {});
             }
             // A conflicted merge-back left the workspace exactly as it was.

@@ -156,6 +156,13 @@ struct SessionExecuteResponse {
     cmd_id: Option<String>,
 }
 
+/// `GET /sandbox/{id}/ports/{port}/preview-url` answer. The token is a credential
+/// for private sandboxes and is not kept.
+#[derive(Debug, Deserialize)]
+struct PortPreviewUrl {
+    url: String,
+}
+
 #[derive(Debug, Deserialize)]
 struct HomeDir {
     dir: String,
@@ -193,6 +200,7 @@ pub struct Client {
     base: String,
     key: ApiKey,
     organization: Option<String>,
+    page_size: u32,
 }
 
 impl std::fmt::Debug for Client {
@@ -218,7 +226,14 @@ impl Client {
             base: base.trim_end_matches('/').to_string(),
             key,
             organization,
+            page_size: 100,
         })
+    }
+
+    /// Sandboxes asked for per page when listing (the API allows up to 200).
+    pub fn with_page_size(mut self, n: u32) -> Self {
+        self.page_size = n.clamp(1, 200);
+        self
     }
 
     fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
@@ -306,7 +321,7 @@ impl Client {
                     self.request(reqwest::Method::GET, "/sandbox/paginated")
                         .query(&[
                             ("page", page.to_string()),
-                            ("limit", "100".to_string()),
+                            ("limit", self.page_size.to_string()),
                             ("labels", labels.clone()),
                         ]),
                 )
@@ -339,6 +354,17 @@ impl Client {
         self.send(self.request(reqwest::Method::DELETE, &format!("/sandbox/{}", enc(id))))
             .await
             .map(drop)
+    }
+
+    /// The URL a port of the sandbox is reachable at (Daytona's preview proxy).
+    pub async fn preview_url(&self, id: &str, port: u16) -> Result<String, DaytonaError> {
+        let p: PortPreviewUrl = self
+            .json(self.request(
+                reqwest::Method::GET,
+                &format!("/sandbox/{}/ports/{port}/preview-url", enc(id)),
+            ))
+            .await?;
+        Ok(p.url)
     }
 
     pub async fn home_dir(&self, sandbox: &str) -> Result<String, DaytonaError> {

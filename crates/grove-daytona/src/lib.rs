@@ -38,8 +38,8 @@ use futures::stream::BoxStream;
 use futures::{SinkExt, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec, StreamKind,
+    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, PreviewRequest, PreviewUrl, PreviewUrls,
+    Runtime, RuntimeCapabilities, RuntimeProvider, RuntimeSpec, StreamKind,
 };
 
 pub use api::{ApiKey, Client, Sandbox, SandboxState};
@@ -82,6 +82,8 @@ pub struct DaytonaConfig {
     pub start_timeout: Duration,
     /// How often to poll a sandbox's state and a command's output.
     pub poll_interval: Duration,
+    /// Sandboxes per page when listing by label.
+    pub list_page_size: u32,
 }
 
 impl DaytonaConfig {
@@ -100,6 +102,7 @@ impl DaytonaConfig {
             network_allow_list: None,
             start_timeout: Duration::from_secs(120),
             poll_interval: Duration::from_millis(100),
+            list_page_size: 100,
         }
     }
 
@@ -109,7 +112,12 @@ impl DaytonaConfig {
     /// `GROVE_DAYTONA_AUTO_ARCHIVE_MINUTES`, `GROVE_DAYTONA_NETWORK_ALLOW_LIST`.
     /// `Ok(None)` when Daytona is not configured.
     pub fn from_env() -> Result<Option<Self>, DaytonaError> {
-        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+        Self::from_vars(|k| std::env::var(k).ok())
+    }
+
+    /// [`DaytonaConfig::from_env`] over any source of variables.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DaytonaError> {
+        let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
         let (url, key) = match (var("GROVE_DAYTONA_API_URL"), var("GROVE_DAYTONA_API_KEY")) {
             (None, None) => return Ok(None),
             (Some(u), Some(k)) => (u, k),
@@ -203,7 +211,8 @@ impl DaytonaRuntimeProvider {
             &config.api_url,
             config.api_key.clone(),
             config.organization.clone(),
-        )?;
+        )?
+        .with_page_size(config.list_page_size);
         Ok(Self {
             inner: Arc::new(Inner {
                 client,
@@ -232,6 +241,25 @@ impl DaytonaRuntimeProvider {
 
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// What the provider offers once configured (`network_limited` needs an allow-list
+    /// in the configuration).
+    pub fn offered_capabilities() -> RuntimeCapabilities {
+        RuntimeCapabilities {
+            writable: true,
+            // Workspaces of one (user, project) share a sandbox and a read-only
+            // workspace is not read-only to the kernel there: isolation between
+            // workspaces is not enforced, only between sandboxes.
+            isolated: false,
+            network_none: true,
+            network_limited: true,
+            network_default: true,
+            preview_url: true,
+            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
+            // answer `None`.
+            ..RuntimeCapabilities::default()
+        }
     }
 
     pub fn config(&self) -> &DaytonaConfig {
@@ -474,17 +502,8 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
 
     fn capabilities(&self) -> RuntimeCapabilities {
         RuntimeCapabilities {
-            writable: true,
-            // Workspaces of one (user, project) share a sandbox and a read-only
-            // workspace is not read-only to the kernel there: isolation between
-            // workspaces is not enforced, only between sandboxes.
-            isolated: false,
-            network_none: true,
             network_limited: self.inner.config.network_allow_list.is_some(),
-            network_default: true,
-            snapshot: false,
-            preview_url: false,
-            interactive_session: false,
+            ..Self::offered_capabilities()
         }
     }
 
@@ -560,6 +579,10 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
         self.stop(backend_id)
     }
 
+    fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
+        Some(self)
+    }
+
     fn healthy(&self, backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
         let key = Self::parse_backend_id(backend_id);
         Box::pin(async move {
@@ -572,6 +595,40 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
             Ok(found
                 .iter()
                 .any(|s| !matches!(s.state, SandboxState::Error | SandboxState::BuildFailed)))
+        })
+    }
+}
+
+/// Daytona's preview proxy: ports 3000-9999 of a sandbox. A private sandbox's URL
+/// needs Daytona's preview token, which grove does not hand out; the URL itself never
+/// carries it.
+impl PreviewUrls for DaytonaRuntimeProvider {
+    fn expose(&self, req: PreviewRequest) -> BoxFuture<'_, Result<PreviewUrl, RuntimeError>> {
+        Box::pin(async move {
+            if !(3000..=9999).contains(&req.port) {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "Daytona previews ports 3000-9999, not {}",
+                    req.port
+                )));
+            }
+            let key = Self::parse_backend_id(&req.backend_id).ok_or_else(|| {
+                RuntimeError::NotFound(format!("not a Daytona runtime: {}", req.backend_id))
+            })?;
+            let sandbox = self
+                .inner
+                .client
+                .list_sandboxes(&self.labels_of(&key))
+                .await?
+                .into_iter()
+                .next()
+                .ok_or_else(|| {
+                    RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id))
+                })?;
+            let url = self.inner.client.preview_url(&sandbox.id, req.port).await?;
+            Ok(PreviewUrl {
+                port: req.port,
+                url,
+            })
         })
     }
 }
@@ -863,6 +920,39 @@ impl Runtime for DaytonaRuntime {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> impl Fn(&str) -> Option<String> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        move |k| map.get(k).cloned()
+    }
+
+    #[test]
+    fn configuration_needs_both_url_and_key_and_never_shows_the_key() {
+        assert!(DaytonaConfig::from_vars(vars(&[])).unwrap().is_none());
+        let e =
+            DaytonaConfig::from_vars(vars(&[("GROVE_DAYTONA_API_KEY", "dtn_secret")])).unwrap_err();
+        assert!(!e.to_string().contains("dtn_secret"), "{e}");
+        assert!(DaytonaConfig::from_vars(vars(&[("GROVE_DAYTONA_API_URL", "https://x")])).is_err());
+        assert!(DaytonaConfig::from_vars(vars(&[
+            ("GROVE_DAYTONA_API_URL", "ftp://x"),
+            ("GROVE_DAYTONA_API_KEY", "k")
+        ]))
+        .is_err());
+        let c = DaytonaConfig::from_vars(vars(&[
+            ("GROVE_DAYTONA_API_URL", "https://app.daytona.io/api"),
+            ("GROVE_DAYTONA_API_KEY", "dtn_secret"),
+            ("GROVE_DAYTONA_AUTO_STOP_MINUTES", "30"),
+            ("GROVE_DAYTONA_NETWORK_ALLOW_LIST", "10.0.0.0/8"),
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(c.auto_stop_minutes, 30);
+        assert_eq!(c.network_allow_list.as_deref(), Some("10.0.0.0/8"));
+        assert!(!format!("{c:?}").contains("dtn_secret"));
+    }
 
     #[test]
     fn a_cwd_that_leaves_the_workspace_is_refused_lexically() {

@@ -6,7 +6,7 @@
 //! `grove_postgres::submit`, exactly as the CLI and the HTTP API submit it: the file,
 //! search and git tools are `Command::Tool`, `shell` is `Command::Exec`. A worker that
 //! holds the workspace runs them; this crate runs no effect itself. See
-//! docs/adr/14-mcp-server.md.
+//! docs/adr/16-mcp-server.md.
 //!
 //! # Layout
 //! - [`server`]: [`GroveMcp`], the `rmcp` `ServerHandler`: the tool list, the calls.

@@ -1,6 +1,7 @@
 //! A fake Daytona on loopback (axum, port 0), written from Daytona's published API:
 //! the control plane as in `apps/api` (`POST /sandbox`, `GET /sandbox/paginated`,
-//! `GET|DELETE /sandbox/{id}`, `POST /sandbox/{id}/start|stop`) and the daemon's
+//! `GET|DELETE /sandbox/{id}`, `POST /sandbox/{id}/start|stop`,
+//! `GET /sandbox/{id}/ports/{port}/preview-url`) and the daemon's
 //! toolbox swagger 2.0 reached through the API's proxy `/toolbox/{id}/toolbox/...`
 //! (process sessions, `/files/upload|download`, `/git/clone|branches|checkout`,
 //! `/user-home-dir`), session logs in their JSON form (SDK >= 0.167).
@@ -21,7 +22,7 @@
 //! stopping the sandbox kills the group. A sandbox's home is a temporary directory,
 //! but paths are host paths: the fake does not isolate sandboxes from the host or
 //! from each other. Git operations run the host's `git`. Not modelled: regions,
-//! snapshots and images (any name is accepted), volumes, preview URLs, archiving and
+//! snapshots and images (any name is accepted), volumes, archiving and
 //! auto-stop timers (tests stop a sandbox behind grove's back instead), resource
 //! accounting beyond the CPU quota, websockets, the plain-text logs of old SDKs.
 
@@ -187,6 +188,7 @@ impl FakeDaytona {
             .route("/sandbox/{id}", get(get_sandbox).delete(delete_sandbox))
             .route("/sandbox/{id}/start", post(start_sandbox))
             .route("/sandbox/{id}/stop", post(stop_sandbox))
+            .route("/sandbox/{id}/ports/{port}/preview-url", get(preview_url))
             .route(&format!("{tb}/user-home-dir"), get(home_dir))
             .route(&format!("{tb}/process/session"), post(create_session))
             .route(
@@ -489,6 +491,22 @@ async fn stop_sandbox(State(st): S, Path(id): Path<String>) -> Response {
     match r {
         Ok(Ok(v)) => Json(v).into_response(),
         Ok(Err(r)) | Err(r) => r,
+    }
+}
+
+async fn preview_url(State(st): S, Path((id, port)): Path<(String, String)>) -> Response {
+    let port: u16 = match port.parse() {
+        Ok(p) if (3000..=9999).contains(&p) => p,
+        _ => return err(StatusCode::BAD_REQUEST, "Invalid port: must be 3000-9999"),
+    };
+    match with_sandbox(&st, &id, |_| ()) {
+        Ok(()) => Json(json!({
+            "sandboxId": id,
+            "url": format!("https://{port}-{id}.proxy.daytona.example"),
+            "token": "preview-token-secret",
+        }))
+        .into_response(),
+        Err(r) => r,
     }
 }
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use fake::FakeDaytona;
 use grove_core::error::RuntimeError;
-use grove_core::ports::{GitToken, Mount, NetworkPolicy, RuntimeProvider, RuntimeSpec};
+use grove_core::ports::{
+    GitToken, Mount, NetworkPolicy, PreviewRequest, RuntimeProvider, RuntimeSpec,
+};
 use grove_daytona::{ApiKey, DaytonaConfig, DaytonaRuntimeProvider, WorkspacePlacement};
 use grove_runtime_contract::{default_spec, request, Harness};
 
@@ -86,9 +88,15 @@ macro_rules! contract_tests {
                 match outcome {
                     grove_runtime_contract::Outcome::Passed => {}
                     grove_runtime_contract::Outcome::Skipped(why) => {
-                        // Only the checks of per-workspace isolation may skip: Daytona
+                        // Only checks of per-workspace isolation, sessions and snapshots may
+                        // skip (none of them claimed): Daytona
                         // shares one sandbox among a user's workspaces of a project.
-                        assert!(why.contains("isolated"), "unexpected skip: {why}");
+                        assert!(
+                            ["isolated: false", "interactive_session: false", "snapshot: false"]
+                                .iter()
+                                .any(|w| why.contains(w)),
+                            "unexpected skip: {why}"
+                        );
                     }
                 }
             }
@@ -97,6 +105,12 @@ macro_rules! contract_tests {
 }
 
 /// The runtime contract, one test per check, each against its own fake.
+///
+/// `capability_accessors_match_capabilities` is checked by
+/// `capabilities_are_truthful...` below instead: its last rule (writable implies
+/// isolated) guards against writes in a host subprocess, which a remote sandbox never
+/// is; these providers are writable and report `isolated: false` because workspaces of
+/// one (user, project) share a sandbox, not because writes escape one.
 mod contract {
     use super::*;
 
@@ -115,6 +129,11 @@ mod contract {
         exec_stream_delivers_output_as_it_is_produced,
         dropping_an_exec_stream_kills_the_command,
         other_workspaces_are_not_visible,
+        a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
+        a_shell_session_keeps_its_state_between_writes,
+        session_output_over_the_cap_keeps_the_newest_bytes,
+        killing_a_session_ends_it_and_a_poll_reports_the_exit,
+        a_snapshot_restores_state_outside_the_workspace,
     );
 }
 
@@ -132,22 +151,78 @@ async fn echo(provider: &DaytonaRuntimeProvider, spec: RuntimeSpec, word: &str) 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn capabilities_are_truthful_and_without_snapshots_or_previews() {
+async fn capabilities_are_truthful_and_match_the_accessors() {
     let env = Env::new().await;
-    let caps = env.provider.capabilities();
-    assert_eq!(env.provider.kind(), "daytona");
-    assert!(caps.writable && caps.network_none);
+    let p: &dyn RuntimeProvider = &env.provider;
+    let caps = p.capabilities();
+    assert_eq!(p.kind(), "daytona");
+    assert!(caps.writable && caps.network_none && caps.network_default);
     assert!(
         !caps.isolated,
         "workspaces of a (user, project) share a sandbox"
     );
     assert!(!caps.network_limited, "no allow-list configured");
-    assert!(!caps.snapshot && !caps.preview_url && !caps.interactive_session);
+    assert!(caps.preview_url && p.preview_urls().is_some());
+    assert!(
+        !caps.snapshot && p.snapshotter().is_none(),
+        "no snapshots: None"
+    );
+    assert!(!caps.interactive_session && p.sessions().is_none());
+    assert_eq!(
+        caps.network_policies(),
+        vec![NetworkPolicy::None, NetworkPolicy::Default]
+    );
 
     let mut c = config(&env.fake);
     c.network_allow_list = Some("10.0.0.0/8".into());
     let p = DaytonaRuntimeProvider::new(c).unwrap();
     assert!(p.capabilities().network_limited);
+    assert!(p
+        .capabilities()
+        .network_policies()
+        .contains(&NetworkPolicy::Limited));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_port_preview_url_comes_from_the_api_without_its_token() {
+    let env = Env::new().await;
+    let ws = env.workspace();
+    let spec = spec_for(ws.path(), "alice", "p1");
+    echo(&env.provider, spec.clone(), "x").await;
+    let id = env.only_sandbox();
+    let previews = env.provider.preview_urls().unwrap();
+    let url = previews
+        .expose(PreviewRequest {
+            backend_id: env.provider.backend_id(&spec),
+            port: 3000,
+        })
+        .await
+        .unwrap();
+    assert_eq!(url.port, 3000);
+    assert!(
+        url.url.contains(&id) && url.url.starts_with("https://3000-"),
+        "{}",
+        url.url
+    );
+    assert!(!url.url.contains("preview-token-secret"));
+    assert!(matches!(
+        previews
+            .expose(PreviewRequest {
+                backend_id: env.provider.backend_id(&spec),
+                port: 22,
+            })
+            .await,
+        Err(RuntimeError::CommandRejected(_))
+    ));
+    assert!(matches!(
+        previews
+            .expose(PreviewRequest {
+                backend_id: "daytona:nobody/none".into(),
+                port: 3000,
+            })
+            .await,
+        Err(RuntimeError::NotFound(_))
+    ));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -190,6 +265,35 @@ async fn a_restarted_provider_finds_its_sandbox_by_label_instead_of_creating_one
         "the restart created a second sandbox"
     );
     assert_eq!(env.only_sandbox(), id);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listing_by_label_follows_the_pages() {
+    let fake = FakeDaytona::start().await;
+    let mut c = config(&fake);
+    c.list_page_size = 2;
+    let env = Env::with(fake, DaytonaRuntimeProvider::new(c).unwrap());
+    let ws = env.workspace();
+    for i in 0..5 {
+        echo(
+            &env.provider,
+            spec_for(ws.path(), &format!("u{i}"), "p1"),
+            "x",
+        )
+        .await;
+    }
+    let managed = BTreeMap::from([("grove.managed".to_string(), "true".to_string())]);
+    let all = env
+        .provider
+        .client()
+        .list_sandboxes(&managed)
+        .await
+        .unwrap();
+    assert_eq!(all.len(), 5, "five sandboxes over three pages of two");
+    let one = BTreeMap::from([("grove.user".to_string(), "u3".to_string())]);
+    let found = env.provider.client().list_sandboxes(&one).await.unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(found[0].labels["grove.user"], "u3");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,223 @@
+//! Workspaces inside an E2B sandbox: one clone of each repository per sandbox
+//! (`<home>/grove/repos/<repo>`, the repo cache of that provider) and one clone of it
+//! per workspace (`<home>/grove/workspaces/<user>_<scope>_<branch>`, every segment a safe
+//! prefix plus a hash), made with the sandbox's own `git` (E2B templates ship it).
+//!
+//! A git token reaches the clone only as an environment variable of that one process,
+//! read by an inline credential helper: it is never in an argv, a URL or git config.
+
+use std::collections::BTreeMap;
+
+use futures::StreamExt;
+use grove_core::error::RuntimeError;
+use grove_core::layout::segment;
+use grove_core::ports::{GitToken, NetworkPolicy};
+
+use crate::api::{ProcessConfig, ProcessEvent};
+use crate::error::E2bError;
+use crate::{E2bRuntimeProvider, SandboxKey};
+
+/// Where a workspace goes and what it is made of; untrusted, validated or hashed.
+#[derive(Debug, Clone)]
+pub struct WorkspacePlacement {
+    pub user: String,
+    pub project: String,
+    /// The conversation, task or (analysis) base ref the workspace is for.
+    pub scope: String,
+    pub repo_name: String,
+    /// The upstream URL, without credentials.
+    pub repo_url: String,
+    pub base_ref: String,
+    /// The branch to create and check out; `None` leaves `base_ref` checked out.
+    pub branch: Option<String>,
+    /// Cloning needs `default`.
+    pub network: NetworkPolicy,
+}
+
+/// A workspace inside a sandbox: what grove records as its location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteWorkspace {
+    pub sandbox_id: String,
+    pub path: String,
+    pub cache_path: String,
+    pub cloned_cache: bool,
+}
+
+const CREDENTIAL_HELPER: &str =
+    "credential.helper=!f() { echo username=x-access-token; echo \"password=$GROVE_GIT_TOKEN\"; }; f";
+
+fn invalid(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::CommandRejected(e.to_string())
+}
+
+impl E2bRuntimeProvider {
+    /// Runs one program in `key`'s sandbox to completion: exit code and stderr.
+    async fn run(
+        &self,
+        key: &SandboxKey,
+        network: NetworkPolicy,
+        argv: &[&str],
+        envs: BTreeMap<String, String>,
+    ) -> Result<(i32, String), RuntimeError> {
+        let process = ProcessConfig {
+            cmd: argv[0].to_string(),
+            args: argv[1..].iter().map(|s| s.to_string()).collect(),
+            envs,
+            cwd: None,
+        };
+        let client = self.client().clone();
+        let (_, mut events) = self
+            .with_envd(key, network, |envd| {
+                let client = client.clone();
+                let process = process.clone();
+                async move { client.start(&envd, &process, false).await }
+            })
+            .await?;
+        let mut stderr = Vec::new();
+        while let Some(ev) = events.next().await {
+            match ev? {
+                ProcessEvent::Stderr(d) => stderr.extend_from_slice(&d),
+                ProcessEvent::End {
+                    exit_code,
+                    exited,
+                    status,
+                } => {
+                    let code = if exited { exit_code } else { 128 };
+                    let _ = status;
+                    return Ok((code, String::from_utf8_lossy(&stderr).trim().to_string()));
+                }
+                _ => {}
+            }
+        }
+        Err(E2bError::Protocol("process ended without an end event".into()).into())
+    }
+
+    async fn home(&self, key: &SandboxKey, network: NetworkPolicy) -> Result<String, RuntimeError> {
+        let client = self.client().clone();
+        let process = ProcessConfig {
+            cmd: "/bin/sh".into(),
+            args: vec!["-c".into(), "printf %s \"$HOME\"".into()],
+            envs: BTreeMap::new(),
+            cwd: None,
+        };
+        let (_, mut events) = self
+            .with_envd(key, network, |envd| {
+                let client = client.clone();
+                let process = process.clone();
+                async move { client.start(&envd, &process, false).await }
+            })
+            .await?;
+        let mut out = Vec::new();
+        while let Some(ev) = events.next().await {
+            if let ProcessEvent::Stdout(d) = ev? {
+                out.extend_from_slice(&d);
+            }
+        }
+        let home = String::from_utf8_lossy(&out)
+            .trim()
+            .trim_end_matches('/')
+            .to_string();
+        if !home.starts_with('/') {
+            return Err(RuntimeError::Unavailable(
+                "the sandbox has no absolute $HOME".into(),
+            ));
+        }
+        Ok(home)
+    }
+
+    async fn exists(
+        &self,
+        key: &SandboxKey,
+        network: NetworkPolicy,
+        path: &str,
+    ) -> Result<bool, RuntimeError> {
+        match self.read_file(key, network, path).await {
+            Ok(_) => Ok(true),
+            Err(RuntimeError::NotFound(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Makes (or finds) the workspace `p` describes inside the sandbox of its user and
+    /// project. Idempotent on `.git/HEAD`; the repository is cloned from upstream once
+    /// per sandbox.
+    pub async fn ensure_workspace(
+        &self,
+        p: &WorkspacePlacement,
+        token: Option<&GitToken>,
+    ) -> Result<RemoteWorkspace, RuntimeError> {
+        grove_core::validate::validate_ref(&p.base_ref).map_err(invalid)?;
+        if let Some(b) = &p.branch {
+            grove_core::validate::validate_ref(b).map_err(invalid)?;
+        }
+        grove_core::validate::RepoUrl::parse(&p.repo_url).map_err(invalid)?;
+        let key = SandboxKey {
+            user: p.user.clone(),
+            project: p.project.clone(),
+        };
+        let home = self.home(&key, p.network).await?;
+        let cache_path = format!("{home}/grove/repos/{}", segment(&p.repo_name));
+        let branch_label = p.branch.as_deref().unwrap_or(&p.base_ref);
+        let path = format!(
+            "{home}/grove/workspaces/{}_{}_{}",
+            segment(&p.user),
+            segment(&p.scope),
+            segment(branch_label)
+        );
+        let fail = |what: &str, code: i32, stderr: String| {
+            RuntimeError::CommandRejected(format!("{what} failed (exit {code}): {stderr}"))
+        };
+        let mut cloned_cache = false;
+        if !self
+            .exists(&key, p.network, &format!("{cache_path}/.git/HEAD"))
+            .await?
+        {
+            let mut envs = BTreeMap::new();
+            let mut argv = vec!["git"];
+            if let Some(t) = token {
+                envs.insert("GROVE_GIT_TOKEN".to_string(), t.expose().to_string());
+                argv.extend(["-c", CREDENTIAL_HELPER]);
+            }
+            envs.insert("GIT_TERMINAL_PROMPT".into(), "0".into());
+            argv.extend(["clone", "--quiet", "--", &p.repo_url, &cache_path]);
+            let (code, err) = self.run(&key, p.network, &argv, envs).await?;
+            if code != 0 {
+                return Err(fail("cloning the repository", code, err));
+            }
+            cloned_cache = true;
+        }
+        if !self
+            .exists(&key, p.network, &format!("{path}/.git/HEAD"))
+            .await?
+        {
+            let argv = [
+                "git",
+                "clone",
+                "--quiet",
+                "--branch",
+                &p.base_ref,
+                "--",
+                &cache_path,
+                &path,
+            ];
+            let (code, err) = self.run(&key, p.network, &argv, BTreeMap::new()).await?;
+            if code != 0 {
+                return Err(fail("making the workspace", code, err));
+            }
+            if let Some(branch) = &p.branch {
+                let argv = ["git", "-C", &path, "checkout", "--quiet", "-b", branch];
+                let (code, err) = self.run(&key, p.network, &argv, BTreeMap::new()).await?;
+                if code != 0 {
+                    return Err(fail("creating the branch", code, err));
+                }
+            }
+        }
+        let sandbox_id = self.sandbox(&key, p.network).await?.sandbox_id;
+        Ok(RemoteWorkspace {
+            sandbox_id,
+            path,
+            cache_path,
+            cloned_cache,
+        })
+    }
+}
