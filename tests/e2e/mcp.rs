@@ -175,13 +175,25 @@ async fn an_mcp_client_lists_the_tools_and_runs_str_replace_and_shell_in_a_works
         "git_commit",
         "git_push",
         "shell",
+        "create_pull_request",
+        "comment_pull_request",
     ] {
         assert!(
             names.contains(&expected),
             "{expected} missing from {names:?}"
         );
     }
-    assert_eq!(names.len(), 14);
+    assert_eq!(names.len(), 16);
+    // A pull request tool checks its arguments before anything is enqueued.
+    let r = mcp
+        .call("create_pull_request", json!({"title": "t", "head": "main"}))
+        .await;
+    assert_eq!(r["isError"], true, "{r}");
+    assert!(
+        text(&r).starts_with("invalid_input: invalid arguments for create_pull_request"),
+        "{}",
+        text(&r)
+    );
     let sr = tools.iter().find(|t| t["name"] == "str_replace").unwrap();
     assert_eq!(sr["inputSchema"]["type"], "object");
     assert_eq!(

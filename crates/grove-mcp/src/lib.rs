@@ -1,16 +1,19 @@
 //! grove-mcp: the MCP server of grove. It offers one workspace's agent tool surface to
 //! an MCP client (`grove mcp --workspace ID`, over stdio): the text editor, files,
-//! search, git and `shell`, gated by the workspace's capabilities.
+//! search, git, `shell` and pull requests, gated by the workspace's capabilities.
 //!
 //! Every tool call is a command submitted through the queue with
 //! `grove_postgres::submit`, exactly as the CLI and the HTTP API submit it: the file,
-//! search and git tools are `Command::Tool`, `shell` is `Command::Exec`. A worker that
+//! search and git tools are `Command::Tool`, `shell` is `Command::Exec`, the pull
+//! request tools `Command::CreatePullRequest` / `CommentPullRequest`. A worker that
 //! holds the workspace runs them; this crate runs no effect itself. See
 //! docs/adr/16-mcp-server.md.
 //!
 //! # Layout
 //! - [`server`]: [`GroveMcp`], the `rmcp` `ServerHandler`: the tool list, the calls.
 //! - [`shell`]: the `shell` tool's arguments and result text.
+//! - [`pulls`]: the pull request tools' arguments (`create_pull_request`,
+//!   `comment_pull_request`: jobs whose token is the server's git token).
 //! - [`error`]: [`McpServeError`], what can stop the server.
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
@@ -19,6 +22,7 @@
 //! `grove.command_secrets` through the queue, never into a result or a log line.
 
 pub mod error;
+pub mod pulls;
 pub mod server;
 pub mod shell;
 

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::McpServeError;
-use crate::shell;
+use crate::{pulls, shell};
 
 /// What the server is bound to.
 #[derive(Clone)]
@@ -98,6 +98,29 @@ impl GroveMcp {
                     .open_world(false),
             ),
         );
+        if ws.capabilities.writable {
+            for (name, description, schema) in [
+                (
+                    pulls::CREATE,
+                    pulls::CREATE_DESCRIPTION,
+                    pulls::create_schema(),
+                ),
+                (
+                    pulls::COMMENT,
+                    pulls::COMMENT_DESCRIPTION,
+                    pulls::comment_schema(),
+                ),
+            ] {
+                tools.push(
+                    Tool::new(name, description, object(schema)).with_annotations(
+                        ToolAnnotations::new()
+                            .read_only(false)
+                            .destructive(false)
+                            .open_world(true),
+                    ),
+                );
+            }
+        }
         Ok(tools)
     }
 
@@ -109,6 +132,30 @@ impl GroveMcp {
         args: Map<String, Value>,
     ) -> Result<CallToolResult, ErrorData> {
         let id = self.config.workspace_id;
+        if name == pulls::CREATE || name == pulls::COMMENT {
+            let parsed = if name == pulls::CREATE {
+                pulls::create(id, &args)
+            } else {
+                pulls::comment(id, &args)
+            };
+            let command = match parsed {
+                Ok(c) => c,
+                Err(m) => {
+                    return Ok(failed(&CommandError::new(
+                        ErrorKind::InvalidInput,
+                        format!("invalid arguments for {name}: {m}"),
+                    )))
+                }
+            };
+            // The platform token travels like a push's: with the job, never as an argument.
+            let token = self.config.git_token.as_deref();
+            return Ok(match self.submit(&command, token).await? {
+                Ok(CommandResult::PullRequest(p)) => json_result(serde_json::to_value(&p)),
+                Ok(CommandResult::PullRequestComment(c)) => json_result(serde_json::to_value(&c)),
+                Ok(_) => failed(&unexpected()),
+                Err(e) => failed(&e),
+            });
+        }
         if name == shell::NAME {
             let command = match shell::command(id, &self.config.runtime, args) {
                 Ok(c) => c,
@@ -227,6 +274,16 @@ fn text_of(output: &ToolOutput) -> String {
     }
 }
 
+/// A result whose text is its JSON, also given as structured content.
+fn json_result(value: Result<Value, serde_json::Error>) -> CallToolResult {
+    let value = value.unwrap_or(Value::Null);
+    let mut r = CallToolResult::success(vec![ContentBlock::text(
+        serde_json::to_string_pretty(&value).unwrap_or_default(),
+    )]);
+    r.structured_content = Some(value);
+    r
+}
+
 fn object(schema: Value) -> Map<String, Value> {
     match schema {
         Value::Object(m) => m,
@@ -247,7 +304,7 @@ impl ServerHandler for GroveMcp {
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("grove", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
-                "Tools on grove workspace {}: a text editor (view, create, str_replace, insert), files (read_file, write_file, list_dir), search, git (git_status, git_diff, git_log, git_commit, git_push) and shell. Paths are relative to the workspace root. A read-only workspace offers no write tool.",
+                "Tools on grove workspace {}: a text editor (view, create, str_replace, insert), files (read_file, write_file, list_dir), search, git (git_status, git_diff, git_log, git_commit, git_push), shell, and on a writable workspace pull requests (create_pull_request, comment_pull_request; push first). Paths are relative to the workspace root. A read-only workspace offers no write tool.",
                 self.config.workspace_id
             ))
     }
