@@ -27,6 +27,9 @@ use tokio::time::Instant;
 use crate::host::{self, Cgroups, Counters, Kill};
 use crate::{engine_error, one_line, status};
 
+/// How many inspects may say "not running, no exit code, no pid" before that is
+/// taken as the end (about two seconds at the 20 ms poll).
+const MAX_UNSTARTED_ANSWERS: u32 = 100;
 /// After the command ended, how long output may stay silent before we stop reading
 /// (a descriptor held by a process we could not kill must not hang the caller)...
 const DRAIN_IDLE: Duration = Duration::from_millis(500);
@@ -429,6 +432,9 @@ async fn drive(
     let mut exited_at: Option<Instant> = None;
     let mut last_data = Instant::now();
     let mut pid_known = false;
+    // The engine can answer an inspect made just after the start with `Running: false`
+    // and no exit code, before the process exists: that is "not yet", not an end.
+    let mut unstarted_answers = 0u32;
     let mut poll_delay = Duration::from_millis(2);
     let mut next_poll = Instant::now();
     let far = Instant::now() + Duration::from_secs(86400 * 365);
@@ -501,7 +507,15 @@ async fn drive(
                         tracker.set_pid(pid as u32);
                     }
                 }
-                if r.running == Some(false) {
+                let not_yet = r.running == Some(false)
+                    && r.exit_code.is_none()
+                    && !pid_known
+                    && unstarted_answers < MAX_UNSTARTED_ANSWERS;
+                if not_yet {
+                    unstarted_answers += 1;
+                    poll_delay = Duration::from_millis(20);
+                    next_poll = Instant::now() + poll_delay;
+                } else if r.running == Some(false) {
                     if !pid_known {
                         pid_known = true;
                         tracker.set_pid(0);
