@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use grove_remote_runtime::enc;
+
 use crate::error::DaytonaError;
 
 /// The API key of one deployment. Its `Debug` never shows the value.
@@ -529,18 +531,4 @@ impl Client {
         .await
         .map(drop)
     }
-}
-
-/// Percent-encodes one path segment (ids come from the API or from grove, but a
-/// segment must never be able to add a path level).
-fn enc(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

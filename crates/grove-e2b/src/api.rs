@@ -18,6 +18,8 @@ use base64::Engine;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use grove_remote_runtime::enc;
+
 use crate::error::E2bError;
 
 /// A secret (API key or envd access token). Its `Debug` never shows the value.
@@ -519,17 +521,4 @@ fn parse_event(payload: &[u8]) -> Result<ProcessEvent, E2bError> {
         });
     }
     Ok(ProcessEvent::KeepAlive)
-}
-
-/// Percent-encodes a path segment or query value.
-pub(crate) fn enc(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -37,7 +37,7 @@ pub mod error;
 pub mod workspace;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -52,12 +52,11 @@ use grove_core::ports::{
 
 pub use api::{Client, Envd, ProcessEvent, SandboxInfo, SandboxState, Secret};
 pub use error::E2bError;
-pub use workspace::{RemoteWorkspace, WorkspacePlacement};
-
-pub const LABEL_MANAGED: &str = "grove.managed";
-pub const LABEL_USER: &str = "grove.user";
-pub const LABEL_PROJECT: &str = "grove.project";
-pub const LABEL_NETWORK: &str = "grove.network";
+use grove_remote_runtime::{lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec};
+pub use grove_remote_runtime::{
+    RemoteWorkspace, SandboxKey, WorkspacePlacement, LABEL_MANAGED, LABEL_NETWORK, LABEL_PROJECT,
+    LABEL_USER,
+};
 
 const TIMEOUT_EXIT: i32 = 137;
 const DEFAULT_MAX_OUTPUT: usize = 1024 * 1024;
@@ -108,25 +107,15 @@ impl E2bConfig {
     /// [`E2bConfig::from_env`] over any source of variables.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, E2bError> {
         let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let (url, key) = match (var("GROVE_E2B_API_URL"), var("GROVE_E2B_API_KEY")) {
-            (None, None) => return Ok(None),
-            (Some(u), Some(k)) => (u, k),
-            (Some(_), None) => {
-                return Err(E2bError::Config(
-                    "GROVE_E2B_API_URL is set but GROVE_E2B_API_KEY is not".into(),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(E2bError::Config(
-                    "GROVE_E2B_API_KEY is set but GROVE_E2B_API_URL is not".into(),
-                ))
-            }
+        let Some((url, key)) = grove_remote_runtime::config::url_and_key(
+            &get,
+            "GROVE_E2B_API_URL",
+            "GROVE_E2B_API_KEY",
+        )
+        .map_err(E2bError::Config)?
+        else {
+            return Ok(None);
         };
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
-            return Err(E2bError::Config(
-                "GROVE_E2B_API_URL must be an http(s) URL".into(),
-            ));
-        }
         let mut c = Self::new(url, Secret::new(key));
         if let Some(t) = var("GROVE_E2B_TEMPLATE") {
             c.template = t;
@@ -172,29 +161,6 @@ pub struct Persistence {
     pub survives_timeout: bool,
     /// Nothing survives a kill.
     pub survives_kill: bool,
-}
-
-/// The (user, project) a sandbox serves.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SandboxKey {
-    pub user: String,
-    pub project: String,
-}
-
-impl SandboxKey {
-    /// From a spec's `grove.user` / `grove.project` labels (`default` when absent).
-    pub fn of(spec: &RuntimeSpec) -> Self {
-        let get = |k: &str| {
-            spec.labels
-                .get(k)
-                .cloned()
-                .unwrap_or_else(|| "default".into())
-        };
-        Self {
-            user: get(LABEL_USER),
-            project: get(LABEL_PROJECT),
-        }
-    }
 }
 
 /// The E2B runtime provider. Cheap to clone.
@@ -272,11 +238,7 @@ impl E2bRuntimeProvider {
     }
 
     pub fn metadata_of(&self, key: &SandboxKey) -> BTreeMap<String, String> {
-        let mut m = self.inner.scope.clone();
-        m.insert(LABEL_MANAGED.into(), "true".into());
-        m.insert(LABEL_USER.into(), key.user.clone());
-        m.insert(LABEL_PROJECT.into(), key.project.clone());
-        m
+        key.labels(&self.inner.scope)
     }
 
     /// The connected sandbox of `key`: the known one, else one found by metadata
@@ -459,19 +421,7 @@ impl E2bRuntimeProvider {
     }
 
     fn parse_backend_id(backend_id: &str) -> Option<SandboxKey> {
-        let (user, project) = backend_id.strip_prefix("e2b:")?.split_once('/')?;
-        Some(SandboxKey {
-            user: user.into(),
-            project: project.into(),
-        })
-    }
-}
-
-fn network_name(n: NetworkPolicy) -> &'static str {
-    match n {
-        NetworkPolicy::None => "none",
-        NetworkPolicy::Limited => "limited",
-        NetworkPolicy::Default => "default",
+        SandboxKey::parse_backend_id("e2b", backend_id)
     }
 }
 
@@ -486,47 +436,21 @@ impl RuntimeProvider for E2bRuntimeProvider {
 
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
         Box::pin(async move {
-            let workdir = spec
-                .workdir
-                .to_str()
-                .filter(|w| w.starts_with('/'))
-                .ok_or_else(|| {
-                    RuntimeError::CommandRejected(
-                        "an E2B workdir must be an absolute UTF-8 path inside the sandbox".into(),
-                    )
-                })?
-                .to_string();
-            let mut writable = false;
-            for m in &spec.mounts {
-                if m.source != spec.workdir || m.target != spec.workdir {
-                    return Err(RuntimeError::CommandRejected(format!(
-                        "an E2B sandbox cannot mount host paths ({} -> {})",
-                        m.source.display(),
-                        m.target.display()
-                    )));
-                }
-                writable |= m.writable;
-            }
-            for (k, v) in &spec.env {
-                grove_core::validate::validate_env(k, v)
-                    .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-            }
-            let key = SandboxKey::of(&spec);
-            self.sandbox(&key, spec.network).await?;
+            let spec = RemoteSpec::check(spec, "E2B")?;
+            self.sandbox(&spec.key, spec.network).await?;
             Ok(Box::new(E2bRuntime {
                 provider: self.clone(),
-                key,
+                key: spec.key,
                 network: spec.network,
-                workdir,
+                workdir: spec.workdir,
                 env: spec.env,
-                writable,
+                writable: spec.writable,
             }) as Box<dyn Runtime>)
         })
     }
 
     fn backend_id(&self, spec: &RuntimeSpec) -> String {
-        let key = SandboxKey::of(spec);
-        format!("e2b:{}/{}", key.user, key.project)
+        SandboxKey::of(spec).backend_id("e2b")
     }
 
     /// Pauses the sandbox (files and processes kept).
@@ -620,30 +544,6 @@ struct E2bRuntime {
     writable: bool,
 }
 
-fn lexical_cwd(workdir: &str, cwd: Option<&Path>) -> Result<Option<String>, RuntimeError> {
-    let Some(cwd) = cwd else { return Ok(None) };
-    let mut rel = PathBuf::new();
-    for c in cwd.components() {
-        match c {
-            Component::CurDir => {}
-            Component::Normal(p) => rel.push(p),
-            _ => {
-                return Err(RuntimeError::CommandRejected(format!(
-                    "cwd {} leaves the workspace",
-                    cwd.display()
-                )))
-            }
-        }
-    }
-    if rel.as_os_str().is_empty() {
-        return Ok(None);
-    }
-    let rel = rel
-        .to_str()
-        .ok_or_else(|| RuntimeError::CommandRejected("cwd is not UTF-8".into()))?;
-    Ok(Some(format!("{}/{rel}", workdir.trim_end_matches('/'))))
-}
-
 /// The exit code of an end event: the code, or 128 + the signal that ended it.
 fn exit_code(code: i32, exited: bool, status: &str) -> i32 {
     if exited {
@@ -668,17 +568,7 @@ impl E2bRuntime {
         &self,
         req: ExecRequest,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
-        grove_core::validate::validate_command(&req.argv)
-            .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-        for (k, v) in &req.env {
-            grove_core::validate::validate_env(k, v)
-                .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-        }
-        if req.mutating && !self.writable {
-            return Err(RuntimeError::CommandRejected(
-                "a mutating command on a read-only workspace".into(),
-            ));
-        }
+        validate_exec(&req, self.writable)?;
         let dir = lexical_cwd(&self.workdir, req.cwd.as_deref())?;
         let client = self.provider.client().clone();
         if let Some(d) = &dir {
@@ -770,7 +660,7 @@ impl E2bRuntime {
             envd,
             pid,
             deadline: req.timeout.map(|t| Instant::now() + t),
-            cap: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
+            cap: OutputCap::new(req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT)),
         };
         tokio::spawn(follow.run(events, tx));
         Ok(rx.boxed())
@@ -782,7 +672,7 @@ struct Follow {
     envd: Envd,
     pid: u32,
     deadline: Option<Instant>,
-    cap: usize,
+    cap: OutputCap,
 }
 
 impl Follow {
@@ -793,12 +683,10 @@ impl Follow {
     }
 
     async fn run(
-        self,
+        mut self,
         mut events: BoxStream<'static, Result<ProcessEvent, E2bError>>,
         mut tx: futures::channel::mpsc::Sender<Result<ExecChunk, RuntimeError>>,
     ) {
-        let mut kept = 0usize;
-        let mut truncated = false;
         let mut timed_out = false;
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         loop {
@@ -846,23 +734,18 @@ impl Follow {
                         stdout: Vec::new(),
                         stderr: Vec::new(),
                         timed_out,
-                        truncated,
+                        truncated: self.cap.truncated(),
                     };
                     let _ = tx.send(Ok(ExecChunk::Finished(result))).await;
                     return;
                 }
                 Some(Ok(_)) => continue,
             };
-            let room = self.cap.saturating_sub(kept);
-            let take = data.len().min(room);
-            if take < data.len() {
-                truncated = true;
-            }
-            if take > 0 {
-                kept += take;
+            let kept = self.cap.take(&data);
+            if !kept.is_empty() {
                 let chunk = ExecChunk::Output {
                     stream: kind,
-                    data: data[..take].to_vec(),
+                    data: kept.to_vec(),
                 };
                 if tx.send(Ok(chunk)).await.is_err() {
                     self.kill().await;
@@ -935,18 +818,5 @@ mod tests {
         assert_eq!(exit_code(3, true, "exit status 3"), 3);
         assert_eq!(exit_code(-1, false, "signal: killed"), 137);
         assert_eq!(exit_code(-1, false, "signal: terminated"), 143);
-    }
-
-    #[test]
-    fn a_cwd_that_leaves_the_workspace_is_refused_lexically() {
-        for bad in ["..", "../x", "/etc"] {
-            assert!(lexical_cwd("/w", Some(Path::new(bad))).is_err());
-        }
-        assert_eq!(
-            lexical_cwd("/w", Some(Path::new("a/b")))
-                .unwrap()
-                .as_deref(),
-            Some("/w/a/b")
-        );
     }
 }
