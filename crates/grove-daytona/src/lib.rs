@@ -219,8 +219,10 @@ impl DaytonaRuntimeProvider {
             network_limited: true,
             network_default: true,
             preview_url: true,
-            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
-            // answer `None`.
+            // No snapshots and no interactive sessions: `snapshotter()` and
+            // `sessions()` answer `None`. A session command's input is text with a
+            // newline forced on, echoed into its output, with no end of file; a
+            // snapshot would hold every workspace of the sandbox (ADR 15).
             ..RuntimeCapabilities::default()
         }
     }

@@ -29,11 +29,13 @@
 //! # Layout
 //! - [`api`]: the typed clients (REST, envd Connect-JSON process service, files).
 //! - [`error`]: [`E2bError`] and its mapping to `RuntimeError`.
+//! - [`session`]: interactive sessions (envd processes with stdin).
 //! - [`workspace`]: workspaces inside the sandbox (one clone per repository, then a
 //!   `<user>_<scope>_<branch>` clone of it per workspace), made with the sandbox's git.
 
 pub mod api;
 pub mod error;
+pub mod session;
 pub mod workspace;
 
 use std::collections::{BTreeMap, HashMap};
@@ -174,6 +176,8 @@ struct Inner {
     config: E2bConfig,
     scope: BTreeMap<String, String>,
     known: tokio::sync::Mutex<HashMap<SandboxKey, SandboxInfo>>,
+    /// Interactive sessions this provider holds ([`session`]).
+    sessions: Arc<grove_core::session::SessionTable>,
 }
 
 enum Recovery {
@@ -204,6 +208,7 @@ impl E2bRuntimeProvider {
                 config,
                 scope,
                 known: Default::default(),
+                sessions: Default::default(),
             }),
         })
     }
@@ -223,8 +228,9 @@ impl E2bRuntimeProvider {
             network_limited: false,
             network_default: true,
             preview_url: true,
-            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
-            // answer `None`.
+            // envd's processes take stdin (`SendInput`, `CloseStdin`) and stream output.
+            interactive_session: true,
+            // No snapshots: `snapshotter()` answers `None` (ADR 15 says why).
             ..RuntimeCapabilities::default()
         }
     }
@@ -420,6 +426,20 @@ impl E2bRuntimeProvider {
         Ok(())
     }
 
+    /// The runtime `spec` describes, its sandbox found or created.
+    async fn runtime(&self, spec: RuntimeSpec) -> Result<E2bRuntime, RuntimeError> {
+        let spec = RemoteSpec::check(spec, "E2B")?;
+        self.sandbox(&spec.key, spec.network).await?;
+        Ok(E2bRuntime {
+            provider: self.clone(),
+            key: spec.key,
+            network: spec.network,
+            workdir: spec.workdir,
+            env: spec.env,
+            writable: spec.writable,
+        })
+    }
+
     fn parse_backend_id(backend_id: &str) -> Option<SandboxKey> {
         SandboxKey::parse_backend_id("e2b", backend_id)
     }
@@ -435,18 +455,7 @@ impl RuntimeProvider for E2bRuntimeProvider {
     }
 
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
-        Box::pin(async move {
-            let spec = RemoteSpec::check(spec, "E2B")?;
-            self.sandbox(&spec.key, spec.network).await?;
-            Ok(Box::new(E2bRuntime {
-                provider: self.clone(),
-                key: spec.key,
-                network: spec.network,
-                workdir: spec.workdir,
-                env: spec.env,
-                writable: spec.writable,
-            }) as Box<dyn Runtime>)
-        })
+        Box::pin(async move { Ok(Box::new(self.runtime(spec).await?) as Box<dyn Runtime>) })
     }
 
     fn backend_id(&self, spec: &RuntimeSpec) -> String {
@@ -458,6 +467,10 @@ impl RuntimeProvider for E2bRuntimeProvider {
         let key = Self::parse_backend_id(backend_id);
         Box::pin(async move {
             let Some(key) = key else { return Ok(()) };
+            // A pause would freeze the sessions' processes; they end with the runtime.
+            self.inner
+                .sessions
+                .kill_all_of(Some(&key.backend_id("e2b")));
             self.inner.known.lock().await.remove(&key);
             for s in self.inner.client.list(&self.metadata_of(&key)).await? {
                 if s.state == Some(SandboxState::Paused) {
@@ -482,6 +495,10 @@ impl RuntimeProvider for E2bRuntimeProvider {
     }
 
     fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
+        Some(self)
+    }
+
+    fn sessions(&self) -> Option<&dyn grove_core::ports::Sessions> {
         Some(self)
     }
 
@@ -566,7 +583,18 @@ fn exit_code(code: i32, exited: bool, status: &str) -> i32 {
 impl E2bRuntime {
     async fn start(
         &self,
+        mut req: ExecRequest,
+    ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
+        let stdin = req.stdin.take().map(Stdin::Bytes).unwrap_or(Stdin::None);
+        self.spawn(req, stdin).await
+    }
+
+    /// Starts `req` with `stdin` and follows it; the stream ends with its result, and
+    /// dropping the stream kills the process.
+    async fn spawn(
+        &self,
         req: ExecRequest,
+        stdin: Stdin,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
         validate_exec(&req, self.writable)?;
         let dir = lexical_cwd(&self.workdir, req.cwd.as_deref())?;
@@ -621,7 +649,7 @@ impl E2bRuntime {
             envs,
             cwd: Some(dir.unwrap_or_else(|| self.workdir.clone())),
         };
-        let want_stdin = req.stdin.is_some();
+        let want_stdin = !matches!(stdin, Stdin::None);
         let (envd, mut events) = self
             .provider
             .with_envd(&self.key, self.network, |envd| {
@@ -639,20 +667,15 @@ impl E2bRuntime {
                 )))
             }
         };
-        if let Some(data) = req.stdin {
-            let client = client.clone();
-            let envd = envd.clone();
-            tokio::spawn(async move {
-                for chunk in data.chunks(STDIN_CHUNK) {
-                    if let Err(e) = client.send_input(&envd, pid, chunk).await {
-                        tracing::debug!(error = %e, "sending stdin to an e2b process failed");
-                        return;
-                    }
-                }
-                if let Err(e) = client.close_stdin(&envd, pid).await {
-                    tracing::debug!(error = %e, "closing an e2b process's stdin failed");
-                }
-            });
+        match stdin {
+            Stdin::None => {}
+            Stdin::Bytes(data) => {
+                let chunks = futures::stream::iter(vec![data]);
+                tokio::spawn(feed_stdin(client.clone(), envd.clone(), pid, chunks));
+            }
+            Stdin::Channel(rx) => {
+                tokio::spawn(feed_stdin(client.clone(), envd.clone(), pid, rx));
+            }
         }
         let (tx, rx) = futures::channel::mpsc::channel(16);
         let follow = Follow {
@@ -664,6 +687,37 @@ impl E2bRuntime {
         };
         tokio::spawn(follow.run(events, tx));
         Ok(rx.boxed())
+    }
+}
+
+/// Where a process's stdin comes from.
+enum Stdin {
+    /// Closed from the start.
+    None,
+    /// These bytes, then end of file.
+    Bytes(Vec<u8>),
+    /// Each item as it comes; end of file when the sender is dropped (a session).
+    Channel(futures::channel::mpsc::UnboundedReceiver<Vec<u8>>),
+}
+
+/// Sends each item of `input` to the process with `SendInput` (in pieces of at most
+/// [`STDIN_CHUNK`] bytes, in order), then `CloseStdin` once `input` ends.
+async fn feed_stdin(
+    client: Client,
+    envd: Envd,
+    pid: u32,
+    mut input: impl futures::Stream<Item = Vec<u8>> + Unpin,
+) {
+    while let Some(data) = input.next().await {
+        for chunk in data.chunks(STDIN_CHUNK) {
+            if let Err(e) = client.send_input(&envd, pid, chunk).await {
+                tracing::debug!(error = %e, "sending stdin to an e2b process failed");
+                return;
+            }
+        }
+    }
+    if let Err(e) = client.close_stdin(&envd, pid).await {
+        tracing::debug!(error = %e, "closing an e2b process's stdin failed");
     }
 }
 

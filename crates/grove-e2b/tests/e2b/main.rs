@@ -93,7 +93,10 @@ async fn capabilities_and_persistence_are_reported_truthfully() {
         !caps.snapshot && p.snapshotter().is_none(),
         "no snapshots: None"
     );
-    assert!(!caps.interactive_session && p.sessions().is_none());
+    assert!(
+        caps.interactive_session && p.sessions().is_some(),
+        "envd processes take stdin: sessions are offered"
+    );
     assert_eq!(
         caps.network_policies(),
         vec![NetworkPolicy::None, NetworkPolicy::Default]
@@ -450,4 +453,55 @@ async fn a_missing_base_ref_is_a_rejected_workspace_and_hostile_refs_touch_nothi
         Err(RuntimeError::CommandRejected(_))
     ));
     assert_eq!(env.fake.creates(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_runtime_kills_its_sessions_and_leaves_other_sandboxes_sessions_running() {
+    use grove_core::ports::{SessionInput, SessionRequest};
+    let env = Env::new().await;
+    let (a, b) = (env.workspace(), env.workspace());
+    let sessions = env.provider.sessions().expect("sessions");
+    let start = |ws: &Path, user: &str| {
+        let spec = spec_for(ws, user, "p1");
+        sessions.start(
+            spec,
+            SessionRequest {
+                argv: vec!["sh".into()],
+                ..SessionRequest::default()
+            },
+        )
+    };
+    let alice = start(a.path(), "alice").await.expect("alice's session");
+    let bob = start(b.path(), "bob").await.expect("bob's session");
+    assert_eq!(alice.backend_id, "e2b:alice/p1");
+    for id in [&alice.id, &bob.id] {
+        sessions
+            .write(
+                id,
+                SessionInput {
+                    data: b"echo ready\n".to_vec(),
+                    close: false,
+                },
+            )
+            .await
+            .unwrap();
+        let out = sessions
+            .poll(id, std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.data), "ready\n");
+    }
+
+    env.provider.stop("e2b:alice/p1").await.unwrap();
+    let out = sessions
+        .poll(&alice.id, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    let exit = out.exit.expect("alice's session ended with her runtime");
+    assert!(exit.killed, "{exit:?}");
+    assert!(
+        sessions.info(&bob.id).unwrap().exit.is_none(),
+        "another sandbox's session is untouched"
+    );
+    sessions.kill(&bob.id).await.unwrap();
 }
