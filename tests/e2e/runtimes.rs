@@ -93,7 +93,10 @@ async fn runtimes_json_lists_local_and_docker_with_every_capability_flag() {
     assert_eq!(caps["interactive_session"], true);
     assert_eq!(caps["isolated"], true);
     assert_eq!(caps["snapshot"], true);
-    assert_eq!(caps["preview_url"], false);
+    assert_eq!(
+        caps["preview_url"], true,
+        "ports published on loopback (network default)"
+    );
     assert_eq!(
         caps["network_policies"],
         serde_json::json!(["none", "default"])
