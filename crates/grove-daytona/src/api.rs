@@ -85,6 +85,9 @@ pub struct Sandbox {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub error_reason: Option<String>,
+    /// When it was created (RFC 3339), which decides a create race.
+    #[serde(default)]
+    pub created_at: Option<String>,
     #[serde(default)]
     pub auto_stop_interval: Option<u32>,
     #[serde(default)]

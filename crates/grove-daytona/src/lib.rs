@@ -247,13 +247,12 @@ impl DaytonaRuntimeProvider {
         if let Some(id) = known.get(key) {
             return Ok(id.clone());
         }
-        let found = self
-            .inner
-            .client
-            .list_sandboxes(&self.labels_of(key))
-            .await?
-            .into_iter()
-            .find(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying));
+        let found = oldest(
+            self.inner
+                .client
+                .list_sandboxes(&self.labels_of(key))
+                .await?,
+        );
         let id = match found {
             Some(s) => {
                 check_network(&s, network)?;
@@ -300,8 +299,42 @@ impl DaytonaRuntimeProvider {
         };
         let created = self.inner.client.create_sandbox(&body).await?;
         tracing::info!(sandbox = %created.id, user = %key.user, project = %key.project, "daytona sandbox created");
-        self.ensure_started(&created.id).await?;
-        Ok(created.id)
+        let id = self.converge(key, created.id, network).await?;
+        self.ensure_started(&id).await?;
+        Ok(id)
+    }
+
+    /// After creating `ours`: another worker may have created a sandbox for the same
+    /// key at the same moment. Keeps the one every racer keeps (the oldest,
+    /// [`grove_remote_runtime::survivor`]) and deletes `ours` if it is not that one;
+    /// a sandbox another racer created is never deleted here.
+    async fn converge(
+        &self,
+        key: &SandboxKey,
+        ours: String,
+        network: NetworkPolicy,
+    ) -> Result<String, RuntimeError> {
+        let Some(keep) = oldest(
+            self.inner
+                .client
+                .list_sandboxes(&self.labels_of(key))
+                .await?,
+        ) else {
+            // Ours is not listed yet: nothing else to compare with.
+            return Ok(ours);
+        };
+        if keep.id == ours {
+            return Ok(ours);
+        }
+        tracing::info!(ours = %ours, kept = %keep.id, user = %key.user, project = %key.project, "another worker created this sandbox too: keeping the older one");
+        match self.inner.client.delete_sandbox(&ours).await {
+            Ok(()) | Err(DaytonaError::Api { status: 404, .. }) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %ours, error = %e, "deleting the sandbox that lost a create race failed")
+            }
+        }
+        check_network(&keep, network)?;
+        Ok(keep.id)
     }
 
     /// Waits for `id` to be started, starting it when it is stopped or archived.
@@ -430,6 +463,24 @@ impl DaytonaRuntimeProvider {
     }
 }
 
+/// The sandbox of a key among those listed by its labels: the one every worker keeps
+/// after a create race (the oldest not being destroyed).
+fn oldest(listed: Vec<Sandbox>) -> Option<Sandbox> {
+    let live: Vec<Sandbox> = listed
+        .into_iter()
+        .filter(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying))
+        .collect();
+    let candidates: Vec<grove_remote_runtime::Candidate<'_>> = live
+        .iter()
+        .map(|s| grove_remote_runtime::Candidate {
+            id: &s.id,
+            created: s.created_at.as_deref(),
+        })
+        .collect();
+    let keep = grove_remote_runtime::survivor(&candidates)?.to_string();
+    live.into_iter().find(|s| s.id == keep)
+}
+
 /// A sandbox keeps the network it was created with; a spec asking for another one is
 /// a conflict, not something to approximate.
 fn check_network(s: &Sandbox, wanted: NetworkPolicy) -> Result<(), RuntimeError> {
@@ -535,16 +586,13 @@ impl PreviewUrls for DaytonaRuntimeProvider {
             let key = Self::parse_backend_id(&req.backend_id).ok_or_else(|| {
                 RuntimeError::NotFound(format!("not a Daytona runtime: {}", req.backend_id))
             })?;
-            let sandbox = self
-                .inner
-                .client
-                .list_sandboxes(&self.labels_of(&key))
-                .await?
-                .into_iter()
-                .next()
-                .ok_or_else(|| {
-                    RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id))
-                })?;
+            let sandbox = oldest(
+                self.inner
+                    .client
+                    .list_sandboxes(&self.labels_of(&key))
+                    .await?,
+            )
+            .ok_or_else(|| RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id)))?;
             let url = self.inner.client.preview_url(&sandbox.id, req.port).await?;
             Ok(PreviewUrl {
                 port: req.port,

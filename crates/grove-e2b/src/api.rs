@@ -71,6 +71,9 @@ pub struct SandboxInfo {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub domain: Option<String>,
+    /// When it started (RFC 3339; listings carry it), which decides a create race.
+    #[serde(default)]
+    pub started_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

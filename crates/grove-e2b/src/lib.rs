@@ -258,24 +258,10 @@ impl E2bRuntimeProvider {
         if let Some(info) = known.get(key) {
             return Ok(info.clone());
         }
-        let found = self
-            .inner
-            .client
-            .list(&self.metadata_of(key))
-            .await?
-            .into_iter()
-            .next();
+        let found = oldest(self.inner.client.list(&self.metadata_of(key)).await?);
         let info = match found {
             Some(s) => {
-                if let Some(have) = s.metadata.get(LABEL_NETWORK) {
-                    if have != network_name(network) {
-                        return Err(RuntimeError::Conflict(format!(
-                            "sandbox {} was created with network {have}, this runtime asks for {}",
-                            s.sandbox_id,
-                            network_name(network)
-                        )));
-                    }
-                }
+                check_network(&s, network)?;
                 tracing::info!(sandbox = %s.sandbox_id, user = %key.user, project = %key.project, "e2b sandbox recovered by metadata");
                 self.inner
                     .client
@@ -312,7 +298,39 @@ impl E2bRuntimeProvider {
         };
         let info = self.inner.client.create(&body).await?;
         tracing::info!(sandbox = %info.sandbox_id, user = %key.user, project = %key.project, "e2b sandbox created");
-        Ok(info)
+        self.converge(key, info, network).await
+    }
+
+    /// After creating `ours`: another worker may have created a sandbox for the same
+    /// key at the same moment. Keeps the one every racer keeps (the oldest,
+    /// [`grove_remote_runtime::survivor`]) and kills `ours` if it is not that one; a
+    /// sandbox another racer created is never killed here.
+    async fn converge(
+        &self,
+        key: &SandboxKey,
+        ours: SandboxInfo,
+        network: NetworkPolicy,
+    ) -> Result<SandboxInfo, RuntimeError> {
+        let Some(keep) = oldest(self.inner.client.list(&self.metadata_of(key)).await?) else {
+            // Ours is not listed yet: nothing else to compare with.
+            return Ok(ours);
+        };
+        if keep.sandbox_id == ours.sandbox_id {
+            return Ok(ours);
+        }
+        tracing::info!(ours = %ours.sandbox_id, kept = %keep.sandbox_id, user = %key.user, project = %key.project, "another worker created this sandbox too: keeping the older one");
+        match self.inner.client.kill(&ours.sandbox_id).await {
+            Ok(()) | Err(E2bError::Api { status: 404, .. }) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %ours.sandbox_id, error = %e, "killing the sandbox that lost a create race failed")
+            }
+        }
+        check_network(&keep, network)?;
+        Ok(self
+            .inner
+            .client
+            .connect(&keep.sandbox_id, self.inner.config.timeout_secs)
+            .await?)
     }
 
     async fn recover(
@@ -445,6 +463,33 @@ impl E2bRuntimeProvider {
     }
 }
 
+/// The sandbox of a key among those listed by its metadata: the one every worker
+/// keeps after a create race (the oldest).
+fn oldest(listed: Vec<SandboxInfo>) -> Option<SandboxInfo> {
+    let candidates: Vec<grove_remote_runtime::Candidate<'_>> = listed
+        .iter()
+        .map(|s| grove_remote_runtime::Candidate {
+            id: &s.sandbox_id,
+            created: s.started_at.as_deref(),
+        })
+        .collect();
+    let keep = grove_remote_runtime::survivor(&candidates)?.to_string();
+    listed.into_iter().find(|s| s.sandbox_id == keep)
+}
+
+/// A sandbox keeps the network it was created with; a runtime asking for another one
+/// is a conflict, not something to approximate.
+fn check_network(s: &SandboxInfo, wanted: NetworkPolicy) -> Result<(), RuntimeError> {
+    match s.metadata.get(LABEL_NETWORK) {
+        Some(have) if have != network_name(wanted) => Err(RuntimeError::Conflict(format!(
+            "sandbox {} was created with network {have}, this runtime asks for {}",
+            s.sandbox_id,
+            network_name(wanted)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 impl RuntimeProvider for E2bRuntimeProvider {
     fn kind(&self) -> &'static str {
         "e2b"
@@ -530,13 +575,7 @@ impl PreviewUrls for E2bRuntimeProvider {
             let key = Self::parse_backend_id(&req.backend_id).ok_or_else(|| {
                 RuntimeError::NotFound(format!("not an E2B runtime: {}", req.backend_id))
             })?;
-            let sandbox = self
-                .inner
-                .client
-                .list(&self.metadata_of(&key))
-                .await?
-                .into_iter()
-                .next()
+            let sandbox = oldest(self.inner.client.list(&self.metadata_of(&key)).await?)
                 .ok_or_else(|| {
                     RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id))
                 })?;

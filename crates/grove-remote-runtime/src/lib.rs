@@ -13,15 +13,18 @@
 //! - [`spec`]: sandbox keys, labels, backend ids, the checks of a runtime spec, an
 //!   exec request and its cwd, and the output cap of an exec.
 //! - [`placement`]: workspaces inside a sandbox (what to make, where it goes).
+//! - [`race`]: which sandbox every racer keeps after a create race.
 //! - [`http`]: HTTP statuses to `RuntimeError`, and path-segment encoding.
 
 pub mod config;
 pub mod http;
 pub mod placement;
+pub mod race;
 pub mod spec;
 
 pub use http::{enc, status_error};
 pub use placement::{worktree_name, RemoteWorkspace, WorkspacePlacement};
+pub use race::{survivor, Candidate};
 pub use spec::{
     lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec, SandboxKey, LABEL_MANAGED,
     LABEL_NETWORK, LABEL_PROJECT, LABEL_USER,

@@ -1,6 +1,7 @@
 //! The Daytona runtime against a fake Daytona on loopback (`fake.rs`): the runtime
 //! contract, sandbox recovery by label after a restart, the not-started and not-found
-//! recoveries, Daytona's succeeded-but-errored quirk, error mapping, workspaces inside
+//! recoveries, convergence of a create race between workers, Daytona's
+//! succeeded-but-errored quirk, error mapping, workspaces inside
 //! the sandbox, and capability reporting. Each test starts its own fake.
 
 mod fake;
@@ -530,4 +531,41 @@ async fn a_git_token_goes_only_into_the_clone_request_body() {
     );
     let config = std::fs::read_to_string(format!("{}/.git/config", w.cache_path)).unwrap();
     assert!(!config.contains("ghp_test_token_value"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_all_use() {
+    let env = Env::new().await;
+    // Every create takes a while, so all workers find nothing and all create.
+    env.fake.set_create_delay(Duration::from_millis(400));
+    let ws = env.workspace();
+    let workers: Vec<DaytonaRuntimeProvider> = (0..4).map(|_| env.restarted()).collect();
+    let runtimes = futures::future::join_all(
+        workers
+            .iter()
+            .map(|w| w.create(spec_for(ws.path(), "alice", "p1"))),
+    )
+    .await;
+    assert_eq!(env.fake.creates(), 4, "the race did happen: four creates");
+    let kept = env.only_sandbox();
+    let home = env.provider.client().home_dir(&kept).await.unwrap();
+    for rt in runtimes {
+        let rt = rt.expect("every racer ends with a runtime");
+        let r = rt.exec(request(&["sh", "-c", "echo $HOME"])).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&r.stdout).trim(),
+            home.trim_end_matches('/'),
+            "every racer's commands run in the kept sandbox"
+        );
+    }
+    assert_eq!(
+        env.only_sandbox(),
+        kept,
+        "later commands made no new sandbox"
+    );
+    assert_eq!(
+        env.fake.creates(),
+        4,
+        "no runtime was left on a deleted sandbox and made another"
+    );
 }

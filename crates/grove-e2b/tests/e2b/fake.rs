@@ -9,7 +9,7 @@
 //! envd (401 otherwise), error bodies `{code, message}`, 201 for create, 204 for
 //! delete and pause, 409 for pausing a paused sandbox, 404 for unknown sandboxes, 429
 //! past the concurrent-sandbox limit, pagination (`limit`, `nextToken`, answer header
-//! `x-next-token`), metadata filtering (`metadata=k%3Dv&...`), `connect` answering
+//! `x-next-token`), `startedAt` (RFC 3339), metadata filtering (`metadata=k%3Dv&...`), `connect` answering
 //! 200 for a running sandbox and 201 for a resumed one, Connect envelopes (5-byte
 //! header, end-of-stream flag 0x02), base64 bytes, end events with `exited: false`
 //! and `status: "signal: killed"` for signalled processes.
@@ -59,6 +59,8 @@ struct St {
     seq: AtomicU64,
     creates: AtomicU64,
     sandboxes: Mutex<BTreeMap<String, Sb>>,
+    /// How long a create takes before the sandbox exists (a slow control plane).
+    create_delay: Mutex<std::time::Duration>,
 }
 
 struct Sb {
@@ -68,6 +70,7 @@ struct Sb {
     token: String,
     body: Value,
     metadata: BTreeMap<String, String>,
+    started_at: String,
     home: PathBuf,
     procs: HashMap<u32, Proc>,
 }
@@ -105,6 +108,7 @@ impl Sb {
             "envdAccessToken": self.token,
             "state": if self.paused { "paused" } else { "running" },
             "metadata": self.metadata,
+            "startedAt": self.started_at,
             "cpuCount": 2,
             "memoryMB": 512,
         })
@@ -156,6 +160,7 @@ impl FakeE2b {
             seq: AtomicU64::new(0),
             creates: AtomicU64::new(0),
             sandboxes: Mutex::new(BTreeMap::new()),
+            create_delay: Mutex::new(std::time::Duration::ZERO),
         });
         let app = Router::new()
             .route("/sandboxes", post(create))
@@ -184,6 +189,12 @@ impl FakeE2b {
             _root: root,
             task,
         }
+    }
+
+    /// Every create waits this long before the sandbox exists, so concurrent creates
+    /// overlap.
+    pub fn set_create_delay(&self, d: std::time::Duration) {
+        *self.state.create_delay.lock().unwrap() = d;
     }
 
     /// The envd URL template that reaches this fake.
@@ -297,6 +308,8 @@ fn check_auth(st: &St, req: &Request) -> Result<(), Response> {
 }
 
 async fn create(State(st): S, Json(body): Json<Value>) -> Response {
+    let delay = *st.create_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     let Some(template) = body.get("templateID").and_then(Value::as_str) else {
         return err(StatusCode::BAD_REQUEST, "templateID is required");
     };
@@ -334,6 +347,7 @@ async fn create(State(st): S, Json(body): Json<Value>) -> Response {
         token: format!("envd-token-{seq}-{}", std::process::id()),
         body,
         metadata,
+        started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         home,
         procs: HashMap::new(),
     };

@@ -505,3 +505,36 @@ async fn stopping_a_runtime_kills_its_sessions_and_leaves_other_sandboxes_sessio
     );
     sessions.kill(&bob.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_all_use() {
+    let env = Env::new().await;
+    // Every create takes a while, so all workers find nothing and all create.
+    env.fake
+        .set_create_delay(std::time::Duration::from_millis(400));
+    let ws = env.workspace();
+    let workers: Vec<E2bRuntimeProvider> = (0..4).map(|_| env.restarted()).collect();
+    let runtimes = futures::future::join_all(
+        workers
+            .iter()
+            .map(|w| w.create(spec_for(ws.path(), "alice", "p1"))),
+    )
+    .await;
+    assert_eq!(env.fake.creates(), 4, "the race did happen: four creates");
+    let kept = env.only_sandbox();
+    for rt in runtimes {
+        let rt = rt.expect("every racer ends with a runtime");
+        let r = rt.exec(request(&["sh", "-c", "echo $HOME"])).await.unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&r.stdout).trim(),
+            env.fake.home(&kept).display().to_string(),
+            "every racer's commands run in the kept sandbox"
+        );
+    }
+    assert_eq!(env.only_sandbox(), kept);
+    assert_eq!(
+        env.fake.creates(),
+        4,
+        "no runtime was left on a killed sandbox and made another"
+    );
+}
