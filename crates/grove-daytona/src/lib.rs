@@ -466,19 +466,11 @@ impl DaytonaRuntimeProvider {
 /// The sandbox of a key among those listed by its labels: the one every worker keeps
 /// after a create race (the oldest not being destroyed).
 fn oldest(listed: Vec<Sandbox>) -> Option<Sandbox> {
-    let live: Vec<Sandbox> = listed
+    let live = listed
         .into_iter()
         .filter(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying))
         .collect();
-    let candidates: Vec<grove_remote_runtime::Candidate<'_>> = live
-        .iter()
-        .map(|s| grove_remote_runtime::Candidate {
-            id: &s.id,
-            created: s.created_at.as_deref(),
-        })
-        .collect();
-    let keep = grove_remote_runtime::survivor(&candidates)?.to_string();
-    live.into_iter().find(|s| s.id == keep)
+    grove_remote_runtime::keep_oldest(live, |s| &s.id, |s| s.created_at.as_deref())
 }
 
 /// A sandbox keeps the network it was created with; a spec asking for another one is

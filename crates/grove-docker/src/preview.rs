@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::Mutex;
 
+use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::InspectContainerOptions;
 use futures::future::BoxFuture;
 use grove_core::error::RuntimeError;
@@ -77,6 +78,39 @@ async fn relay(listener: tokio::net::TcpListener, target: SocketAddr) {
     }
 }
 
+impl DockerRuntimeProvider {
+    /// The container named `name` if this provider manages it and it carries the
+    /// provider's scope labels; `NotFound` otherwise (absent, foreign or another
+    /// deployment's), so a caller cannot reach containers grove does not own.
+    pub(crate) async fn inspect_managed(
+        &self,
+        name: &str,
+    ) -> Result<ContainerInspectResponse, RuntimeError> {
+        let not_found = || RuntimeError::NotFound(format!("runtime {name}"));
+        let container = match self
+            .docker
+            .inspect_container(name, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(c) => c,
+            Err(e) if status(&e) == Some(404) => return Err(not_found()),
+            Err(e) => return Err(engine_error("inspecting the container", &e)),
+        };
+        let labels = container.config.as_ref().and_then(|c| c.labels.as_ref());
+        let in_scope = labels.is_some_and(|labels| {
+            labels.get(LABEL_MANAGED).map(String::as_str) == Some("true")
+                && self
+                    .scope
+                    .iter()
+                    .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+        });
+        if !in_scope {
+            return Err(not_found());
+        }
+        Ok(container)
+    }
+}
+
 impl PreviewUrls for DockerRuntimeProvider {
     /// `backend_id` is the container's name, as [`crate::DockerRuntimeProvider`]'s
     /// `backend_id` gives it. A container this provider does not manage (or outside
@@ -89,29 +123,7 @@ impl PreviewUrls for DockerRuntimeProvider {
                     "port 0 cannot be previewed".into(),
                 ));
             }
-            let not_found = || RuntimeError::NotFound(format!("runtime {}", req.backend_id));
-            let container = match self
-                .docker
-                .inspect_container(&req.backend_id, None::<InspectContainerOptions>)
-                .await
-            {
-                Ok(c) => c,
-                Err(e) if status(&e) == Some(404) => return Err(not_found()),
-                Err(e) => return Err(engine_error("inspecting the container", &e)),
-            };
-            let labels = container
-                .config
-                .as_ref()
-                .and_then(|c| c.labels.clone())
-                .unwrap_or_default();
-            let in_scope = labels.get(LABEL_MANAGED).map(String::as_str) == Some("true")
-                && self
-                    .scope
-                    .iter()
-                    .all(|(k, v)| labels.get(k).is_some_and(|l| l == v));
-            if !in_scope {
-                return Err(not_found());
-            }
+            let container = self.inspect_managed(&req.backend_id).await?;
             let network = container
                 .host_config
                 .as_ref()

@@ -466,15 +466,7 @@ impl E2bRuntimeProvider {
 /// The sandbox of a key among those listed by its metadata: the one every worker
 /// keeps after a create race (the oldest).
 fn oldest(listed: Vec<SandboxInfo>) -> Option<SandboxInfo> {
-    let candidates: Vec<grove_remote_runtime::Candidate<'_>> = listed
-        .iter()
-        .map(|s| grove_remote_runtime::Candidate {
-            id: &s.sandbox_id,
-            created: s.started_at.as_deref(),
-        })
-        .collect();
-    let keep = grove_remote_runtime::survivor(&candidates)?.to_string();
-    listed.into_iter().find(|s| s.sandbox_id == keep)
+    grove_remote_runtime::keep_oldest(listed, |s| &s.sandbox_id, |s| s.started_at.as_deref())
 }
 
 /// A sandbox keeps the network it was created with; a runtime asking for another one

@@ -24,7 +24,7 @@ pub mod spec;
 
 pub use http::{enc, status_error};
 pub use placement::{worktree_name, RemoteWorkspace, WorkspacePlacement};
-pub use race::{survivor, Candidate};
+pub use race::{keep_oldest, survivor, Candidate};
 pub use spec::{
     lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec, SandboxKey, LABEL_MANAGED,
     LABEL_NETWORK, LABEL_PROJECT, LABEL_USER,

@@ -28,6 +28,24 @@ pub fn survivor<'a>(candidates: &[Candidate<'a>]) -> Option<&'a str> {
         .map(|c| c.id)
 }
 
+/// The item of `listed` every racer keeps ([`survivor`] of their ids and creation
+/// times); `None` for an empty list.
+pub fn keep_oldest<T>(
+    listed: Vec<T>,
+    id: impl Fn(&T) -> &str,
+    created: impl Fn(&T) -> Option<&str>,
+) -> Option<T> {
+    let candidates: Vec<Candidate<'_>> = listed
+        .iter()
+        .map(|t| Candidate {
+            id: id(t),
+            created: created(t),
+        })
+        .collect();
+    let keep = survivor(&candidates)?.to_string();
+    listed.into_iter().find(|t| id(t) == keep)
+}
+
 /// `2026-01-02T03:04:05.1Z` and `2026-01-02T03:04:05.123456Z` made comparable: the
 /// fraction padded to nine digits.
 fn normalize(ts: &str) -> String {
