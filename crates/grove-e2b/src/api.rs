@@ -301,6 +301,21 @@ impl Client {
         .await
     }
 
+    /// Restarts a running sandbox's clock: it times out `timeout` seconds from now.
+    pub async fn set_timeout(&self, id: &str, timeout: u64) -> Result<(), E2bError> {
+        Self::check(
+            self.api(
+                reqwest::Method::POST,
+                &format!("/sandboxes/{}/timeout", enc(id)),
+            )
+            .json(&serde_json::json!({ "timeout": timeout }))
+            .send()
+            .await,
+        )
+        .await
+        .map(drop)
+    }
+
     /// Where `info`'s envd answers.
     pub fn envd(&self, info: &SandboxInfo) -> Envd {
         let domain = info.domain.as_deref().unwrap_or(&self.default_domain);

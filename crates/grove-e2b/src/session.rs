@@ -1,7 +1,9 @@
 //! Interactive sessions in an E2B sandbox: a process started through envd's `Start`
 //! with stdin enabled, fed by `SendInput` (and `CloseStdin` when the caller closes
 //! it), its streamed output kept in the session's ring ([`SessionTable`]), killed with
-//! `SendSignal` SIGKILL when the session is killed or its runtime stopped.
+//! `SendSignal` SIGKILL when the session is killed or its runtime stopped. While a
+//! session runs, the sandbox's timeout is renewed (`POST /sandboxes/{id}/timeout`,
+//! every third of it), so a long session is not paused under itself.
 //!
 //! Sessions are held in this provider's memory: they are not durable. Stopping or
 //! destroying the runtime kills them before the sandbox is paused. A grove process
@@ -13,6 +15,7 @@
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use futures::StreamExt;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
     ExecRequest, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput, SessionRequest,
@@ -20,7 +23,27 @@ use grove_core::ports::{
 };
 use grove_core::session::Started;
 
-use crate::{E2bRuntimeProvider, Stdin};
+use crate::{Client, E2bRuntimeProvider, Stdin};
+
+/// Aborts a task when dropped (the keep-alive ends with the session's output).
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Renews the sandbox's timeout every third of it, for as long as a session runs.
+async fn keep_alive(client: Client, sandbox: String, timeout_secs: u64) {
+    let every = Duration::from_secs(timeout_secs.max(3) / 3);
+    loop {
+        tokio::time::sleep(every).await;
+        if let Err(e) = client.set_timeout(&sandbox, timeout_secs).await {
+            tracing::debug!(%sandbox, error = %e, "renewing an e2b sandbox's timeout failed");
+        }
+    }
+}
 
 impl Sessions for E2bRuntimeProvider {
     /// A process in the runtime's sandbox, in its workspace (or `cwd` inside it),
@@ -51,6 +74,21 @@ impl Sessions for E2bRuntimeProvider {
                     Stdin::Channel(rx),
                 )
                 .await?;
+            // The sandbox's clock runs regardless of activity: without renewal a
+            // session older than the timeout would be paused (or killed) under it.
+            let sandbox = self.sandbox(&runtime.key, runtime.network).await?;
+            let keepalive = tokio::spawn(keep_alive(
+                self.inner.client.clone(),
+                sandbox.sandbox_id,
+                self.inner.config.timeout_secs,
+            ));
+            let guard = AbortOnDrop(keepalive.abort_handle());
+            let output = output
+                .map(move |item| {
+                    let _ = &guard;
+                    item
+                })
+                .boxed();
             let (info, pump) =
                 self.inner
                     .sessions

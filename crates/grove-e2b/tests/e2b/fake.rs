@@ -61,6 +61,8 @@ struct St {
     sandboxes: Mutex<BTreeMap<String, Sb>>,
     /// How long a create takes before the sandbox exists (a slow control plane).
     create_delay: Mutex<std::time::Duration>,
+    /// Every accepted `POST /sandboxes/{id}/timeout`: (sandbox, seconds).
+    timeouts: Mutex<Vec<(String, u64)>>,
 }
 
 struct Sb {
@@ -161,6 +163,7 @@ impl FakeE2b {
             creates: AtomicU64::new(0),
             sandboxes: Mutex::new(BTreeMap::new()),
             create_delay: Mutex::new(std::time::Duration::ZERO),
+            timeouts: Mutex::new(Vec::new()),
         });
         let app = Router::new()
             .route("/sandboxes", post(create))
@@ -195,6 +198,11 @@ impl FakeE2b {
     /// overlap.
     pub fn set_create_delay(&self, d: std::time::Duration) {
         *self.state.create_delay.lock().unwrap() = d;
+    }
+
+    /// Every timeout renewal so far: (sandbox, seconds).
+    pub fn timeouts(&self) -> Vec<(String, u64)> {
+        self.state.timeouts.lock().unwrap().clone()
     }
 
     /// The envd URL template that reaches this fake.
@@ -502,9 +510,15 @@ async fn connect(State(st): S, Path(id): Path<String>, Json(body): Json<Value>) 
     }
 }
 
-async fn set_timeout(State(st): S, Path(id): Path<String>) -> Response {
+async fn set_timeout(State(st): S, Path(id): Path<String>, Json(body): Json<Value>) -> Response {
+    let Some(timeout) = body.get("timeout").and_then(Value::as_u64) else {
+        return err(StatusCode::BAD_REQUEST, "timeout is required");
+    };
     match st.sandboxes.lock().unwrap().get(&id) {
-        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        Some(_) => {
+            st.timeouts.lock().unwrap().push((id.clone(), timeout));
+            StatusCode::NO_CONTENT.into_response()
+        }
         None => err(
             StatusCode::NOT_FOUND,
             format!("sandbox \"{id}\" doesn't exist"),

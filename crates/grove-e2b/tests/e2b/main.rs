@@ -538,3 +538,47 @@ async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_al
         "no runtime was left on a killed sandbox and made another"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_session_renews_its_sandboxes_timeout_and_stops_when_it_ends() {
+    use grove_core::ports::SessionRequest;
+    let fake = FakeE2b::start().await;
+    let mut c = config(&fake);
+    c.timeout_secs = 3; // renewed every second while a session runs
+    let env = Env::with(fake, E2bRuntimeProvider::new(c).unwrap());
+    let ws = env.workspace();
+    let sessions = env.provider.sessions().unwrap();
+    let s = sessions
+        .start(
+            spec_for(ws.path(), "alice", "p1"),
+            SessionRequest {
+                argv: vec!["cat".into()],
+                ..SessionRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    let id = env.only_sandbox();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let renewed = env.fake.timeouts();
+    assert!(
+        renewed.len() >= 2 && renewed.iter().all(|t| *t == (id.clone(), 3)),
+        "the session kept its sandbox alive: {renewed:?}"
+    );
+
+    sessions.kill(&s.id).await.unwrap();
+    let out = sessions
+        .poll(&s.id, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(out.exit.is_some(), "{out:?}");
+    // A renewal already on the wire when the session ended may still land.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let after_kill = env.fake.timeouts().len();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(
+        env.fake.timeouts().len(),
+        after_kill,
+        "an ended session no longer renews the timeout"
+    );
+}
