@@ -1,10 +1,11 @@
 //! Test helpers the remote providers' test crates (Daytona, E2B) share: the contract
 //! run once per check against a fresh fake, a spec naming a (user, project), an echo
-//! that must come back, and a fixture repository to clone inside a sandbox.
+//! that must come back, a fixture repository to clone inside a sandbox, and workers
+//! racing to create one sandbox.
 
 use std::path::Path;
 
-use grove_core::ports::{NetworkPolicy, RuntimeProvider, RuntimeSpec};
+use grove_core::ports::{NetworkPolicy, Runtime, RuntimeProvider, RuntimeSpec};
 
 use crate::{default_spec, request};
 
@@ -121,4 +122,33 @@ pub fn head_of(path: &str) -> String {
         .unwrap()
         .trim()
         .to_string()
+}
+
+/// Creates `spec`'s runtime through every worker at once (each its own provider, as
+/// separate grove workers would) and returns the runtimes, all of which must succeed.
+pub async fn create_racing(
+    workers: &[&dyn RuntimeProvider],
+    spec: &RuntimeSpec,
+) -> Vec<Box<dyn Runtime>> {
+    futures::future::join_all(workers.iter().map(|w| w.create(spec.clone())))
+        .await
+        .into_iter()
+        .map(|r| r.expect("every racer ends with a runtime"))
+        .collect()
+}
+
+/// Checks that every runtime's commands see `home` as `$HOME`: they all run in the
+/// one sandbox whose home that is.
+pub async fn assert_all_run_in(runtimes: &[Box<dyn Runtime>], home: &str) {
+    for rt in runtimes {
+        let r = rt
+            .exec(request(&["sh", "-c", "echo $HOME"]))
+            .await
+            .expect("exec");
+        assert_eq!(
+            String::from_utf8_lossy(&r.stdout).trim(),
+            home.trim_end_matches('/'),
+            "every racer's commands run in the kept sandbox"
+        );
+    }
 }

@@ -14,7 +14,9 @@ use fake::FakeDaytona;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{GitToken, Mount, NetworkPolicy, PreviewRequest, RuntimeProvider};
 use grove_daytona::{ApiKey, DaytonaConfig, DaytonaRuntimeProvider, WorkspacePlacement};
-use grove_runtime_contract::remote::{echo, fixture_repo, head_of, spec_for};
+use grove_runtime_contract::remote::{
+    assert_all_run_in, create_racing, echo, fixture_repo, head_of, spec_for,
+};
 use grove_runtime_contract::{default_spec, request, Harness};
 
 struct Env {
@@ -540,24 +542,15 @@ async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_al
     env.fake.set_create_delay(Duration::from_millis(400));
     let ws = env.workspace();
     let workers: Vec<DaytonaRuntimeProvider> = (0..4).map(|_| env.restarted()).collect();
-    let runtimes = futures::future::join_all(
-        workers
-            .iter()
-            .map(|w| w.create(spec_for(ws.path(), "alice", "p1"))),
-    )
-    .await;
+    let workers: Vec<&dyn RuntimeProvider> = workers.iter().map(|w| w as _).collect();
+    let runtimes = create_racing(&workers, &spec_for(ws.path(), "alice", "p1")).await;
     assert_eq!(env.fake.creates(), 4, "the race did happen: four creates");
     let kept = env.only_sandbox();
-    let home = env.provider.client().home_dir(&kept).await.unwrap();
-    for rt in runtimes {
-        let rt = rt.expect("every racer ends with a runtime");
-        let r = rt.exec(request(&["sh", "-c", "echo $HOME"])).await.unwrap();
-        assert_eq!(
-            String::from_utf8_lossy(&r.stdout).trim(),
-            home.trim_end_matches('/'),
-            "every racer's commands run in the kept sandbox"
-        );
-    }
+    assert_all_run_in(
+        &runtimes,
+        &env.provider.client().home_dir(&kept).await.unwrap(),
+    )
+    .await;
     assert_eq!(
         env.only_sandbox(),
         kept,
