@@ -473,17 +473,9 @@ fn oldest(listed: Vec<Sandbox>) -> Option<Sandbox> {
     grove_remote_runtime::keep_oldest(live, |s| &s.id, |s| s.created_at.as_deref())
 }
 
-/// A sandbox keeps the network it was created with; a spec asking for another one is
-/// a conflict, not something to approximate.
+/// A sandbox keeps the network it was created with (ADR 15).
 fn check_network(s: &Sandbox, wanted: NetworkPolicy) -> Result<(), RuntimeError> {
-    match s.labels.get(LABEL_NETWORK) {
-        Some(have) if have != network_name(wanted) => Err(RuntimeError::Conflict(format!(
-            "sandbox {} was created with network {have}, this runtime asks for {}",
-            s.id,
-            network_name(wanted)
-        ))),
-        _ => Ok(()),
-    }
+    grove_remote_runtime::check_network(&s.id, &s.labels, wanted)
 }
 
 impl RuntimeProvider for DaytonaRuntimeProvider {

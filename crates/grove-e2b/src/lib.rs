@@ -469,17 +469,9 @@ fn oldest(listed: Vec<SandboxInfo>) -> Option<SandboxInfo> {
     grove_remote_runtime::keep_oldest(listed, |s| &s.sandbox_id, |s| s.started_at.as_deref())
 }
 
-/// A sandbox keeps the network it was created with; a runtime asking for another one
-/// is a conflict, not something to approximate.
+/// A sandbox keeps the network it was created with (ADR 15).
 fn check_network(s: &SandboxInfo, wanted: NetworkPolicy) -> Result<(), RuntimeError> {
-    match s.metadata.get(LABEL_NETWORK) {
-        Some(have) if have != network_name(wanted) => Err(RuntimeError::Conflict(format!(
-            "sandbox {} was created with network {have}, this runtime asks for {}",
-            s.sandbox_id,
-            network_name(wanted)
-        ))),
-        _ => Ok(()),
-    }
+    grove_remote_runtime::check_network(&s.sandbox_id, &s.metadata, wanted)
 }
 
 impl RuntimeProvider for E2bRuntimeProvider {

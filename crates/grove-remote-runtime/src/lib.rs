@@ -26,6 +26,6 @@ pub use http::{enc, status_error};
 pub use placement::{worktree_name, RemoteWorkspace, WorkspacePlacement};
 pub use race::{keep_oldest, survivor, Candidate};
 pub use spec::{
-    lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec, SandboxKey, LABEL_MANAGED,
-    LABEL_NETWORK, LABEL_PROJECT, LABEL_USER,
+    check_network, lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec, SandboxKey,
+    LABEL_MANAGED, LABEL_NETWORK, LABEL_PROJECT, LABEL_USER,
 };

@@ -73,6 +73,22 @@ pub fn network_name(n: NetworkPolicy) -> &'static str {
     }
 }
 
+/// A sandbox keeps the network it was created with (its [`LABEL_NETWORK`]); a runtime
+/// asking for another one is a `Conflict`, not something to approximate.
+pub fn check_network(
+    sandbox_id: &str,
+    labels: &BTreeMap<String, String>,
+    wanted: NetworkPolicy,
+) -> Result<(), RuntimeError> {
+    match labels.get(LABEL_NETWORK) {
+        Some(have) if have != network_name(wanted) => Err(RuntimeError::Conflict(format!(
+            "sandbox {sandbox_id} was created with network {have}, this runtime asks for {}",
+            network_name(wanted)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 /// What a runtime of a remote sandbox is, once its spec is checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RemoteSpec {
