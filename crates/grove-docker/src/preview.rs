@@ -64,8 +64,14 @@ impl Relays {
 /// `target`. A target that refuses (nothing listens yet) just closes that connection.
 async fn relay(listener: tokio::net::TcpListener, target: SocketAddr) {
     loop {
-        let Ok((mut inbound, _)) = listener.accept().await else {
-            continue;
+        let mut inbound = match listener.accept().await {
+            Ok((inbound, _)) => inbound,
+            Err(e) => {
+                // Out of descriptors and the like: wait rather than spin.
+                tracing::debug!(error = %e, "accepting a preview connection failed");
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                continue;
+            }
         };
         tokio::spawn(async move {
             match tokio::net::TcpStream::connect(target).await {
