@@ -21,8 +21,11 @@
 //! and resuming continues it (SIGCONT), as E2B keeps memory across a pause; killing
 //! kills them. Envd calls to a paused or killed sandbox answer 502. Not modelled:
 //! templates (any id is accepted), real network policy, the sandbox timeout clock
-//! (tests call [`FakeE2b::expire`]), PTYs, `Connect`/`List`/`StreamInput`, file
-//! watching, the `username` of file calls, envd versions.
+//! (tests call [`FakeE2b::expire`]; renewals through `POST /sandboxes/{id}/timeout`
+//! are only recorded, [`FakeE2b::timeouts`]), snapshots, PTYs,
+//! `Connect`/`List`/`StreamInput`, what envd does to a process whose `Start` stream
+//! the client dropped (here it keeps running), file watching, the `username` of file
+//! calls, envd versions.
 
 // Handlers return ready responses as errors; boxing them would only add noise here.
 #![allow(clippy::result_large_err)]
