@@ -24,7 +24,10 @@
 //! from each other. Git operations run the host's `git`. Not modelled: regions,
 //! snapshots and images (any name is accepted), volumes, archiving and
 //! auto-stop timers (tests stop a sandbox behind grove's back instead), resource
-//! accounting beyond the CPU quota, websockets, the plain-text logs of old SDKs.
+//! accounting beyond the CPU quota, websockets, the plain-text logs of old SDKs,
+//! input to a running session command and sandbox snapshots (`POST
+//! /sandbox/{id}/snapshot`), which the adapter does not use (ADR 15), and a slow
+//! create only as a fixed delay ([`FakeDaytona::set_create_delay`]).
 
 // Handlers return ready responses as errors; boxing them would only add noise here.
 #![allow(clippy::result_large_err)]
