@@ -222,6 +222,10 @@ enum WorkspaceCmd {
         conversation: Option<String>,
         #[arg(long, allow_hyphen_values = true)]
         task: Option<String>,
+        /// Where the workspace lives: on a worker's node (default; `local` or
+        /// `docker`), or inside a remote provider's sandbox (`daytona`, `e2b`).
+        #[arg(long, allow_hyphen_values = true)]
+        runtime: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -640,6 +644,13 @@ pub(crate) async fn build_worker(
     concurrency: usize,
 ) -> Result<grove_workers::Worker> {
     grove_core::validate::validate_owner_id("node", &node)?;
+    if grove_core::commands::is_remote_placement(&node) {
+        // Such a node's queue would be the provider's: its jobs would reach workers
+        // without the provider, and its sweep would take remote paths for host ones.
+        return Err(invalid(format!(
+            "node name {node:?} is reserved for the remote runtime of that name"
+        )));
+    }
     let home = grove_home();
     std::fs::create_dir_all(&home)
         .with_context(|| format!("creating GROVE_HOME {}", home.display()))?;
@@ -683,6 +694,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             mode,
             conversation,
             task,
+            runtime,
             common,
         } => {
             let mode = WorkspaceMode::parse(&mode)?;
@@ -695,6 +707,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
                 mode,
                 conversation_id: conversation,
                 task_id: task,
+                runtime,
             });
             command.validate()?;
             let token = read_token(&common.token_env)?;

@@ -1,0 +1,293 @@
+//! Workspaces placed in a remote runtime (ADR 15) through the real CLI and worker,
+//! against the loopback fakes of Daytona and E2B: acquire `--runtime daytona|e2b`
+//! clones inside the provider's sandbox, exec runs there with the same request shape
+//! as on a host, one sandbox per (user, project) and one upstream clone in it however
+//! many conversations acquire at once, a restarted worker finds the sandbox again by
+//! its labels, destroy removes the clone and the last one deletes the sandbox, and a
+//! mismatch between placement and runtime is a typed error that changes nothing.
+
+use std::path::Path;
+
+use grove_e2e::{acquire_args, git, text, TestEnv};
+
+use crate::daytona_fake::FakeDaytona;
+use crate::e2b_fake::FakeE2b;
+
+const TOKEN: &str = "tok_remote_placement_must_not_leak";
+
+/// What the test reads from a provider's fake.
+trait Fake {
+    fn creates(&self) -> u64;
+    fn live_sandboxes(&self) -> usize;
+    /// Clones from upstream (those carrying the token), where the fake can tell.
+    fn upstream_clones(&self) -> Option<usize>;
+}
+
+impl Fake for FakeDaytona {
+    fn creates(&self) -> u64 {
+        FakeDaytona::creates(self)
+    }
+    fn live_sandboxes(&self) -> usize {
+        self.sandboxes().len()
+    }
+    fn upstream_clones(&self) -> Option<usize> {
+        let passwords = self.clone_passwords();
+        assert!(passwords.iter().all(|p| p == TOKEN), "{passwords:?}");
+        Some(passwords.len())
+    }
+}
+
+impl Fake for FakeE2b {
+    fn creates(&self) -> u64 {
+        FakeE2b::creates(self)
+    }
+    fn live_sandboxes(&self) -> usize {
+        self.sandboxes().len()
+    }
+    fn upstream_clones(&self) -> Option<usize> {
+        None
+    }
+}
+
+async fn acquire(
+    env: &TestEnv,
+    url: &str,
+    runtime: &str,
+    conversation: &str,
+) -> std::process::Output {
+    let mut args = acquire_args(url, "edit", &["--conversation", conversation]);
+    args.extend(["--runtime", runtime, "--token-env", "GT", "--json"]);
+    env.grove_env(&args, &[("GT", TOKEN)]).await
+}
+
+async fn acquired(
+    env: &TestEnv,
+    url: &str,
+    runtime: &str,
+    conversation: &str,
+) -> serde_json::Value {
+    let out = acquire(env, url, runtime, conversation).await;
+    assert!(
+        out.status.success(),
+        "acquire {conversation}: {}",
+        text(&out).1
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs `argv` in workspace `id` with `--runtime runtime`; stdout, asserting exit 0.
+async fn run(env: &TestEnv, id: &str, runtime: &str, argv: &[&str]) -> String {
+    let mut args = vec!["exec", id, "--runtime", runtime, "--"];
+    args.extend_from_slice(argv);
+    let r = env.grove_json(&args).await;
+    assert_eq!(r["exit_code"], 0, "{argv:?}: {r}");
+    r["stdout"].as_str().unwrap().to_string()
+}
+
+async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: &[(&str, &str)]) {
+    let Some(mut env) = TestEnv::new(test).await else {
+        return;
+    };
+    let worker = env.spawn_worker_env(vars).await;
+    let url = env.fixture_repo("fixture", &[("f", "x\n")]);
+    let upstream = env.dir.path().join("upstream").join("fixture");
+    let head = git(&upstream, &["rev-parse", "HEAD"]).trim().to_string();
+
+    // An unknown placement is refused before anything is enqueued or created.
+    let out = acquire(&env, &url, "nowhere", "c1").await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("unknown workspace runtime"),
+        "{}",
+        text(&out).1
+    );
+    let commands: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.commands")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.events")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!((commands, events, fake.creates()), (0, 0, 0));
+
+    // The workspace lives in the provider: node = provider, path inside the sandbox.
+    let ws1 = acquired(&env, &url, provider, "c1").await;
+    let id1 = ws1["id"].as_str().unwrap().to_string();
+    let path1 = ws1["local_path"].as_str().unwrap().to_string();
+    assert_eq!(ws1["node"], provider);
+    assert!(path1.contains("/grove/workspaces/"), "{path1}");
+    assert!(!Path::new(&path1).starts_with(env.home()), "{path1}");
+    assert_eq!(ws1["base_commit"], head.as_str());
+    assert_eq!(ws1["branch_name"], "agent/edits-c1");
+    assert_eq!(ws1["capabilities"]["isolated"], false);
+    assert_eq!(fake.creates(), 1);
+
+    // Exec: the same request as on a host, run inside the sandbox's checkout.
+    assert_eq!(
+        run(&env, &id1, provider, &["git", "rev-parse", "HEAD"])
+            .await
+            .trim(),
+        head
+    );
+    assert_eq!(run(&env, &id1, provider, &["cat", "f"]).await, "x\n");
+    assert_eq!(
+        run(&env, &id1, provider, &["git", "branch", "--show-current"])
+            .await
+            .trim(),
+        "agent/edits-c1"
+    );
+
+    // The same key again: the same workspace, nothing made.
+    let again = acquired(&env, &url, provider, "c1").await;
+    assert_eq!(again["id"], ws1["id"]);
+    assert_eq!(env.count_events("workspace.acquired").await, 1);
+
+    // Two conversations at once: two directories, still one sandbox, one upstream clone.
+    let (a, b) = tokio::join!(
+        acquired(&env, &url, provider, "c2"),
+        acquired(&env, &url, provider, "c3")
+    );
+    let (id2, id3) = (a["id"].as_str().unwrap(), b["id"].as_str().unwrap());
+    assert_ne!(id2, id3);
+    assert_ne!(a["local_path"], b["local_path"]);
+    assert_eq!(fake.creates(), 1, "one sandbox per (user, project)");
+    if let Some(clones) = fake.upstream_clones() {
+        assert_eq!(
+            clones, 1,
+            "the repository is cloned from upstream once per sandbox"
+        );
+    }
+    assert_eq!(
+        run(&env, id2, provider, &["sh", "-c", "ls .. | wc -l"])
+            .await
+            .trim(),
+        "3"
+    );
+    assert_eq!(
+        run(&env, id2, provider, &["sh", "-c", "ls ../../repos | wc -l"])
+            .await
+            .trim(),
+        "1"
+    );
+    assert_eq!(env.count_events("repo_cache.created").await, 1);
+
+    // Mismatches are typed refusals that record nothing.
+    let started = env.count_events("exec.started").await;
+    let out = env
+        .grove(&["exec", &id1, "--runtime", "local", "--", "true"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains(&format!("lives inside {provider}")),
+        "{}",
+        text(&out).1
+    );
+    let out = env.grove(&["tool", &id1, "status"]).await;
+    assert!(!out.status.success());
+    assert!(
+        text(&out)
+            .1
+            .contains(&format!("not available on a {provider} workspace")),
+        "{}",
+        text(&out).1
+    );
+    let host = env
+        .grove(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    assert_eq!(host.status.code(), Some(4), "{}", text(&host).1);
+    assert_eq!(env.count_events("exec.started").await, started);
+
+    // A host workspace is not reachable from the remote runtime.
+    let host = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "h1"]))
+        .await;
+    let host_id = host["id"].as_str().unwrap();
+    let out = env
+        .grove(&["exec", host_id, "--runtime", provider, "--", "true"])
+        .await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out).1);
+    assert!(text(&out).1.contains("lives on node"), "{}", text(&out).1);
+    assert_eq!(env.count_events("exec.started").await, started);
+
+    // A new worker process (a new provider instance) finds the sandbox by its labels.
+    env.worker(worker).kill9().await;
+    env.spawn_worker_env(vars).await;
+    assert_eq!(run(&env, id2, provider, &["cat", "f"]).await, "x\n");
+    assert_eq!(
+        fake.creates(),
+        1,
+        "the restarted worker recreated the sandbox"
+    );
+
+    // Destroy removes the clone, not the sandbox; the last destroy deletes it.
+    let out = env.grove(&["workspace", "destroy", &id1]).await;
+    assert!(out.status.success(), "{}", text(&out).1);
+    assert_eq!(
+        run(&env, id2, provider, &["sh", "-c", "ls .. | wc -l"])
+            .await
+            .trim(),
+        "2"
+    );
+    assert_eq!(fake.live_sandboxes(), 1);
+    for id in [id2, id3] {
+        let out = env.grove(&["workspace", "destroy", id]).await;
+        assert!(out.status.success(), "{}", text(&out).1);
+    }
+    assert_eq!(
+        fake.live_sandboxes(),
+        0,
+        "the last destroy deletes the sandbox"
+    );
+
+    let out = env.grove(&["replay", "--verify"]).await;
+    assert!(
+        out.status.success(),
+        "replay: {} {}",
+        text(&out).0,
+        text(&out).1
+    );
+    let events = env.grove(&["events", "--json"]).await;
+    assert!(
+        !text(&events).0.contains(TOKEN),
+        "the token reached an event"
+    );
+    assert!(
+        !env.worker_logs().contains(TOKEN),
+        "the token reached a log"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_placed_in_daytona_lives_runs_and_goes_away_inside_one_sandbox() {
+    let fake = FakeDaytona::start().await;
+    let vars = [
+        ("GROVE_DAYTONA_API_URL", fake.url.as_str()),
+        ("GROVE_DAYTONA_API_KEY", fake.key.as_str()),
+    ];
+    placement_lifecycle(
+        "a_workspace_placed_in_daytona_lives_runs_and_goes_away_inside_one_sandbox",
+        "daytona",
+        &fake,
+        &vars,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_workspace_placed_in_e2b_lives_runs_and_goes_away_inside_one_sandbox() {
+    let fake = FakeE2b::start().await;
+    let envd = fake.envd_template();
+    let vars = [
+        ("GROVE_E2B_API_URL", fake.url.as_str()),
+        ("GROVE_E2B_API_KEY", fake.key.as_str()),
+        ("GROVE_E2B_ENVD_URL", envd.as_str()),
+    ];
+    placement_lifecycle(
+        "a_workspace_placed_in_e2b_lives_runs_and_goes_away_inside_one_sandbox",
+        "e2b",
+        &fake,
+        &vars,
+    )
+    .await;
+}
