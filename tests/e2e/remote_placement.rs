@@ -4,7 +4,8 @@
 //! as on a host, one sandbox per (user, project) and one upstream clone in it however
 //! many conversations acquire at once, a restarted worker finds the sandbox again by
 //! its labels, destroy removes the clone and the last one deletes the sandbox, and a
-//! mismatch between placement and runtime is a typed error that changes nothing.
+//! mismatch between placement and runtime is a typed error that changes nothing. Only
+//! workers with the provider configured take those jobs (queue `grove:provider:<name>`).
 
 use std::path::Path;
 
@@ -88,7 +89,8 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     let Some(mut env) = TestEnv::new(test).await else {
         return;
     };
-    let worker = env.spawn_worker_env(vars).await;
+    // A worker without the provider: it places host workspaces only.
+    env.spawn_worker().await;
     let url = env.fixture_repo("fixture", &[("f", "x\n")]);
     let upstream = env.dir.path().join("upstream").join("fixture");
     let head = git(&upstream, &["rev-parse", "HEAD"]).trim().to_string();
@@ -111,8 +113,55 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
         .unwrap();
     assert_eq!((commands, events, fake.creates()), (0, 0, 0));
 
+    // A placement in the provider goes to the provider's queue, which only workers with
+    // the provider configured take: the plain worker leaves it alone.
+    let mut args = acquire_args(&url, "edit", &["--conversation", "c1"]);
+    args.extend(["--runtime", provider]);
+    let out = env.grove_env(&args, &[("GROVE_CLAIM_TIMEOUT", "1")]).await;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out).1);
+    assert!(
+        text(&out).1.contains("no grove worker took the job"),
+        "{}",
+        text(&out).1
+    );
+    let events: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.events")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!((events, fake.creates()), (0, 0));
+
+    // Two worker processes with the provider, one job at a time each, so the first two
+    // acquires of one (user, project) run at once in two processes: the sandbox lock,
+    // not a process's memory, is what keeps them to one sandbox and one upstream clone.
+    let mut workers = vec![
+        single_slot_worker(&env, vars, "a").await,
+        single_slot_worker(&env, vars, "b").await,
+    ];
+    let (ws1, ws2) = tokio::join!(
+        acquired(&env, &url, provider, "c1"),
+        acquired(&env, &url, provider, "c2")
+    );
+    assert_eq!(fake.creates(), 1, "one sandbox per (user, project)");
+    if let Some(clones) = fake.upstream_clones() {
+        assert_eq!(
+            clones, 1,
+            "the repository is cloned from upstream once per sandbox"
+        );
+    }
+    let claimed_by: Vec<String> = sqlx::query_scalar(
+        "SELECT DISTINCT metadata->>'worker_id' FROM grove.events
+         WHERE event_type = 'workspace.created'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        claimed_by.len(),
+        2,
+        "both workers placed one: {claimed_by:?}"
+    );
+
     // The workspace lives in the provider: node = provider, path inside the sandbox.
-    let ws1 = acquired(&env, &url, provider, "c1").await;
     let id1 = ws1["id"].as_str().unwrap().to_string();
     let path1 = ws1["local_path"].as_str().unwrap().to_string();
     assert_eq!(ws1["node"], provider);
@@ -121,7 +170,7 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     assert_eq!(ws1["base_commit"], head.as_str());
     assert_eq!(ws1["branch_name"], "agent/edits-c1");
     assert_eq!(ws1["capabilities"]["isolated"], false);
-    assert_eq!(fake.creates(), 1);
+    assert_ne!(ws1["local_path"], ws2["local_path"]);
 
     // Exec: the same request as on a host, run inside the sandbox's checkout.
     assert_eq!(
@@ -143,20 +192,13 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     assert_eq!(again["id"], ws1["id"]);
     assert_eq!(env.count_events("workspace.acquired").await, 1);
 
-    // Two conversations at once: two directories, still one sandbox, one upstream clone.
-    let (a, b) = tokio::join!(
-        acquired(&env, &url, provider, "c2"),
-        acquired(&env, &url, provider, "c3")
-    );
-    let (id2, id3) = (a["id"].as_str().unwrap(), b["id"].as_str().unwrap());
+    // A third conversation: a third directory, still one sandbox and one clone.
+    let ws3 = acquired(&env, &url, provider, "c3").await;
+    let (id2, id3) = (ws2["id"].as_str().unwrap(), ws3["id"].as_str().unwrap());
     assert_ne!(id2, id3);
-    assert_ne!(a["local_path"], b["local_path"]);
-    assert_eq!(fake.creates(), 1, "one sandbox per (user, project)");
+    assert_eq!(fake.creates(), 1);
     if let Some(clones) = fake.upstream_clones() {
-        assert_eq!(
-            clones, 1,
-            "the repository is cloned from upstream once per sandbox"
-        );
+        assert_eq!(clones, 1);
     }
     assert_eq!(
         run(&env, id2, provider, &["sh", "-c", "ls .. | wc -l"])
@@ -211,7 +253,9 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     assert_eq!(env.count_events("exec.started").await, started);
 
     // A new worker process (a new provider instance) finds the sandbox by its labels.
-    env.worker(worker).kill9().await;
+    for (child, _) in &mut workers {
+        child.kill().await.unwrap();
+    }
     env.spawn_worker_env(vars).await;
     assert_eq!(run(&env, id2, provider, &["cat", "f"]).await, "x\n");
     assert_eq!(
@@ -256,6 +300,43 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
         !env.worker_logs().contains(TOKEN),
         "the token reached a log"
     );
+    for (_, log) in &workers {
+        let log = std::fs::read_to_string(log).unwrap();
+        assert!(!log.contains(TOKEN), "the token reached a log");
+    }
+}
+
+/// A `grove worker --concurrency 1` with `vars`, registered; killed when dropped.
+async fn single_slot_worker(
+    env: &TestEnv,
+    vars: &[(&str, &str)],
+    name: &str,
+) -> (tokio::process::Child, std::path::PathBuf) {
+    let log = env.dir.path().join(format!("single-slot-{name}.log"));
+    let file = std::fs::File::create(&log).unwrap();
+    let live = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM apalis.workers WHERE last_seen > now() - interval '10 seconds'",
+        )
+        .fetch_one(&env.pool)
+        .await
+        .unwrap()
+    };
+    let before = live().await;
+    let mut cmd = env.command(&["worker", "--concurrency", "1"]);
+    cmd.envs(vars.iter().copied())
+        .stdout(std::process::Stdio::from(file.try_clone().unwrap()))
+        .stderr(std::process::Stdio::from(file));
+    let child = cmd.spawn().expect("spawn worker");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while live().await <= before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "worker {name} did not register"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    (child, log)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
