@@ -372,3 +372,53 @@ async fn a_workspace_placed_in_e2b_lives_runs_and_goes_away_inside_one_sandbox()
     )
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http_session_placed_in_daytona_runs_its_exec_there_and_a_bad_runtime_is_400() {
+    use grove_e2e::http::{Server, ALICE};
+    use reqwest::StatusCode;
+    use serde_json::json;
+
+    let fake = FakeDaytona::start().await;
+    let Some(env) = TestEnv::new(
+        "an_http_session_placed_in_daytona_runs_its_exec_there_and_a_bad_runtime_is_400",
+    )
+    .await
+    else {
+        return;
+    };
+    let server = Server::start_with(
+        &env,
+        &[
+            ("GROVE_DAYTONA_API_URL", fake.url.as_str()),
+            ("GROVE_DAYTONA_API_KEY", fake.key.as_str()),
+        ],
+    )
+    .await;
+    let url = env.fixture_repo("fixture", &[("f", "x\n")]);
+    let body = |runtime: &str| {
+        json!({"project_id": "p1", "repo_name": "o/fixture", "repo_url": url,
+               "base_ref": "main", "mode": "edit", "conversation_id": "c1",
+               "runtime": runtime})
+    };
+
+    let (status, answer) = server.post("/v1/sessions", ALICE, body("nowhere")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["kind"], "invalid_input");
+    assert_eq!(fake.creates(), 0);
+
+    let (status, session) = server.post("/v1/sessions", ALICE, body("daytona")).await;
+    assert_eq!(status, StatusCode::OK, "{session}");
+    assert_eq!(session["workspace"]["node"], "daytona");
+    let ws = session["session_id"].as_str().unwrap();
+    let (status, exec) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/exec"),
+            ALICE,
+            json!({"argv": ["cat", "f"], "runtime": "daytona"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{exec}");
+    assert_eq!(exec["stdout"], "x\n");
+    assert_eq!(fake.creates(), 1);
+}

@@ -297,7 +297,12 @@ pub async fn queue_positions(
     list: &[WorkspaceRow],
 ) -> Result<HashMap<Uuid, (usize, QueueEntry)>> {
     let settings = settings()?;
-    let nodes: BTreeMap<&str, ()> = list.iter().map(|w| (w.node.as_str(), ())).collect();
+    // A workspace placed in a remote provider is never swept: it has no position.
+    let nodes: BTreeMap<&str, ()> = list
+        .iter()
+        .filter(|w| !grove_core::commands::is_remote_placement(&w.node))
+        .map(|w| (w.node.as_str(), ()))
+        .collect();
     let mut out = HashMap::new();
     for node in nodes.keys() {
         let state = load_node(pool, node, &grove_home(), Utc::now(), None, &HashSet::new()).await?;
