@@ -422,3 +422,53 @@ async fn an_http_session_placed_in_daytona_runs_its_exec_there_and_a_bad_runtime
     assert_eq!(exec["stdout"], "x\n");
     assert_eq!(fake.creates(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eviction_sweep_under_pressure_takes_host_workspaces_and_leaves_remote_ones_alone() {
+    let fake = FakeDaytona::start().await;
+    let Some(mut env) = TestEnv::new(
+        "an_eviction_sweep_under_pressure_takes_host_workspaces_and_leaves_remote_ones_alone",
+    )
+    .await
+    else {
+        return;
+    };
+    // Everything is above a 1-byte budget, nothing is spared for being recent.
+    env.spawn_worker_env(&[
+        ("GROVE_DAYTONA_API_URL", fake.url.as_str()),
+        ("GROVE_DAYTONA_API_KEY", fake.key.as_str()),
+        ("GROVE_EVICT_MEASURE_EVERY", "0"),
+        ("GROVE_DISK_BUDGET", "1"),
+        ("GROVE_PRESSURE_GRACE", "0"),
+    ])
+    .await;
+    let url = env.fixture_repo("fixture", &[("f", "x\n")]);
+    let remote = acquired(&env, &url, "daytona", "c1").await;
+    let remote_id = remote["id"].as_str().unwrap();
+    let host = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "h1"]))
+        .await;
+    let host_id = host["id"].as_str().unwrap();
+
+    let report = env.grove_json(&["evict"]).await;
+    let show = |id: &str| {
+        let id = id.to_string();
+        let env = &env;
+        async move { env.grove_json(&["workspace", "show", &id]).await }
+    };
+    assert_eq!(show(host_id).await["state"], "evicted", "{report}");
+    assert_eq!(show(remote_id).await["state"], "ready", "{report}");
+    assert!(!report.to_string().contains(remote_id), "{report}");
+    assert_eq!(run(&env, remote_id, "daytona", &["cat", "f"]).await, "x\n");
+
+    // A provider is not a node: there is nothing of it to sweep.
+    let out = env.grove(&["evict", "--node", "daytona"]).await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+    let out = env
+        .grove(&["evict", "--node", "daytona", "--dry-run"])
+        .await;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+
+    let out = env.grove(&["replay", "--verify"]).await;
+    assert!(out.status.success(), "replay: {}", text(&out).1);
+}

@@ -40,6 +40,11 @@ fn node_or_default(node: Option<String>) -> Result<String> {
         .or_else(|| std::env::var("GROVE_NODE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| "local".into());
     grove_core::validate::validate_owner_id("node", &node)?;
+    if grove_core::commands::is_remote_placement(&node) {
+        return Err(crate::invalid(format!(
+            "{node} is a remote runtime, not a node: its workspaces are not swept"
+        )));
+    }
     Ok(node)
 }
 
