@@ -461,13 +461,22 @@ async fn an_eviction_sweep_under_pressure_takes_host_workspaces_and_leaves_remot
     assert!(!report.to_string().contains(remote_id), "{report}");
     assert_eq!(run(&env, remote_id, "daytona", &["cat", "f"]).await, "x\n");
 
-    // A provider is not a node: there is nothing of it to sweep.
+    // A provider is not a node: there is nothing of it to sweep, and no worker or
+    // server may take its name as its node.
     let out = env.grove(&["evict", "--node", "daytona"]).await;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
     let out = env
         .grove(&["evict", "--node", "daytona", "--dry-run"])
         .await;
     assert_eq!(out.status.code(), Some(2), "{}", text(&out).1);
+    for args in [
+        &["worker", "--node", "e2b"][..],
+        &["serve", "--no-worker", "--node", "daytona"][..],
+    ] {
+        let out = env.grove(args).await;
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {}", text(&out).1);
+        assert!(text(&out).1.contains("reserved"), "{}", text(&out).1);
+    }
 
     let out = env.grove(&["replay", "--verify"]).await;
     assert!(out.status.success(), "replay: {}", text(&out).1);
