@@ -180,6 +180,21 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
         head
     );
     assert_eq!(run(&env, &id1, provider, &["cat", "f"]).await, "x\n");
+    // Without --json the output streams through and the exit code is the command's.
+    let out = env
+        .grove(&[
+            "exec",
+            &id1,
+            "--runtime",
+            provider,
+            "--",
+            "sh",
+            "-c",
+            "cat f; exit 3",
+        ])
+        .await;
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out).1);
+    assert_eq!(text(&out).0, "x\n");
     assert_eq!(
         run(&env, &id1, provider, &["git", "branch", "--show-current"])
             .await
