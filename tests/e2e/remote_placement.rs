@@ -120,7 +120,9 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     let out = env.grove_env(&args, &[("GROVE_CLAIM_TIMEOUT", "1")]).await;
     assert_eq!(out.status.code(), Some(1), "{}", text(&out).1);
     assert!(
-        text(&out).1.contains("no grove worker took the job"),
+        text(&out).1.contains(&format!(
+            "no grove worker with the {provider} runtime configured"
+        )),
         "{}",
         text(&out).1
     );

@@ -191,10 +191,25 @@ pub async fn wait(
         }
         let late = started.elapsed() > opts.claim_timeout;
         if late && status.status == "queued" && status.attempts == 0 {
-            let reason = format!(
-                "no grove worker took the job within {} s; start one with `grove worker`",
-                opts.claim_timeout.as_secs()
-            );
+            // A job on a remote provider's queue waits for a worker with that provider.
+            let queue: Option<String> = sqlx::query_scalar(
+                "SELECT j.job_type FROM grove.commands c JOIN apalis.jobs j ON j.id = c.job_id
+                 WHERE c.command_id = $1",
+            )
+            .bind(command_id)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten();
+            let secs = opts.claim_timeout.as_secs();
+            let reason = match queue.as_deref().and_then(|q| q.strip_prefix("grove:provider:")) {
+                Some(provider) => format!(
+                    "no grove worker with the {provider} runtime configured took the job within {secs} s; start one with `grove worker` and the {provider} settings in its environment"
+                ),
+                None => format!(
+                    "no grove worker took the job within {secs} s; start one with `grove worker`"
+                ),
+            };
             if queue::cancel_unclaimed(pool, command_id, &reason).await? {
                 return Err(CommandError::new(ErrorKind::Unavailable, reason).into());
             }
