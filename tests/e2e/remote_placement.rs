@@ -10,6 +10,7 @@
 use std::path::Path;
 
 use grove_e2e::{acquire_args, git, text, TestEnv};
+use serde_json::json;
 
 use crate::daytona_fake::FakeDaytona;
 use crate::e2b_fake::FakeE2b;
@@ -231,6 +232,32 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     );
     assert_eq!(env.count_events("repo_cache.created").await, 1);
 
+    // read_file runs in the sandbox; a symlink out of the workspace, a directory, an
+    // absent file and a lexical escape are refused.
+    let read = env.grove_json(&["tool", &id1, "read", "f"]).await;
+    assert_eq!(
+        (&read["content"], &read["size_bytes"]),
+        (&json!("x\n"), &json!(2))
+    );
+    run(
+        &env,
+        &id1,
+        provider,
+        &["sh", "-c", "ln -s ../../repos out && mkdir d"],
+    )
+    .await;
+    for (path, code, says) in [
+        ("out/x", 3, "not found"),
+        ("out", 1, "outside the workspace"),
+        ("d", 1, "not a regular file"),
+        ("nope", 3, "not found"),
+        ("../f", 2, ""),
+    ] {
+        let out = env.grove(&["tool", &id1, "read", path]).await;
+        assert_eq!(out.status.code(), Some(code), "{path}: {}", text(&out).1);
+        assert!(text(&out).1.contains(says), "{path}: {}", text(&out).1);
+    }
+
     // Mismatches are typed refusals that record nothing.
     let started = env.count_events("exec.started").await;
     let out = env
@@ -394,7 +421,6 @@ async fn a_workspace_placed_in_e2b_lives_runs_and_goes_away_inside_one_sandbox()
 async fn an_http_session_placed_in_daytona_runs_its_exec_there_and_a_bad_runtime_is_400() {
     use grove_e2e::http::{Server, ALICE};
     use reqwest::StatusCode;
-    use serde_json::json;
 
     let fake = FakeDaytona::start().await;
     let Some(env) = TestEnv::new(

@@ -1033,15 +1033,130 @@ impl Deps {
 /// workspace lives inside a remote provider (ADR 15: exec is the way in for now).
 pub(crate) fn host_only(ws: &WorkspaceRow, what: &str) -> Result<(), CommandError> {
     if is_remote_placement(&ws.node) {
-        return Err(CommandError::new(
-            ErrorKind::Rejected,
-            format!(
-                "{what} is not available on a {0} workspace yet (workspace {1} lives inside the {0} sandbox; run commands in it with exec --runtime {0})",
-                ws.node, ws.id
-            ),
-        ));
+        return Err(not_yet(ws, what));
     }
     Ok(())
+}
+
+fn not_yet(ws: &WorkspaceRow, what: &str) -> CommandError {
+    CommandError::new(
+        ErrorKind::Rejected,
+        format!(
+            "{what} is not available on a {0} workspace yet (workspace {1} lives inside the {0} sandbox; run commands in it with exec --runtime {0})",
+            ws.node, ws.id
+        ),
+    )
+}
+
+/// Reads one file of a remote workspace inside its sandbox: the path (already checked
+/// lexically) is resolved there with every symlink (`realpath -e`), must stay beneath
+/// the workspace's resolved root and be a regular file, and only the resolved path is
+/// read. Exit codes: 3 outside, 4 not a regular file, 5 absent.
+const REMOTE_READ_SCRIPT: &str = r#"root=$(pwd -P) || exit 6
+p=$(realpath -e -- "$1" 2>/dev/null) || exit 5
+case "$p" in "$root"/*) ;; *) exit 3 ;; esac
+[ -f "$p" ] || exit 4
+exec cat -- "$p""#;
+
+impl Deps {
+    /// The agent tools on a workspace placed in a remote provider: `read_file` runs in
+    /// the sandbox under the workspace's shared command lock (so no write-class exec
+    /// can swap a resolved path meanwhile); every other tool is refused for now.
+    async fn remote_tool(&self, ws: WorkspaceRow, op: &ToolOp) -> Result<Handled, CommandError> {
+        let ToolOp::ReadFile { path } = op else {
+            return Err(not_yet(&ws, &format!("tool {}", op.name())));
+        };
+        let rel = grove_tools::RelPath::parse(path)?;
+        let provider = self.remote_provider(&ws.node)?;
+        let network = provider
+            .workspaces()
+            .map(|w| w.network())
+            .unwrap_or_default();
+        let (ws, lock) = self.lock_workspace(ws.id, true).await?;
+        let dir = PathBuf::from(&ws.local_path);
+        let spec = RuntimeSpec {
+            image: None,
+            workdir: dir.clone(),
+            mounts: vec![Mount {
+                source: dir.clone(),
+                target: dir,
+                writable: false,
+            }],
+            env: Default::default(),
+            resources: ResourceHints::default(),
+            network,
+            labels: [
+                ("grove.workspace".to_string(), ws.id.to_string()),
+                ("grove.user".to_string(), ws.user_id.clone()),
+                ("grove.project".to_string(), ws.project_id.clone()),
+            ]
+            .into(),
+        };
+        let limit = grove_tools::MAX_READ_BYTES as usize;
+        let ran = async {
+            let runtime = provider.create(spec).await?;
+            runtime
+                .exec(ExecRequest {
+                    argv: ["sh", "-c", REMOTE_READ_SCRIPT, "sh", rel.as_str()]
+                        .map(String::from)
+                        .to_vec(),
+                    timeout: Some(Duration::from_secs(60)),
+                    max_output_bytes: Some(limit + 1),
+                    mutating: false,
+                    ..ExecRequest::default()
+                })
+                .await
+        }
+        .await;
+        let r = match ran {
+            Ok(r) => r,
+            Err(e) => {
+                lock.release().await.ok();
+                return Err(e.into());
+            }
+        };
+        let refused = |kind, msg: String| Err(CommandError::new(kind, msg));
+        let outcome = match r.exit_code {
+            0 if r.truncated || r.stdout.len() > limit => refused(
+                ErrorKind::Rejected,
+                format!("{} is larger than {limit} bytes", rel.as_str()),
+            ),
+            0 => Ok(ToolOutput::File {
+                path: rel.as_str().to_string(),
+                size_bytes: r.stdout.len() as u64,
+                content: String::from_utf8_lossy(&r.stdout).into_owned(),
+            }),
+            3 => refused(
+                ErrorKind::Rejected,
+                format!("{} resolves outside the workspace", rel.as_str()),
+            ),
+            4 => refused(
+                ErrorKind::Rejected,
+                format!("{} is not a regular file", rel.as_str()),
+            ),
+            5 => refused(ErrorKind::NotFound, format!("{} not found", rel.as_str())),
+            code => refused(
+                ErrorKind::Unavailable,
+                format!(
+                    "reading {} in the sandbox failed (exit {code}): {}",
+                    rel.as_str(),
+                    String::from_utf8_lossy(&r.stderr).trim()
+                ),
+            ),
+        };
+        match outcome {
+            Ok(output) => Ok(Handled {
+                result: Ok(CommandResult::Tool(output)),
+                events: Vec::new(),
+                locks: vec![lock],
+                correlation: correlation_of(&ws),
+            }),
+            Err(e) => {
+                lock.release().await.ok();
+                Err(e)
+            }
+        }
+    }
 }
 
 /// Largest patch a `git_diff` returns (the rest is cut and flagged).
@@ -1064,7 +1179,9 @@ impl Deps {
     ) -> Result<Handled, CommandError> {
         let op = &req.op;
         let ws = self.workspace(req.workspace_id).await?;
-        host_only(&ws, &format!("tool {}", op.name()))?;
+        if is_remote_placement(&ws.node) {
+            return self.remote_tool(ws, op).await;
+        }
         if op.is_write() && !ws.capabilities.writable {
             return Err(CommandError::new(
                 ErrorKind::Rejected,
