@@ -258,6 +258,50 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
         assert!(text(&out).1.contains(says), "{path}: {}", text(&out).1);
     }
 
+    // write_file too: parents made, created then replaced, one event each with the
+    // content's hash; a symlink out of the workspace or into .git is refused.
+    let w = env
+        .grove_json(&["tool", &id1, "write", "new/dir/g", "--content", "hello\n"])
+        .await;
+    assert_eq!((&w["created"], &w["size_bytes"]), (&json!(true), &json!(6)));
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(b"hello\n"));
+    assert_eq!(w["sha256"], sha.as_str());
+    let w = env
+        .grove_json(&["tool", &id1, "write", "new/dir/g", "--content", "again\n"])
+        .await;
+    assert_eq!(w["created"], false);
+    assert_eq!(
+        run(&env, &id1, provider, &["cat", "new/dir/g"]).await,
+        "again\n"
+    );
+    assert_eq!(env.count_events("workspace.file_written").await, 2);
+    run(&env, &id1, provider, &["ln", "-s", ".git", "g"]).await;
+    for (path, says) in [
+        ("out/evil", "outside the workspace"),
+        ("g/config", "inside .git"),
+        (".git/config", "inside .git"),
+        ("d", "not a regular file"),
+    ] {
+        let out = env
+            .grove(&["tool", &id1, "write", path, "--content", "x"])
+            .await;
+        assert_eq!(out.status.code(), Some(1), "{path}: {}", text(&out).1);
+        assert!(text(&out).1.contains(says), "{path}: {}", text(&out).1);
+    }
+    assert_eq!(env.count_events("workspace.file_written").await, 2);
+    assert_eq!(
+        run(
+            &env,
+            &id1,
+            provider,
+            &["sh", "-c", "ls ../../repos | wc -l"]
+        )
+        .await
+        .trim(),
+        "1",
+        "nothing was written next to the sandbox's clone"
+    );
+
     // Mismatches are typed refusals that record nothing.
     let started = env.count_events("exec.started").await;
     let out = env

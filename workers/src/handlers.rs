@@ -1058,21 +1058,48 @@ case "$p" in "$root"/*) ;; *) exit 3 ;; esac
 [ -f "$p" ] || exit 4
 exec cat -- "$p""#;
 
+/// Writes stdin whole to one file of a remote workspace inside its sandbox: the path is
+/// resolved with every existing symlink (`realpath -m`), must stay beneath the root and
+/// outside `.git`, must be a regular file if it exists; missing parents are made
+/// beneath the resolved path. Prints 1 when the file was created, 0 when replaced.
+/// Exit codes: 3 outside, 4 not a regular file, 7 inside `.git`, 8 the write failed.
+const REMOTE_WRITE_SCRIPT: &str = r#"root=$(pwd -P) || exit 6
+p=$(realpath -m -- "$1" 2>/dev/null) || exit 3
+case "$p" in "$root"/*) ;; *) exit 3 ;; esac
+case "$p" in "$root"/.git|"$root"/.git/*) exit 7 ;; esac
+created=1
+if [ -e "$p" ] || [ -L "$p" ]; then [ -f "$p" ] || exit 4; created=0; fi
+mkdir -p -- "$(dirname -- "$p")" || exit 8
+cat > "$p" || exit 8
+printf %s "$created""#;
+
 impl Deps {
-    /// The agent tools on a workspace placed in a remote provider: `read_file` runs in
-    /// the sandbox under the workspace's shared command lock (so no write-class exec
-    /// can swap a resolved path meanwhile); every other tool is refused for now.
+    /// The agent tools on a workspace placed in a remote provider: `read_file` and
+    /// `write_file` run in the sandbox under the workspace's command lock (shared for
+    /// the read, exclusive for the write, so no write-class exec can swap a resolved
+    /// path meanwhile); every other tool is refused for now.
     async fn remote_tool(&self, ws: WorkspaceRow, op: &ToolOp) -> Result<Handled, CommandError> {
-        let ToolOp::ReadFile { path } = op else {
-            return Err(not_yet(&ws, &format!("tool {}", op.name())));
+        let (path, content) = match op {
+            ToolOp::ReadFile { path } => (path, None),
+            ToolOp::WriteFile { path, content } => (path, Some(content.as_str())),
+            _ => return Err(not_yet(&ws, &format!("tool {}", op.name()))),
         };
         let rel = grove_tools::RelPath::parse(path)?;
+        if content.is_some() && rel.touches_git_dir() {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!(
+                    "{} is inside .git; change the repository with the git tools",
+                    rel.as_str()
+                ),
+            ));
+        }
         let provider = self.remote_provider(&ws.node)?;
         let network = provider
             .workspaces()
             .map(|w| w.network())
             .unwrap_or_default();
-        let (ws, lock) = self.lock_workspace(ws.id, true).await?;
+        let (ws, lock) = self.lock_workspace(ws.id, content.is_none()).await?;
         let dir = PathBuf::from(&ws.local_path);
         let spec = RuntimeSpec {
             image: None,
@@ -1080,7 +1107,7 @@ impl Deps {
             mounts: vec![Mount {
                 source: dir.clone(),
                 target: dir,
-                writable: false,
+                writable: content.is_some(),
             }],
             env: Default::default(),
             resources: ResourceHints::default(),
@@ -1093,16 +1120,22 @@ impl Deps {
             .into(),
         };
         let limit = grove_tools::MAX_READ_BYTES as usize;
+        let script = if content.is_some() {
+            REMOTE_WRITE_SCRIPT
+        } else {
+            REMOTE_READ_SCRIPT
+        };
         let ran = async {
             let runtime = provider.create(spec).await?;
             runtime
                 .exec(ExecRequest {
-                    argv: ["sh", "-c", REMOTE_READ_SCRIPT, "sh", rel.as_str()]
+                    argv: ["sh", "-c", script, "sh", rel.as_str()]
                         .map(String::from)
                         .to_vec(),
+                    stdin: content.map(|c| c.as_bytes().to_vec()),
                     timeout: Some(Duration::from_secs(60)),
                     max_output_bytes: Some(limit + 1),
-                    mutating: false,
+                    mutating: content.is_some(),
                     ..ExecRequest::default()
                 })
                 .await
@@ -1115,47 +1148,71 @@ impl Deps {
                 return Err(e.into());
             }
         };
+        let shown = rel.as_str();
         let refused = |kind, msg: String| Err(CommandError::new(kind, msg));
-        let outcome = match r.exit_code {
-            0 if r.truncated || r.stdout.len() > limit => refused(
+        let outcome = match (r.exit_code, content) {
+            (0, None) if r.truncated || r.stdout.len() > limit => refused(
                 ErrorKind::Rejected,
-                format!("{} is larger than {limit} bytes", rel.as_str()),
+                format!("{shown} is larger than {limit} bytes"),
             ),
-            0 => Ok(ToolOutput::File {
-                path: rel.as_str().to_string(),
+            (0, None) => Ok(ToolOutput::File {
+                path: shown.to_string(),
                 size_bytes: r.stdout.len() as u64,
                 content: String::from_utf8_lossy(&r.stdout).into_owned(),
             }),
-            3 => refused(
+            (0, Some(text)) => Ok(ToolOutput::Written(grove_core::tools::WrittenFile {
+                path: shown.to_string(),
+                size_bytes: text.len() as u64,
+                // The whole digest: SHA-256 has 64 hex digits.
+                sha256: short_hash(text, 64),
+                created: r.stdout.as_slice() == b"1",
+            })),
+            (3, _) => refused(
                 ErrorKind::Rejected,
-                format!("{} resolves outside the workspace", rel.as_str()),
+                format!("{shown} resolves outside the workspace"),
             ),
-            4 => refused(
+            (4, _) => refused(
                 ErrorKind::Rejected,
-                format!("{} is not a regular file", rel.as_str()),
+                format!("{shown} is not a regular file"),
             ),
-            5 => refused(ErrorKind::NotFound, format!("{} not found", rel.as_str())),
-            code => refused(
+            (5, None) => refused(ErrorKind::NotFound, format!("{shown} not found")),
+            (7, _) => refused(
+                ErrorKind::Rejected,
+                format!("{shown} resolves inside .git; change the repository with the git tools"),
+            ),
+            (code, _) => refused(
                 ErrorKind::Unavailable,
                 format!(
-                    "reading {} in the sandbox failed (exit {code}): {}",
-                    rel.as_str(),
+                    "{} {shown} in the sandbox failed (exit {code}): {}",
+                    op.name(),
                     String::from_utf8_lossy(&r.stderr).trim()
                 ),
             ),
         };
-        match outcome {
-            Ok(output) => Ok(Handled {
-                result: Ok(CommandResult::Tool(output)),
-                events: Vec::new(),
-                locks: vec![lock],
-                correlation: correlation_of(&ws),
-            }),
+        let output = match outcome {
+            Ok(output) => output,
             Err(e) => {
                 lock.release().await.ok();
-                Err(e)
+                return Err(e);
             }
-        }
+        };
+        let events = match &output {
+            ToolOutput::Written(w) => vec![Event::WorkspaceFileWritten {
+                workspace_id: ws.id,
+                path: w.path.clone(),
+                op: op.name().to_string(),
+                size_bytes: w.size_bytes,
+                sha256: w.sha256.clone(),
+                created: w.created,
+            }],
+            _ => Vec::new(),
+        };
+        Ok(Handled {
+            result: Ok(CommandResult::Tool(output)),
+            events,
+            locks: vec![lock],
+            correlation: correlation_of(&ws),
+        })
     }
 }
 
@@ -1179,9 +1236,6 @@ impl Deps {
     ) -> Result<Handled, CommandError> {
         let op = &req.op;
         let ws = self.workspace(req.workspace_id).await?;
-        if is_remote_placement(&ws.node) {
-            return self.remote_tool(ws, op).await;
-        }
         if op.is_write() && !ws.capabilities.writable {
             return Err(CommandError::new(
                 ErrorKind::Rejected,
@@ -1192,6 +1246,9 @@ impl Deps {
                     op.name()
                 ),
             ));
+        }
+        if is_remote_placement(&ws.node) {
+            return self.remote_tool(ws, op).await;
         }
         let (ws, lock) = self.lock_workspace(ws.id, !op.is_write()).await?;
         let output = match self.run_tool(&ws, op, token).await {
