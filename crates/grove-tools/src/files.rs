@@ -15,9 +15,9 @@ use crate::Workspace;
 /// Largest file the editor and `read_file` read.
 pub const MAX_READ_BYTES: u64 = 8 * 1024 * 1024;
 /// Depth of a directory `view`.
-const VIEW_DEPTH: usize = 2;
+pub const VIEW_DEPTH: usize = 2;
 /// Most entries a listing returns.
-const MAX_LISTING: usize = 5_000;
+pub const MAX_LISTING: usize = 5_000;
 
 fn is_regular(stat: &Stat) -> bool {
     FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile
@@ -64,12 +64,7 @@ impl Workspace {
     }
 
     fn read_text(&self, path: &RelPath) -> Result<String, ToolError> {
-        String::from_utf8(self.read_bytes(path)?).map_err(|_| {
-            ToolError::InvalidInput(format!(
-                "{} is not UTF-8 text; the editor changes text files only",
-                crate::error::shown(path.as_str())
-            ))
-        })
+        crate::text::utf8(path.as_str(), self.read_bytes(path)?)
     }
 
     /// Writes `content` to `path` in place (creating parents when `create_parents`).
@@ -162,28 +157,8 @@ impl Workspace {
         }
         let path = RelPath::parse(path)?;
         let text = self.read_text(&path)?;
-        let starts: Vec<usize> = text.match_indices(old_str).map(|(i, _)| i).collect();
-        match starts.len() {
-            0 => Err(ToolError::NoMatch {
-                path: path.as_str().into(),
-            }),
-            1 => {
-                let at = starts[0];
-                let mut out = String::with_capacity(text.len() - old_str.len() + new_str.len());
-                out.push_str(&text[..at]);
-                out.push_str(new_str);
-                out.push_str(&text[at + old_str.len()..]);
-                self.write(&path, out.as_bytes(), false, false)
-            }
-            count => Err(ToolError::MultipleMatches {
-                path: path.as_str().into(),
-                count,
-                lines: starts
-                    .iter()
-                    .map(|&i| text[..i].matches('\n').count() as u64 + 1)
-                    .collect(),
-            }),
-        }
+        let out = crate::text::replace_once(path.as_str(), &text, old_str, new_str)?;
+        self.write(&path, out.as_bytes(), false, false)
     }
 
     pub fn insert(
@@ -195,31 +170,7 @@ impl Workspace {
         self.require_writable("insert")?;
         let path = RelPath::parse(path)?;
         let old = self.read_text(&path)?;
-        let lines: Vec<&str> = old.split_inclusive('\n').collect();
-        let count = lines.len() as u64;
-        if insert_line > count {
-            return Err(ToolError::LineOutOfRange {
-                path: path.as_str().into(),
-                line: insert_line,
-                lines: count,
-            });
-        }
-        let mut out = String::with_capacity(old.len() + text.len() + 2);
-        for l in &lines[..insert_line as usize] {
-            out.push_str(l);
-        }
-        // Inserting after a last line that has no newline gives it one first.
-        if insert_line > 0 && !out.is_empty() && !out.ends_with('\n') {
-            out.push('\n');
-        }
-        out.push_str(text);
-        // The text becomes whole lines.
-        if !text.ends_with('\n') {
-            out.push('\n');
-        }
-        for l in &lines[insert_line as usize..] {
-            out.push_str(l);
-        }
+        let out = crate::text::insert_after(path.as_str(), &old, insert_line, text)?;
         self.write(&path, out.as_bytes(), false, false)
     }
 
@@ -237,61 +188,14 @@ impl Workspace {
                 ));
             }
             let entries = self.walk(&rel, VIEW_DEPTH, false)?;
-            let shown = if rel.is_root() { "." } else { rel.as_str() };
-            let mut text = format!(
-                "Files and directories up to {VIEW_DEPTH} levels deep in {shown}, hidden items excluded:\n"
-            );
-            for e in entries {
-                text.push_str(&e.path);
-                if e.kind == "dir" {
-                    text.push('/');
-                }
-                text.push('\n');
-            }
-            return Ok(text);
+            return Ok(crate::text::directory_view(
+                rel.as_str(),
+                VIEW_DEPTH,
+                &entries,
+            ));
         }
         let bytes = self.read_bytes(&rel)?;
-        let content = String::from_utf8_lossy(&bytes);
-        let lines: Vec<&str> = content.lines().collect();
-        let total = lines.len() as u64;
-        let (start, end) = match range {
-            None => (1, total),
-            Some((start, end)) => {
-                if start == 0 || start > total.max(1) {
-                    return Err(ToolError::LineOutOfRange {
-                        path: rel.as_str().into(),
-                        line: start,
-                        lines: total,
-                    });
-                }
-                if end < 0 {
-                    (start, total)
-                } else {
-                    let end = end as u64;
-                    if end < start {
-                        return Err(ToolError::InvalidInput(format!(
-                            "view range end {end} is before its start {start}"
-                        )));
-                    }
-                    if end > total {
-                        return Err(ToolError::LineOutOfRange {
-                            path: rel.as_str().into(),
-                            line: end,
-                            lines: total,
-                        });
-                    }
-                    (start, end)
-                }
-            }
-        };
-        let mut text = String::new();
-        for n in start..=end {
-            if n == 0 || n > total {
-                continue;
-            }
-            text.push_str(&format!("{n:>6}\t{}\n", lines[(n - 1) as usize]));
-        }
-        Ok(text)
+        crate::text::numbered(rel.as_str(), &String::from_utf8_lossy(&bytes), range)
     }
 
     /// One level of a directory, hidden entries included (`.git` left out).

@@ -7,6 +7,8 @@
 //! - `files`: `view`, `create`, `str_replace`, `insert`, `read_file`, `write_file`,
 //!   `list_dir`.
 //! - `search`: line matches over the working tree.
+//! - [`text`]: the editor's pure text transforms (replace, insert, numbered view),
+//!   shared with the workers' path for workspaces inside a remote provider.
 //! - [`error`]: [`ToolError`] and its command-level kind.
 //!
 //! The catalogue of tools offered for a workspace's capabilities is
@@ -23,13 +25,14 @@ pub mod error;
 mod files;
 pub mod path;
 mod search;
+pub mod text;
 
 use std::path::{Path, PathBuf};
 
 use grove_core::tools::{ToolOp, ToolOutput, WrittenFile};
 
 pub use error::ToolError;
-pub use files::MAX_READ_BYTES;
+pub use files::{MAX_LISTING, MAX_READ_BYTES, VIEW_DEPTH};
 pub use path::{RelPath, Root};
 pub use search::{SearchQuery, MAX_SEARCH_FILE_BYTES};
 
