@@ -340,6 +340,8 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     assert!(text(&out).1.contains("lives on node"), "{}", text(&out).1);
     assert_eq!(env.count_events("exec.started").await, started);
 
+    editor(&env, &id1, host_id, provider).await;
+
     // A new worker process (a new provider instance) finds the sandbox by its labels.
     for (child, _) in &mut workers {
         child.kill().await.unwrap();
@@ -392,6 +394,240 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
         let log = std::fs::read_to_string(log).unwrap();
         assert!(!log.contains(TOKEN), "the token reached a log");
     }
+}
+
+/// The text editor and `list_dir` on remote workspace `id` (whose root holds `f`, `d/`,
+/// `new/dir/g`, `out` -> a directory outside it and `g` -> `.git`): the host's text and,
+/// next to host workspace `host_id`, its very errors; escapes refused, nothing changed.
+async fn editor(env: &TestEnv, id: &str, host_id: &str, provider: &str) {
+    let body = "a\nb\na\n";
+    run(env, host_id, "local", &["mkdir", "d"]).await;
+    let written = env.count_events("workspace.file_written").await;
+    for ws in [id, host_id] {
+        let c = env
+            .grove_json(&["tool", ws, "create", "ed.txt", "--content", body])
+            .await;
+        assert_eq!(c["created"], true, "{c}");
+    }
+    let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body.as_bytes()));
+    let v = env
+        .grove_json(&["tool", id, "view", "ed.txt", "--range", "2:-1"])
+        .await;
+    assert_eq!(v["text"], "     2\tb\n     3\ta\n");
+    // Refusals: the same exit code and message on both placements.
+    for (args, code, says) in [
+        (
+            &["create", "ed.txt", "--content", "x"][..],
+            4,
+            "already exists",
+        ),
+        (
+            &["str-replace", "ed.txt", "--old", "zz"][..],
+            2,
+            "old_str was not found in \"ed.txt\"",
+        ),
+        (
+            &["str-replace", "ed.txt", "--old", "a", "--new", "c"][..],
+            2,
+            "old_str occurs 2 times in \"ed.txt\" (lines 1, 3); it must occur exactly once",
+        ),
+        (
+            &["insert", "ed.txt", "--line", "9", "--text", "x"][..],
+            2,
+            "line 9 is out of range",
+        ),
+        (
+            &["view", "ed.txt", "--range", "5:6"][..],
+            2,
+            "line 5 is out of range",
+        ),
+        (
+            &["view", "d", "--range", "1:2"][..],
+            2,
+            "applies to files, not directories",
+        ),
+    ] {
+        let mut outs = Vec::new();
+        for ws in [id, host_id] {
+            let mut argv = vec!["tool", ws];
+            argv.extend_from_slice(args);
+            let out = env.grove(&argv).await;
+            outs.push((out.status.code(), text(&out).1));
+        }
+        assert_eq!(outs[0], outs[1], "{args:?} differs from the host's");
+        assert_eq!(outs[0].0, Some(code), "{args:?}: {}", outs[0].1);
+        assert!(outs[0].1.contains(says), "{args:?}: {}", outs[0].1);
+    }
+    let c = env
+        .grove_json(&["tool", id, "create", "ed2.txt", "--content", body])
+        .await;
+    assert_eq!(c["sha256"], sha.as_str());
+    let r = env
+        .grove_json(&[
+            "tool",
+            id,
+            "str-replace",
+            "ed.txt",
+            "--old",
+            "b",
+            "--new",
+            "B",
+        ])
+        .await;
+    assert_eq!(
+        (&r["created"], &r["size_bytes"]),
+        (&json!(false), &json!(6))
+    );
+    let r = env
+        .grove_json(&[
+            "tool", id, "insert", "ed.txt", "--line", "0", "--text", "top",
+        ])
+        .await;
+    assert_eq!(r["created"], false);
+    assert_eq!(
+        run(env, id, provider, &["cat", "ed.txt"]).await,
+        "top\na\nB\na\n"
+    );
+    let v = env
+        .grove_json(&["tool", id, "view", "ed.txt", "--range", "2:3"])
+        .await;
+    assert_eq!(v["text"], "     2\ta\n     3\tB\n");
+    assert_eq!(
+        env.count_events("workspace.file_written").await,
+        written + 5,
+        "two creates, one per workspace, then a create, a replace and an insert"
+    );
+
+    // list_dir: one level, hidden entries but never .git; symlinks listed, not entered.
+    run(env, id, provider, &["touch", ".h"]).await;
+    let ls = env.grove_json(&["tool", id, "ls"]).await;
+    let entries: Vec<(String, String)> = ls["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["path"].as_str().unwrap().into(),
+                e["kind"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    let want = [
+        (".h", "file"),
+        ("d", "dir"),
+        ("ed.txt", "file"),
+        ("ed2.txt", "file"),
+        ("f", "file"),
+        ("g", "symlink"),
+        ("new", "dir"),
+        ("out", "symlink"),
+    ]
+    .map(|(p, k)| (p.to_string(), k.to_string()));
+    assert_eq!(entries, want, "{ls}");
+    assert_eq!(ls["entries"][4]["size"], 2);
+    let ls = env.grove_json(&["tool", id, "ls", "new"]).await;
+    assert_eq!(
+        ls["entries"],
+        json!([{"path": "new/dir", "kind": "dir", "size": 0}])
+    );
+    // A directory view: two levels, no hidden entries.
+    let v = env.grove_json(&["tool", id, "view"]).await;
+    let shown = v["text"].as_str().unwrap();
+    assert!(
+        shown.starts_with(
+            "Files and directories up to 2 levels deep in ., hidden items excluded:\n"
+        ),
+        "{shown}"
+    );
+    assert!(shown.contains("\nnew/\nnew/dir/\n"), "{shown}");
+    assert!(
+        !shown.contains("new/dir/g") && !shown.contains(".h") && !shown.contains(".git"),
+        "{shown}"
+    );
+    let v = env.grove_json(&["tool", id, "view", "new"]).await;
+    assert!(
+        v["text"]
+            .as_str()
+            .unwrap()
+            .ends_with("\nnew/dir/\nnew/dir/g\n"),
+        "{v}"
+    );
+
+    // Escapes: lexical, through a symlink out of the workspace or into .git, a file
+    // where a directory is needed. Typed refusals that change nothing.
+    run(
+        env,
+        id,
+        provider,
+        &["ln", "-s", "../../repos/../repos", "esc"],
+    )
+    .await;
+    let config = run(env, id, provider, &["cat", ".git/config"]).await;
+    let written = env.count_events("workspace.file_written").await;
+    for (args, code, says) in [
+        (&["create", "../x", "--content", "x"][..], 2, "invalid path"),
+        (
+            &["create", "/tmp/x", "--content", "x"][..],
+            2,
+            "invalid path",
+        ),
+        (
+            &["create", "out/x", "--content", "x"][..],
+            1,
+            "outside the workspace",
+        ),
+        (
+            &["create", ".git/x", "--content", "x"][..],
+            1,
+            "inside .git",
+        ),
+        (&["create", "g/x", "--content", "x"][..], 1, "inside .git"),
+        (
+            &["str-replace", "g/config", "--old", "[core]", "--new", "x"][..],
+            1,
+            "inside .git",
+        ),
+        (
+            &["insert", "g/config", "--line", "0", "--text", "x"][..],
+            1,
+            "inside .git",
+        ),
+        (
+            &["str-replace", "../f", "--old", "x"][..],
+            2,
+            "invalid path",
+        ),
+        (
+            &["insert", "/etc/passwd", "--line", "0", "--text", "x"][..],
+            2,
+            "invalid path",
+        ),
+        (&["view", "out"][..], 1, "outside the workspace"),
+        (&["view", "esc"][..], 1, "outside the workspace"),
+        (&["view", "../f"][..], 2, "invalid path"),
+        (&["ls", "out"][..], 1, "outside the workspace"),
+        (&["ls", "/"][..], 2, "invalid path"),
+        (&["ls", "f"][..], 2, "not a directory"),
+        (&["ls", "nope"][..], 3, "not found"),
+    ] {
+        let mut argv = vec!["tool", id];
+        argv.extend_from_slice(args);
+        let out = env.grove(&argv).await;
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out).1);
+        assert!(text(&out).1.contains(says), "{args:?}: {}", text(&out).1);
+    }
+    assert_eq!(env.count_events("workspace.file_written").await, written);
+    assert_eq!(
+        run(env, id, provider, &["cat", ".git/config"]).await,
+        config
+    );
+    assert_eq!(
+        run(env, id, provider, &["sh", "-c", "ls ../../repos | wc -l"])
+            .await
+            .trim(),
+        "1",
+        "nothing was written next to the sandbox's clone"
+    );
 }
 
 /// A `grove worker --concurrency 1` with `vars`, registered; killed when dropped.

@@ -27,6 +27,23 @@ const TOOLS: &[(&str, bool, &str)] = &[
     ("git_push", true, "Push a branch to origin (force-with-lease, set-upstream)."),
 ];
 
+/// The tools that work on a workspace placed inside a remote provider (ADR 15): they
+/// run in the provider's sandbox through its exec. The others are refused there.
+const REMOTE_TOOLS: &[&str] = &[
+    "view",
+    "create",
+    "str_replace",
+    "insert",
+    "read_file",
+    "write_file",
+    "list_dir",
+];
+
+/// Whether tool `name` works on a workspace placed inside a remote provider.
+pub fn works_remotely(name: &str) -> bool {
+    REMOTE_TOOLS.contains(&name)
+}
+
 /// Why a tool call could not be turned into an operation.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
