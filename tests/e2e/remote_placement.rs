@@ -396,6 +396,17 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
     }
 }
 
+/// The tools a writable workspace in a remote provider offers, in the catalogue's order.
+const REMOTE_TOOLS: [&str; 7] = [
+    "view",
+    "create",
+    "str_replace",
+    "insert",
+    "read_file",
+    "write_file",
+    "list_dir",
+];
+
 /// The text editor and `list_dir` on remote workspace `id` (whose root holds `f`, `d/`,
 /// `new/dir/g`, `out` -> a directory outside it and `g` -> `.git`): the host's text and,
 /// next to host workspace `host_id`, its very errors; escapes refused, nothing changed.
@@ -410,6 +421,22 @@ async fn editor(env: &TestEnv, id: &str, host_id: &str, provider: &str) {
         assert_eq!(c["created"], true, "{c}");
     }
     let sha = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body.as_bytes()));
+    // The tools listed are the ones that run there (every other one is refused).
+    let out = env.grove(&["tool", id, "list"]).await;
+    assert!(out.status.success(), "{}", text(&out).1);
+    let names: Vec<String> = text(&out)
+        .0
+        .lines()
+        .map(|l| {
+            serde_json::from_str::<serde_json::Value>(l).unwrap()["name"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(names, REMOTE_TOOLS);
+    let out = env.grove(&["tool", host_id, "list"]).await;
+    assert!(text(&out).0.contains("\"git_status\""), "{}", text(&out).0);
     let v = env
         .grove_json(&["tool", id, "view", "ed.txt", "--range", "2:-1"])
         .await;
@@ -744,6 +771,28 @@ async fn an_http_session_placed_in_daytona_runs_its_exec_there_and_a_bad_runtime
     assert_eq!(status, StatusCode::OK, "{exec}");
     assert_eq!(exec["stdout"], "x\n");
     assert_eq!(fake.creates(), 1);
+
+    // The tools offered are those that run in the sandbox, and one of them does.
+    let (status, list) = server
+        .get(&format!("/v1/workspaces/{ws}/tools"), ALICE)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let names: Vec<&str> = list["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, REMOTE_TOOLS, "{list}");
+    let (status, view) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/tools/view"),
+            ALICE,
+            json!({"path": "f"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    assert_eq!(view["text"], "     1\tx\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

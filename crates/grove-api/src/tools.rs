@@ -52,7 +52,7 @@ pub async fn list_tools(
     Ok(Json(ToolList {
         workspace_id: ws.id,
         writable: ws.capabilities.writable,
-        tools: tool_catalog::tools_for(&ws.capabilities)
+        tools: tool_catalog::tools_for(&ws.capabilities, &ws.node)
             .into_iter()
             .map(|t| ToolInfo {
                 name: t.name,

@@ -298,7 +298,7 @@ async fn list(workspace_id: Uuid) -> Result<ExitCode> {
                 format!("workspace {workspace_id} not found"),
             )
         })?;
-    for spec in grove_core::tool_catalog::tools_for(&ws.capabilities) {
+    for spec in grove_core::tool_catalog::tools_for(&ws.capabilities, &ws.node) {
         println!("{}", serde_json::to_string(&spec)?);
     }
     Ok(ExitCode::SUCCESS)

@@ -3,7 +3,8 @@
 //! of arguments to a [`ToolOp`]. The CLI, the HTTP API and the MCP server all use it, so
 //! a tool means the same thing whichever way it is called.
 //!
-//! A read-only (analysis) workspace is offered the read tools only.
+//! A read-only (analysis) workspace is offered the read tools only; a workspace placed
+//! inside a remote provider only the tools that run there (ADR 15).
 
 use serde_json::{json, Map, Value};
 
@@ -67,11 +68,15 @@ pub fn all_tools() -> Vec<ToolSpec> {
     TOOLS.iter().map(spec).collect()
 }
 
-/// The tools a workspace with `caps` offers: write tools only when it is writable.
-pub fn tools_for(caps: &Capabilities) -> Vec<ToolSpec> {
+/// The tools a workspace with `caps` on `node` offers: write tools only when it is
+/// writable, and on a workspace placed inside a remote provider (its `node` is the
+/// provider's name) only those that work there ([`works_remotely`]).
+pub fn tools_for(caps: &Capabilities, node: &str) -> Vec<ToolSpec> {
+    let remote = crate::commands::is_remote_placement(node);
     TOOLS
         .iter()
         .filter(|(_, writes, _)| caps.writable || !writes)
+        .filter(|(name, _, _)| !remote || works_remotely(name))
         .map(spec)
         .collect()
 }
@@ -243,14 +248,29 @@ mod tests {
 
     #[test]
     fn a_read_only_workspace_is_offered_no_write_tool() {
-        let ro = tools_for(&Capabilities::from_mode(WorkspaceMode::Analysis));
+        let ro = tools_for(&Capabilities::from_mode(WorkspaceMode::Analysis), "n1");
         assert!(ro.iter().all(|t| !t.writes));
         assert!(ro.iter().any(|t| t.name == "view"));
         assert!(!ro
             .iter()
             .any(|t| t.name == "str_replace" || t.name == "git_push"));
-        let rw = tools_for(&Capabilities::from_mode(WorkspaceMode::Edit));
+        let rw = tools_for(&Capabilities::from_mode(WorkspaceMode::Edit), "n1");
         assert_eq!(rw.len(), TOOLS.len());
+    }
+
+    #[test]
+    fn a_workspace_in_a_remote_provider_is_offered_only_what_runs_there() {
+        let caps = Capabilities::from_mode(WorkspaceMode::Edit);
+        for provider in crate::commands::REMOTE_PLACEMENTS {
+            let names: Vec<String> = tools_for(&caps, provider)
+                .into_iter()
+                .map(|t| t.name)
+                .collect();
+            assert_eq!(names, REMOTE_TOOLS, "{provider}");
+        }
+        let ro = tools_for(&Capabilities::from_mode(WorkspaceMode::Analysis), "e2b");
+        let names: Vec<&str> = ro.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, ["view", "read_file", "list_dir"]);
     }
 
     /// One call per tool, with every argument its schema names.

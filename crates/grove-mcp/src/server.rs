@@ -82,7 +82,7 @@ impl GroveMcp {
     /// `shell`.
     pub async fn tools(&self) -> Result<Vec<Tool>, McpServeError> {
         let ws = self.workspace().await?;
-        let mut tools: Vec<Tool> = tool_catalog::tools_for(&ws.capabilities)
+        let mut tools: Vec<Tool> = tool_catalog::tools_for(&ws.capabilities, &ws.node)
             .into_iter()
             .map(to_mcp)
             .collect();
