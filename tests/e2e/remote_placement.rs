@@ -397,7 +397,7 @@ async fn placement_lifecycle(test: &str, provider: &str, fake: &dyn Fake, vars: 
 }
 
 /// The tools a writable workspace in a remote provider offers, in the catalogue's order.
-const REMOTE_TOOLS: [&str; 7] = [
+const REMOTE_TOOLS: [&str; 8] = [
     "view",
     "create",
     "str_replace",
@@ -405,6 +405,7 @@ const REMOTE_TOOLS: [&str; 7] = [
     "read_file",
     "write_file",
     "list_dir",
+    "search",
 ];
 
 /// The text editor and `list_dir` on remote workspace `id` (whose root holds `f`, `d/`,
@@ -579,6 +580,73 @@ async fn editor(env: &TestEnv, id: &str, host_id: &str, provider: &str) {
             .ends_with("\nnew/dir/\nnew/dir/g\n"),
         "{v}"
     );
+
+    // search: grep in the sandbox preselects, the host's matcher decides; symlinks
+    // (`out` leads to the sandbox's clone, which holds an `f` with an x) and .git are
+    // not entered.
+    let hits = |s: &serde_json::Value| -> Vec<(String, u64, String)> {
+        s["hits"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|h| {
+                (
+                    h["path"].as_str().unwrap().to_string(),
+                    h["line"].as_u64().unwrap(),
+                    h["text"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    };
+    let hit = |p: &str, l: u64, t: &str| (p.to_string(), l, t.to_string());
+    let s = env.grove_json(&["tool", id, "search", "x"]).await;
+    assert_eq!(
+        (hits(&s), &s["truncated"]),
+        (vec![hit("f", 1, "x")], &json!(false))
+    );
+    let s = env.grove_json(&["tool", id, "search", "b", "-i"]).await;
+    assert_eq!(hits(&s), [hit("ed.txt", 3, "B"), hit("ed2.txt", 2, "b")]);
+    let s = env.grove_json(&["tool", id, "search", "B"]).await;
+    assert_eq!(hits(&s), [hit("ed.txt", 3, "B")]);
+    let s = env
+        .grove_json(&["tool", id, "search", "^a$", "--regex", "--max-results", "3"])
+        .await;
+    assert_eq!(
+        (hits(&s), &s["truncated"]),
+        (
+            vec![
+                hit("ed.txt", 2, "a"),
+                hit("ed.txt", 4, "a"),
+                hit("ed2.txt", 1, "a")
+            ],
+            &json!(true)
+        )
+    );
+    let s = env
+        .grove_json(&["tool", id, "search", "again", "--path", "new"])
+        .await;
+    assert_eq!(hits(&s), [hit("new/dir/g", 1, "again")]);
+    for (args, code, says) in [
+        (
+            &["search", "x", "--path", "out"][..],
+            1,
+            "outside the workspace",
+        ),
+        (&["search", "x", "--path", "../"][..], 2, "invalid path"),
+        (&["search", "x", "--path", "nope"][..], 3, "not found"),
+        (
+            &["search", "x", "--glob", "*.rs"][..],
+            1,
+            "--glob is not available",
+        ),
+        (&["search", "(", "--regex"][..], 2, "invalid pattern"),
+    ] {
+        let mut argv = vec!["tool", id];
+        argv.extend_from_slice(args);
+        let out = env.grove(&argv).await;
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out).1);
+        assert!(text(&out).1.contains(says), "{args:?}: {}", text(&out).1);
+    }
 
     // Escapes: lexical, through a symlink out of the workspace or into .git, a file
     // where a directory is needed. Typed refusals that change nothing.

@@ -38,6 +38,7 @@ const REMOTE_TOOLS: &[&str] = &[
     "read_file",
     "write_file",
     "list_dir",
+    "search",
 ];
 
 /// Whether tool `name` works on a workspace placed inside a remote provider.
@@ -270,7 +271,7 @@ mod tests {
         }
         let ro = tools_for(&Capabilities::from_mode(WorkspaceMode::Analysis), "e2b");
         let names: Vec<&str> = ro.iter().map(|t| t.name.as_str()).collect();
-        assert_eq!(names, ["view", "read_file", "list_dir"]);
+        assert_eq!(names, ["view", "read_file", "list_dir", "search"]);
     }
 
     /// One call per tool, with every argument its schema names.

@@ -18,7 +18,27 @@ pub const MAX_SEARCH_FILE_BYTES: u64 = 4 * 1024 * 1024;
 /// A file with a NUL byte in its first this-many bytes is binary and skipped.
 const BINARY_PROBE: usize = 8 * 1024;
 /// Longest line text returned per hit.
-const MAX_HIT_CHARS: usize = 1_000;
+pub const MAX_HIT_CHARS: usize = 1_000;
+
+/// The line matcher of a search: `pattern` as a regular expression or a literal.
+pub fn matcher(
+    pattern: &str,
+    regex: bool,
+    case_sensitive: bool,
+) -> Result<regex::bytes::Regex, ToolError> {
+    let source = if regex {
+        pattern.to_string()
+    } else {
+        regex::escape(pattern)
+    };
+    RegexBuilder::new(&source)
+        .case_insensitive(!case_sensitive)
+        .size_limit(16 * 1024 * 1024)
+        .build()
+        .map_err(|e| {
+            ToolError::InvalidInput(format!("invalid pattern: {}", one_line(&e.to_string())))
+        })
+}
 
 /// What to search for, and where.
 #[derive(Debug, Clone, Default)]
@@ -34,18 +54,7 @@ pub struct SearchQuery<'a> {
 impl Workspace {
     /// Hits sorted by path then line, at most `max_results`; the flag says more exist.
     pub fn search(&self, q: &SearchQuery<'_>) -> Result<(Vec<SearchHit>, bool), ToolError> {
-        let source = if q.regex {
-            q.pattern.to_string()
-        } else {
-            regex::escape(q.pattern)
-        };
-        let matcher = RegexBuilder::new(&source)
-            .case_insensitive(!q.case_sensitive)
-            .size_limit(16 * 1024 * 1024)
-            .build()
-            .map_err(|e| {
-                ToolError::InvalidInput(format!("invalid pattern: {}", one_line(&e.to_string())))
-            })?;
+        let matcher = matcher(q.pattern, q.regex, q.case_sensitive)?;
         let max = q.max_results.unwrap_or(DEFAULT_SEARCH_HITS).max(1);
         let start = RelPath::parse(q.path.unwrap_or(""))?;
         // The start must resolve inside the root before anything walks it.

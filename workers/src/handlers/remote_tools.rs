@@ -1,7 +1,7 @@
 //! The agent tools on a workspace placed inside a remote provider (ADR 15): the text
-//! editor and the file tools run as short `sh` scripts through the provider's exec,
-//! every path resolved in the sandbox beneath the workspace root; the text transforms
-//! are `grove_tools::text`, the host's own.
+//! editor, the file tools and `search` run as short `sh` scripts through the
+//! provider's exec, every path resolved in the sandbox beneath the workspace root; the
+//! text transforms (`grove_tools::text`) and the search matcher are the host's own.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -11,7 +11,7 @@ use grove_core::events::Event;
 use grove_core::layout::short_hash;
 use grove_core::model::WorkspaceRow;
 use grove_core::ports::{ExecRequest, ExecResult, Mount, ResourceHints, Runtime, RuntimeSpec};
-use grove_core::tools::{DirEntry, ToolOp, ToolOutput, WrittenFile};
+use grove_core::tools::{DirEntry, SearchHit, ToolOp, ToolOutput, WrittenFile};
 use grove_tools::{text, RelPath, ToolError};
 
 use super::{correlation_of, not_yet, Deps, Handled};
@@ -57,6 +57,16 @@ cd -- "$p" || exit 8
 if [ "$3" = 1 ]; then hide=.git; else hide='.*'; fi
 exec find . -mindepth 1 -maxdepth "$2" -name "$hide" -prune -o -printf '%y\t%s\t%P\0'"#;
 
+/// Searches a remote workspace from `$1` (resolved with every symlink, the root or
+/// beneath it) with `grep -r` (symlinks beneath not followed, binary files and every
+/// `.git` left out), the remaining arguments being grep's pattern options; prints
+/// `./path<NUL>line:text` per hit. Exit codes: 3 outside, 5 absent, 0 or 1 from grep.
+const SEARCH_SCRIPT: &str = r#"root=$(pwd -P) || exit 6
+p=$(realpath -e -- "$1" 2>/dev/null) || exit 5
+case "$p" in "$root"|"$root"/*) ;; *) exit 3 ;; esac
+shift
+exec grep -r -n -I -Z -s --exclude-dir=.git "$@" -- ".${p#"$root"}""#;
+
 /// The path a tool operation names (the root for a `list_dir` without one).
 fn op_path(op: &ToolOp) -> &str {
     match op {
@@ -66,7 +76,7 @@ fn op_path(op: &ToolOp) -> &str {
         | ToolOp::Insert { path, .. }
         | ToolOp::ReadFile { path }
         | ToolOp::WriteFile { path, .. } => path,
-        ToolOp::ListDir { path } => path.as_deref().unwrap_or(""),
+        ToolOp::ListDir { path } | ToolOp::Search { path, .. } => path.as_deref().unwrap_or(""),
         _ => "",
     }
 }
@@ -227,6 +237,45 @@ impl Sandbox<'_> {
             ToolOp::ListDir { .. } => ToolOutput::Dir {
                 entries: self.list(1, true).await?,
             },
+            ToolOp::Search {
+                pattern,
+                regex,
+                case_sensitive,
+                glob,
+                max_results,
+                ..
+            } => {
+                if !glob.is_empty() {
+                    return Err(CommandError::new(
+                        ErrorKind::Rejected,
+                        "search --glob is not available in a remote provider's sandbox yet"
+                            .to_string(),
+                    ));
+                }
+                // The host's matcher decides; grep in the sandbox only preselects lines.
+                let matcher = grove_tools::matcher(pattern, *regex, *case_sensitive)?;
+                let at = if self.rel.is_root() {
+                    "."
+                } else {
+                    self.rel.as_str()
+                };
+                let mut args = vec![at, if *regex { "-E" } else { "-F" }];
+                if !case_sensitive {
+                    args.push("-i");
+                }
+                args.extend(["-e", pattern.as_str()]);
+                let r = self.sh(SEARCH_SCRIPT, &args, None).await?;
+                if r.exit_code > 1 {
+                    return Err(self.refusal(&r));
+                }
+                let max = max_results
+                    .unwrap_or(grove_core::tools::DEFAULT_SEARCH_HITS)
+                    .max(1);
+                let mut hits = parse_hits(&r.stdout, |line| matcher.is_match(line));
+                let truncated = r.truncated || hits.len() > max;
+                hits.truncate(max);
+                ToolOutput::Search { hits, truncated }
+            }
             other => return Err(internal_refusal(other)),
         })
     }
@@ -397,9 +446,56 @@ fn parse_listing(dir: &RelPath, out: &[u8]) -> Vec<DirEntry> {
     entries
 }
 
+/// grep's `./path<NUL>line:text` hits, kept only when the path is a clean relative
+/// path and the host's matcher matches the line; sorted by path then line.
+fn parse_hits(out: &[u8], is_match: impl Fn(&[u8]) -> bool) -> Vec<SearchHit> {
+    let mut hits: Vec<SearchHit> = out
+        .split(|b| *b == b'\n')
+        .filter_map(|rec| {
+            let nul = rec.iter().position(|b| *b == 0)?;
+            let (path, rest) = (&rec[..nul], &rec[nul + 1..]);
+            let path = std::str::from_utf8(path).ok()?;
+            let below = path.strip_prefix("./")?;
+            let rel = RelPath::parse(below).ok()?;
+            if rel.is_root() || rel.as_str() != below || rel.touches_git_dir() {
+                return None;
+            }
+            let colon = rest.iter().position(|b| *b == b':')?;
+            let line: u64 = std::str::from_utf8(&rest[..colon]).ok()?.parse().ok()?;
+            let text = &rest[colon + 1..];
+            let text = text.strip_suffix(b"\r").unwrap_or(text);
+            if !is_match(text) {
+                return None;
+            }
+            Some(SearchHit {
+                path: rel.as_str().to_string(),
+                line,
+                text: String::from_utf8_lossy(text)
+                    .chars()
+                    .take(grove_tools::MAX_HIT_CHARS)
+                    .collect(),
+            })
+        })
+        .collect();
+    hits.sort_by(|a, b| (&a.path, a.line).cmp(&(&b.path, b.line)));
+    hits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn hits_keep_clean_paths_and_what_the_hosts_matcher_matches() {
+        let out =
+            b"./b\x002:beta\r\n./a\x0010:alpha beta\n./../x\x001:beta\n./c\x001:gamma\n./d\x00cut";
+        let hits = parse_hits(out, |l| l.windows(4).any(|w| w == b"beta"));
+        let shown: Vec<(&str, u64, &str)> = hits
+            .iter()
+            .map(|h| (h.path.as_str(), h.line, h.text.as_str()))
+            .collect();
+        assert_eq!(shown, [("a", 10, "alpha beta"), ("b", 2, "beta")]);
+    }
 
     #[test]
     fn a_listing_names_entries_from_the_root_and_drops_what_could_escape() {
