@@ -4,7 +4,9 @@
 //! as on a host, one sandbox per (user, project) and one upstream clone in it however
 //! many conversations acquire at once, a restarted worker finds the sandbox again by
 //! its labels, destroy removes the clone and the last one deletes the sandbox, and a
-//! mismatch between placement and runtime is a typed error that changes nothing. Only
+//! mismatch between placement and runtime is a typed error that changes nothing. The
+//! agent tools that run in the sandbox (editor, file tools, search) give the host's
+//! text and errors, refuse escapes, and are what the tool list offers. Only
 //! workers with the provider configured take those jobs (queue `grove:provider:<name>`).
 
 use std::path::Path;
