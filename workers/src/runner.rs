@@ -52,9 +52,10 @@ impl Worker {
     /// Claims and runs at most one job, to completion. Tests drive the queue with it.
     pub async fn try_execute_job(&self) -> Result<Outcome, StoreError> {
         for q in &self.queues {
-            let jobs = queue::claim(&self.deps.pool, &self.deps.config.worker_id, q, 1).await?;
-            if let Some(job) = jobs.into_iter().next() {
-                run_job(self.deps.clone(), job).await;
+            let jobs =
+                queue::claim_and_start(&self.deps.pool, &self.deps.config.worker_id, q, 1).await?;
+            if let Some((job, start)) = jobs.into_iter().next() {
+                run_job(self.deps.clone(), job, start).await;
                 return Ok(Outcome::Done);
             }
         }
@@ -76,16 +77,16 @@ impl Worker {
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
         tokio::pin!(shutdown);
         loop {
-            // Claim as many jobs as there are free slots, queue by queue.
+            // Claim (and start) as many jobs as there are free slots, queue by queue.
             let mut claimed_any = false;
             for q in &self.queues {
                 let free = permits.available_permits();
                 if free == 0 {
                     break;
                 }
-                match queue::claim(&deps.pool, &cfg.worker_id, q, free as i32).await {
+                match queue::claim_and_start(&deps.pool, &cfg.worker_id, q, free as i32).await {
                     Ok(jobs) => {
-                        for job in jobs {
+                        for (job, start) in jobs {
                             claimed_any = true;
                             let permit = permits
                                 .clone()
@@ -95,7 +96,7 @@ impl Worker {
                             let deps = deps.clone();
                             let wake = wake.clone();
                             tokio::spawn(async move {
-                                run_job(deps, job).await;
+                                run_job(deps, job, start).await;
                                 drop(permit);
                                 // A slot is free: look for more work at once.
                                 wake.notify_one();
@@ -299,12 +300,12 @@ fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata
 /// Carries one claimed job to its recorded outcome. Database failures on the way leave
 /// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
 /// the retry the next delivery makes.
-async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
+async fn run_job(deps: Arc<Deps>, job: ClaimedJob, start: Start) {
     deps.inflight
         .lock()
         .expect("inflight set")
         .insert(job.job_id.clone());
-    if let Err(e) = run_job_inner(&deps, &job).await {
+    if let Err(e) = run_job_inner(&deps, &job, start).await {
         // The outcome could not be recorded (typically Postgres went away). The ledger
         // row is left as it is: the next delivery of this job then sees an attempt that
         // started and never finished, and re-runs it if it is idempotent or ends it as
@@ -319,8 +320,8 @@ async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
         .remove(&job.job_id);
 }
 
-async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> {
-    let start = queue::start(&deps.pool, job, &deps.config.worker_id).await?;
+/// Runs a job that `queue::claim_and_start` claimed and started.
+async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<(), StoreError> {
     let Start::Run {
         command,
         attempt,
@@ -370,17 +371,35 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
             } else {
                 at
             };
-            let res = queue::finish(
-                &deps.pool,
-                job,
-                &deps.config.worker_id,
-                &handled.result,
-                &handled.events,
-                &md,
-                at,
-            )
-            .await;
-            for lock in handled.locks {
+            let mut locks = handled.locks;
+            // On the first lock's connection when there is one: no further checkout.
+            let res = match locks.first_mut() {
+                Some(lock) => {
+                    queue::finish_on(
+                        lock.conn(),
+                        job,
+                        &deps.config.worker_id,
+                        &handled.result,
+                        &handled.events,
+                        &md,
+                        at,
+                    )
+                    .await
+                }
+                None => {
+                    queue::finish(
+                        &deps.pool,
+                        job,
+                        &deps.config.worker_id,
+                        &handled.result,
+                        &handled.events,
+                        &md,
+                        at,
+                    )
+                    .await
+                }
+            };
+            for lock in locks {
                 let _ = lock.release().await;
             }
             res
