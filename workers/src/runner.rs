@@ -371,12 +371,13 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
             } else {
                 at
             };
-            let mut locks = handled.locks;
-            // On the first lock's connection when there is one: no further checkout.
-            let res = match locks.first_mut() {
-                Some(lock) => {
-                    queue::finish_on(
-                        lock.conn(),
+            let mut locks = handled.locks.into_iter();
+            // On the first lock's connection when there is one (no further checkout),
+            // announced in the round trip that frees that lock, after the commit.
+            match locks.next() {
+                Some(mut first) => {
+                    let res = queue::finish_on(
+                        first.conn(),
                         job,
                         &deps.config.worker_id,
                         &handled.result,
@@ -384,7 +385,15 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
                         &md,
                         at,
                     )
-                    .await
+                    .await;
+                    let _ = match res {
+                        Ok(true) => first.release_announcing(job.command_id).await,
+                        _ => first.release().await,
+                    };
+                    for lock in locks {
+                        let _ = lock.release().await;
+                    }
+                    res.map(|_| ())
                 }
                 None => {
                     queue::finish(
@@ -398,11 +407,7 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
                     )
                     .await
                 }
-            };
-            for lock in locks {
-                let _ = lock.release().await;
             }
-            res
         }
         Err(e) if e.transient && attempt < max_attempts => {
             let delay = queue::backoff(attempt);

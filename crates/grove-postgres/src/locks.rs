@@ -152,7 +152,18 @@ impl AdvisoryLock {
     }
 
     /// Frees the lock and returns the connection to the pool.
-    pub async fn release(mut self) -> Result<(), StoreError> {
+    pub async fn release(self) -> Result<(), StoreError> {
+        self.release_inner(None).await
+    }
+
+    /// Frees the lock and, in the same round trip, announces that `command_id`'s outcome
+    /// is recorded (`NOTIFY grove_command_done`; see `queue::announce`). Only after the
+    /// outcome committed.
+    pub async fn release_announcing(self, command_id: Uuid) -> Result<(), StoreError> {
+        self.release_inner(Some(command_id)).await
+    }
+
+    async fn release_inner(mut self, announce: Option<Uuid>) -> Result<(), StoreError> {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
@@ -161,9 +172,17 @@ impl AdvisoryLock {
         } else {
             "pg_advisory_unlock"
         };
-        // One round trip, as in `acquire`.
+        // One round trip, as in `acquire`. A UUID's text form is hex digits and dashes.
+        let announce = announce
+            .map(|id| {
+                format!(
+                    "SELECT pg_notify('{}', '{id}'); ",
+                    crate::queue::DONE_CHANNEL
+                )
+            })
+            .unwrap_or_default();
         let sql = trusted(format!(
-            "SELECT {function}({}); RESET lock_timeout",
+            "{announce}SELECT {function}({}); RESET lock_timeout",
             self.key
         ));
         let unlocked = sqlx::raw_sql(sql)

@@ -384,7 +384,7 @@ async fn finish_ledger(
 
 /// The outcome, the job's close and the secret's deletion, in one statement, only if
 /// `worker_id` still holds the attempt (the ledger row is `running` and names it).
-/// Returns whether it did. The notification is sent after the commit ([`notify_done`]).
+/// Returns whether it did. The notification is sent after the commit ([`announce`]).
 async fn record_outcome<'c>(
     conn: impl sqlx::PgExecutor<'c>,
     job: &ClaimedJob,
@@ -451,11 +451,17 @@ pub async fn finish(
     at: DateTime<Utc>,
 ) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
-    finish_on(&mut conn, job, worker_id, outcome, events, metadata, at).await
+    if finish_on(&mut conn, job, worker_id, outcome, events, metadata, at).await? {
+        announce(&mut conn, job.command_id).await;
+    }
+    Ok(())
 }
 
-/// [`finish`] on a connection the caller holds (outside a transaction): the worker
-/// records an outcome on the connection of the job's first lock, so a job costs one
+/// [`finish`] on a connection the caller holds (outside a transaction), without the
+/// announcement: returns whether the outcome was recorded (false: another attempt owns
+/// the command), and the caller must then [`announce`] it. The worker records an
+/// outcome on the connection of the job's first lock and announces it in the round
+/// trip that frees that lock (`AdvisoryLock::release_announcing`), so a job costs one
 /// pool checkout for its lock, its reads and its outcome.
 pub async fn finish_on(
     conn: &mut PgConnection,
@@ -465,17 +471,16 @@ pub async fn finish_on(
     events: &[Event],
     metadata: &Metadata,
     at: DateTime<Utc>,
-) -> Result<(), StoreError> {
+) -> Result<bool, StoreError> {
     let superseded = || {
         tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
-        Ok(())
+        Ok(false)
     };
     if events.is_empty() {
         if !record_outcome(&mut *conn, job, worker_id, outcome).await? {
             return superseded();
         }
-        notify_done(conn, job.command_id).await;
-        return Ok(());
+        return Ok(true);
     }
     let mut tries = 0;
     loop {
@@ -487,8 +492,7 @@ pub async fn finish_on(
         match store::append(&mut tx, events, metadata, at).await {
             Ok(()) => {
                 tx.commit().await?;
-                notify_done(conn, job.command_id).await;
-                return Ok(());
+                return Ok(true);
             }
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
             Err(e) => return Err(e),
@@ -502,7 +506,7 @@ pub async fn finish_on(
 /// commits of all finishing workers would queue behind each other; alone, the NOTIFY
 /// writes no WAL and is not flushed. A notification lost here (the worker died between
 /// the two) only delays the caller until its next poll of the ledger.
-async fn notify_done(conn: &mut PgConnection, command_id: Uuid) {
+pub async fn announce(conn: &mut PgConnection, command_id: Uuid) {
     if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
         .bind(DONE_CHANNEL)
         .bind(command_id.to_string())
