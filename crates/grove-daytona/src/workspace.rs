@@ -10,53 +10,12 @@
 //! the branch list) before it counts as a failure.
 
 use grove_core::error::RuntimeError;
-use grove_core::layout::segment;
-use grove_core::ports::{GitToken, NetworkPolicy};
+use grove_core::ports::GitToken;
+use grove_remote_runtime::{RemoteWorkspace, WorkspacePlacement};
 
 use crate::api::GitClone;
 use crate::error::DaytonaError;
-use crate::{DaytonaRuntimeProvider, SandboxKey};
-
-/// Where a workspace goes and what it is made of. All fields are untrusted input and
-/// are validated (refs) or hashed into paths (ids).
-#[derive(Debug, Clone)]
-pub struct WorkspacePlacement {
-    pub user: String,
-    pub project: String,
-    /// The conversation, task or (analysis) base ref the workspace is for.
-    pub scope: String,
-    /// Normalized `owner/name`.
-    pub repo_name: String,
-    /// The upstream URL, without credentials.
-    pub repo_url: String,
-    pub base_ref: String,
-    /// The branch to create and check out; `None` leaves `base_ref` checked out.
-    pub branch: Option<String>,
-    /// The sandbox's network; cloning needs `limited` (with the git host allowed) or
-    /// `default`.
-    pub network: NetworkPolicy,
-}
-
-/// A workspace inside a sandbox: what grove records as its location.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteWorkspace {
-    pub sandbox_id: String,
-    /// Absolute path of the checkout inside the sandbox (the runtime's workdir).
-    pub path: String,
-    /// The sandbox's clone of the repository the checkout was made from.
-    pub cache_path: String,
-    /// Whether this call cloned the repository from upstream.
-    pub cloned_cache: bool,
-}
-
-/// `<user>_<scope>_<branch>`, each part reduced to a safe prefix plus a hash.
-pub fn worktree_name(user: &str, scope: &str, branch: &str) -> String {
-    format!("{}_{}_{}", segment(user), segment(scope), segment(branch))
-}
-
-fn invalid(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::CommandRejected(e.to_string())
-}
+use crate::DaytonaRuntimeProvider;
 
 impl DaytonaRuntimeProvider {
     /// Makes (or finds) the workspace `p` describes inside the sandbox of its user and
@@ -68,15 +27,7 @@ impl DaytonaRuntimeProvider {
         p: &WorkspacePlacement,
         token: Option<&GitToken>,
     ) -> Result<RemoteWorkspace, RuntimeError> {
-        grove_core::validate::validate_ref(&p.base_ref).map_err(invalid)?;
-        if let Some(b) = &p.branch {
-            grove_core::validate::validate_ref(b).map_err(invalid)?;
-        }
-        grove_core::validate::RepoUrl::parse(&p.repo_url).map_err(invalid)?;
-        let key = SandboxKey {
-            user: p.user.clone(),
-            project: p.project.clone(),
-        };
+        let key = p.validate()?;
         let client = self.client().clone();
         let (sandbox, home) = self
             .with_sandbox(&key, p.network, |id| {
@@ -84,13 +35,8 @@ impl DaytonaRuntimeProvider {
                 async move { client.home_dir(&id).await }
             })
             .await?;
-        let home = home.trim_end_matches('/').to_string();
-        let cache_path = format!("{home}/grove/repos/{}", segment(&p.repo_name));
-        let branch_label = p.branch.as_deref().unwrap_or(&p.base_ref);
-        let path = format!(
-            "{home}/grove/workspaces/{}",
-            worktree_name(&p.user, &p.scope, branch_label)
-        );
+        let cache_path = p.cache_path(&home);
+        let path = p.path(&home);
 
         let mut cloned_cache = false;
         if head(&client, &sandbox, &cache_path).await?.is_none() {
@@ -182,19 +128,5 @@ where
             }
         }
         Err(e) => Err(e.into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn two_conversations_on_one_branch_get_two_directories() {
-        let a = worktree_name("alice", "conv-1", "agent/edits");
-        let b = worktree_name("alice", "conv-2", "agent/edits");
-        assert_ne!(a, b);
-        assert!(!a.contains('/') && !a.contains(".."), "{a}");
-        assert!(a.split('_').count() >= 3, "{a}");
     }
 }

@@ -10,45 +10,15 @@ use std::collections::BTreeMap;
 
 use futures::StreamExt;
 use grove_core::error::RuntimeError;
-use grove_core::layout::segment;
 use grove_core::ports::{GitToken, NetworkPolicy};
+use grove_remote_runtime::{RemoteWorkspace, WorkspacePlacement};
 
 use crate::api::{ProcessConfig, ProcessEvent};
 use crate::error::E2bError;
 use crate::{E2bRuntimeProvider, SandboxKey};
 
-/// Where a workspace goes and what it is made of; untrusted, validated or hashed.
-#[derive(Debug, Clone)]
-pub struct WorkspacePlacement {
-    pub user: String,
-    pub project: String,
-    /// The conversation, task or (analysis) base ref the workspace is for.
-    pub scope: String,
-    pub repo_name: String,
-    /// The upstream URL, without credentials.
-    pub repo_url: String,
-    pub base_ref: String,
-    /// The branch to create and check out; `None` leaves `base_ref` checked out.
-    pub branch: Option<String>,
-    /// Cloning needs `default`.
-    pub network: NetworkPolicy,
-}
-
-/// A workspace inside a sandbox: what grove records as its location.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteWorkspace {
-    pub sandbox_id: String,
-    pub path: String,
-    pub cache_path: String,
-    pub cloned_cache: bool,
-}
-
 const CREDENTIAL_HELPER: &str =
     "credential.helper=!f() { echo username=x-access-token; echo \"password=$GROVE_GIT_TOKEN\"; }; f";
-
-fn invalid(e: impl std::fmt::Display) -> RuntimeError {
-    RuntimeError::CommandRejected(e.to_string())
-}
 
 impl E2bRuntimeProvider {
     /// Runs one program in `key`'s sandbox to completion: exit code and stderr.
@@ -146,24 +116,10 @@ impl E2bRuntimeProvider {
         p: &WorkspacePlacement,
         token: Option<&GitToken>,
     ) -> Result<RemoteWorkspace, RuntimeError> {
-        grove_core::validate::validate_ref(&p.base_ref).map_err(invalid)?;
-        if let Some(b) = &p.branch {
-            grove_core::validate::validate_ref(b).map_err(invalid)?;
-        }
-        grove_core::validate::RepoUrl::parse(&p.repo_url).map_err(invalid)?;
-        let key = SandboxKey {
-            user: p.user.clone(),
-            project: p.project.clone(),
-        };
+        let key = p.validate()?;
         let home = self.home(&key, p.network).await?;
-        let cache_path = format!("{home}/grove/repos/{}", segment(&p.repo_name));
-        let branch_label = p.branch.as_deref().unwrap_or(&p.base_ref);
-        let path = format!(
-            "{home}/grove/workspaces/{}_{}_{}",
-            segment(&p.user),
-            segment(&p.scope),
-            segment(branch_label)
-        );
+        let cache_path = p.cache_path(&home);
+        let path = p.path(&home);
         let fail = |what: &str, code: i32, stderr: String| {
             RuntimeError::CommandRejected(format!("{what} failed (exit {code}): {stderr}"))
         };
