@@ -539,6 +539,10 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
         Some(self)
     }
 
+    fn workspaces(&self) -> Option<&dyn grove_core::ports::RemoteWorkspaces> {
+        Some(self)
+    }
+
     fn healthy(&self, backend_id: &str) -> BoxFuture<'_, Result<bool, RuntimeError>> {
         let key = Self::parse_backend_id(backend_id);
         Box::pin(async move {

@@ -9,13 +9,23 @@
 //! so every validation error is checked against the repository's state (`.git/HEAD`,
 //! the branch list) before it counts as a failure.
 
+use std::time::Duration;
+
+use futures::future::BoxFuture;
 use grove_core::error::RuntimeError;
-use grove_core::ports::GitToken;
+use grove_core::ports::{
+    resolve_head, split_remote_workspace_path, ExecRequest, GitToken, Mount, NetworkPolicy,
+    RemoteCheckout, RemoteWorkspaceRequest, RemoteWorkspaces, RuntimeProvider, RuntimeSpec,
+};
 use grove_remote_runtime::{RemoteWorkspace, WorkspacePlacement};
 
-use crate::api::GitClone;
+use crate::api::{GitClone, SandboxState};
 use crate::error::DaytonaError;
-use crate::DaytonaRuntimeProvider;
+use crate::{DaytonaRuntimeProvider, SandboxKey};
+
+fn invalid(e: impl std::fmt::Display) -> RuntimeError {
+    RuntimeError::CommandRejected(e.to_string())
+}
 
 impl DaytonaRuntimeProvider {
     /// Makes (or finds) the workspace `p` describes inside the sandbox of its user and
@@ -128,5 +138,148 @@ where
             }
         }
         Err(e) => Err(e.into()),
+    }
+}
+
+/// The placement port (ADR 15): the worker reaches [`ensure_workspace`] and the cleanup
+/// through [`grove_core::ports::RuntimeProvider::workspaces`].
+///
+/// [`ensure_workspace`]: DaytonaRuntimeProvider::ensure_workspace
+impl RemoteWorkspaces for DaytonaRuntimeProvider {
+    fn ensure_workspace<'a>(
+        &'a self,
+        req: &'a RemoteWorkspaceRequest,
+        token: Option<&'a GitToken>,
+    ) -> BoxFuture<'a, Result<RemoteCheckout, RuntimeError>> {
+        Box::pin(async move {
+            let p = WorkspacePlacement {
+                user: req.user.clone(),
+                project: req.project.clone(),
+                scope: req.scope.clone(),
+                repo_name: req.repo_name.clone(),
+                repo_url: req.repo_url.clone(),
+                base_ref: req.base_ref.clone(),
+                branch: req.branch.clone(),
+                network: RemoteWorkspaces::network(self),
+            };
+            let w = DaytonaRuntimeProvider::ensure_workspace(self, &p, token).await?;
+            let client = self.client().clone();
+            let sandbox = w.sandbox_id.clone();
+            let base_commit = resolve_head(&w.path, |path| {
+                let (client, sandbox) = (client.clone(), sandbox.clone());
+                async move {
+                    match client.download_file(&sandbox, &path).await {
+                        Ok(bytes) => Ok(Some(bytes)),
+                        Err(DaytonaError::Api { status: 404, .. }) => Ok(None),
+                        Err(e) => Err(RuntimeError::from(e)),
+                    }
+                }
+            })
+            .await?
+            .ok_or_else(|| {
+                RuntimeError::Unavailable(format!(
+                    "the HEAD of the workspace at {} does not resolve to a commit",
+                    w.path
+                ))
+            })?;
+            Ok(RemoteCheckout {
+                sandbox_id: w.sandbox_id,
+                path: w.path,
+                cache_path: w.cache_path,
+                cloned_cache: w.cloned_cache,
+                base_commit,
+            })
+        })
+    }
+
+    fn remove_workspace<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let (home, _) = split_remote_workspace_path(path).ok_or_else(|| {
+                invalid(format!("{path:?} is not a workspace path inside a sandbox"))
+            })?;
+            let key = SandboxKey {
+                user: user.to_string(),
+                project: project.to_string(),
+            };
+            // No sandbox, no workspace: never create one just to delete from it.
+            let live = self
+                .client()
+                .list_sandboxes(&self.labels_of(&key))
+                .await?
+                .into_iter()
+                .any(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying));
+            if !live {
+                return Ok(());
+            }
+            let runtime = self
+                .create(sandbox_spec(&key, home, RemoteWorkspaces::network(self)))
+                .await?;
+            let r = runtime
+                .exec(ExecRequest {
+                    argv: vec!["rm".into(), "-rf".into(), "--".into(), path.into()],
+                    timeout: Some(Duration::from_secs(300)),
+                    mutating: true,
+                    ..ExecRequest::default()
+                })
+                .await?;
+            if r.exit_code != 0 {
+                return Err(RuntimeError::Unavailable(format!(
+                    "removing the workspace at {path} failed (exit {}): {}",
+                    r.exit_code,
+                    String::from_utf8_lossy(&r.stderr).trim()
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn delete_sandbox<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let key = SandboxKey {
+                user: user.to_string(),
+                project: project.to_string(),
+            };
+            DaytonaRuntimeProvider::delete_sandbox(self, &key).await
+        })
+    }
+
+    /// Cloning needs a network: `limited` when the deployment configures an allow-list
+    /// (which must let the git host through), else `default`.
+    fn network(&self) -> NetworkPolicy {
+        if self.config().network_allow_list.is_some() {
+            NetworkPolicy::Limited
+        } else {
+            NetworkPolicy::Default
+        }
+    }
+}
+
+/// A runtime on the sandbox of `key` rooted at `home` (for grove's own housekeeping).
+fn sandbox_spec(key: &SandboxKey, home: &str, network: NetworkPolicy) -> RuntimeSpec {
+    RuntimeSpec {
+        image: None,
+        workdir: home.into(),
+        mounts: vec![Mount {
+            source: home.into(),
+            target: home.into(),
+            writable: true,
+        }],
+        env: Default::default(),
+        resources: Default::default(),
+        network,
+        labels: [
+            (crate::LABEL_USER.to_string(), key.user.clone()),
+            (crate::LABEL_PROJECT.to_string(), key.project.clone()),
+        ]
+        .into(),
     }
 }

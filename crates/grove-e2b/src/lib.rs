@@ -523,6 +523,10 @@ impl RuntimeProvider for E2bRuntimeProvider {
         self.stop(backend_id)
     }
 
+    fn workspaces(&self) -> Option<&dyn grove_core::ports::RemoteWorkspaces> {
+        Some(self)
+    }
+
     fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
         Some(self)
     }

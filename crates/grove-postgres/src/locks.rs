@@ -26,6 +26,9 @@ pub enum LockScope {
     WorkspaceCommands,
     /// The eviction sweep of one node: one at a time per node.
     NodeSweep,
+    /// The sandbox of one (provider, user, project) holding remote workspaces: its
+    /// creation, a clone into it, and its deletion with the last workspace (ADR 15).
+    SandboxPlacement,
 }
 
 impl LockScope {
@@ -35,6 +38,7 @@ impl LockScope {
             Self::WorkspaceKey => "workspace_key",
             Self::WorkspaceCommands => "workspace_commands",
             Self::NodeSweep => "node_sweep",
+            Self::SandboxPlacement => "sandbox_placement",
         }
     }
 }

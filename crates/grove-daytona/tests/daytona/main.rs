@@ -562,3 +562,29 @@ async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_al
         "no runtime was left on a deleted sandbox and made another"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_remote_workspace_touches_only_workspace_paths_and_never_creates_a_sandbox() {
+    let env = Env::new().await;
+    let remote = env.provider.workspaces().expect("daytona holds workspaces");
+    // No sandbox yet: nothing to remove, and none is made to remove nothing.
+    remote
+        .remove_workspace("u", "p", "/home/daytona/grove/workspaces/u_c_b")
+        .await
+        .unwrap();
+    assert_eq!(env.fake.creates(), 0);
+    for bad in [
+        "/etc",
+        "/home/daytona/grove/repos/o_r",
+        "/home/daytona/grove/workspaces/..",
+        "/home/daytona/grove/workspaces/a/b",
+        "grove/workspaces/a",
+    ] {
+        let err = remote.remove_workspace("u", "p", bad).await.unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::CommandRejected(_)),
+            "{bad}: {err:?}"
+        );
+    }
+    assert_eq!(env.fake.creates(), 0);
+}

@@ -572,3 +572,30 @@ async fn a_running_session_renews_its_sandboxes_timeout_and_stops_when_it_ends()
         "an ended session no longer renews the timeout"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_remote_workspace_touches_only_workspace_paths_and_never_creates_a_sandbox() {
+    let fake = FakeE2b::start().await;
+    let provider = E2bRuntimeProvider::new(config(&fake)).unwrap();
+    let remote = provider.workspaces().expect("e2b holds workspaces");
+    // No sandbox yet: nothing to remove, and none is made to remove nothing.
+    remote
+        .remove_workspace("u", "p", "/home/user/grove/workspaces/u_c_b")
+        .await
+        .unwrap();
+    assert_eq!(fake.creates(), 0);
+    for bad in [
+        "/etc",
+        "/home/user/grove/repos/o_r",
+        "/home/user/grove/workspaces/..",
+        "/home/user/grove/workspaces/a/b",
+        "grove/workspaces/a",
+    ] {
+        let err = remote.remove_workspace("u", "p", bad).await.unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::CommandRejected(_)),
+            "{bad}: {err:?}"
+        );
+    }
+    assert_eq!(fake.creates(), 0);
+}
