@@ -1,0 +1,500 @@
+//! The agent's side: read requests, fork/exec each command in its own session, stream
+//! its output back capped, report how it ended, kill what it leaves behind.
+//!
+//! Plain threads, no async runtime: per exec one thread waits for the process, one
+//! reads its two pipes (with `poll(2)`), and one feeds its stdin when it has any. The
+//! main thread only reads requests, so a command that never reads its stdin or a burst
+//! of output never stalls another exec's requests.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::protocol::{read_frame, write_frame, Event, Request, Stream, VERSION};
+
+/// After a command's leader ended, how long its pipes are still read: a descriptor
+/// kept open by a process that escaped the kill must not hang the exec.
+const DRAIN_DEADLINE: Duration = Duration::from_millis(500);
+
+/// How often the pipe reader looks whether the leader ended meanwhile.
+const POLL_TICK_MS: libc::c_int = 100;
+
+const READ_BUF: usize = 64 * 1024;
+
+/// How the agent runs; parsed from its argv.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// Kill every other process of the pid namespace whenever no exec is running (the
+    /// agent is pid 2 of a namespace made for it, under bubblewrap's init). Commands
+    /// that left their process group (`setsid`) then still do not outlive their exec
+    /// for long, as under a sandbox made per exec. Refused unless the agent really
+    /// is pid 2: outside a namespace of its own it would kill the host's processes.
+    pub sweep_namespace: bool,
+}
+
+impl Options {
+    /// `--sweep-namespace` is the only flag.
+    pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
+        let mut o = Options::default();
+        for a in args {
+            match a.as_str() {
+                "--sweep-namespace" => o.sweep_namespace = true,
+                other => return Err(format!("unknown argument {other:?}")),
+            }
+        }
+        Ok(o)
+    }
+}
+
+/// The binary's entry: the protocol on stdin/stdout, options from argv. Returns the
+/// process exit code.
+pub fn run_stdio() -> i32 {
+    let mut opts = match Options::from_args(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("grove-sandboxd: {e}");
+            return 2;
+        }
+    };
+    if opts.sweep_namespace && std::process::id() != 2 {
+        eprintln!(
+            "grove-sandboxd: --sweep-namespace ignored: pid {} is not 2, so this is not a \
+             pid namespace of the agent's own",
+            std::process::id()
+        );
+        opts.sweep_namespace = false;
+    }
+    // SAFETY: fds 0 and 1 are open for the life of the process and owned by nothing
+    // else here (std's Stdin/Stdout handles are never used by the agent).
+    let (input, output) = unsafe { (File::from_raw_fd(0), File::from_raw_fd(1)) };
+    serve(input, output, opts);
+    0
+}
+
+/// Serves requests from `input` until it ends, then kills whatever still runs.
+pub fn serve<R: Read, W: Write + Send + 'static>(input: R, output: W, opts: Options) {
+    let agent = Arc::new(Agent {
+        out: Mutex::new(Box::new(BufWriter::new(output))),
+        execs: Mutex::new(Execs::default()),
+        opts,
+    });
+    agent.send(
+        &Event::Hello {
+            version: VERSION,
+            pid: std::process::id(),
+        },
+        b"",
+    );
+    let mut input = BufReader::new(input);
+    loop {
+        let (req, payload) = match read_frame::<_, Request>(&mut input) {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(e) => {
+                eprintln!("grove-sandboxd: bad request stream: {e}");
+                break;
+            }
+        };
+        agent.handle(req, payload);
+    }
+    // The host is gone: nobody would read a result.
+    let mut execs = agent.lock();
+    for entry in execs.by_id.values_mut() {
+        entry.kill();
+    }
+    if agent.opts.sweep_namespace {
+        sweep_namespace();
+    }
+}
+
+struct Agent {
+    out: Mutex<Box<dyn Write + Send>>,
+    execs: Mutex<Execs>,
+    opts: Options,
+}
+
+#[derive(Default)]
+struct Execs {
+    by_id: HashMap<u64, Entry>,
+    /// Execs whose process may be running (counted from before the spawn).
+    active: usize,
+}
+
+struct Entry {
+    /// The process group (= pid, the command is a session leader); `None` before the
+    /// spawn and once the leader was reaped and its group killed.
+    pgid: Option<libc::pid_t>,
+    /// A kill asked for before the spawn is applied right after it.
+    killed: bool,
+    stdin: Option<mpsc::Sender<Vec<u8>>>,
+}
+
+impl Entry {
+    fn kill(&mut self) {
+        self.killed = true;
+        if let Some(pgid) = self.pgid {
+            // SAFETY: killpg has no memory-safety preconditions; ESRCH is fine.
+            unsafe {
+                libc::killpg(pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+struct ExecSpec {
+    id: u64,
+    argv: Vec<String>,
+    cwd: String,
+    env: Vec<(String, String)>,
+    stdin: Option<mpsc::Receiver<Vec<u8>>>,
+    max_output: u64,
+}
+
+impl Agent {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Execs> {
+        self.execs.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sends one frame. A host that stopped reading is noticed by the main loop (its
+    /// requests end too), so a failed write is only dropped here.
+    fn send(&self, event: &Event, payload: &[u8]) {
+        let mut out = self.out.lock().unwrap_or_else(|e| e.into_inner());
+        let _ = write_frame(&mut *out, event, payload).and_then(|()| out.flush());
+    }
+
+    fn handle(self: &Arc<Self>, req: Request, payload: Vec<u8>) {
+        match req {
+            Request::Exec {
+                id,
+                argv,
+                cwd,
+                env,
+                stdin,
+                max_output,
+            } => {
+                let (tx, rx) = if stdin {
+                    let (tx, rx) = mpsc::channel();
+                    (Some(tx), Some(rx))
+                } else {
+                    (None, None)
+                };
+                self.lock().by_id.insert(
+                    id,
+                    Entry {
+                        pgid: None,
+                        killed: false,
+                        stdin: tx,
+                    },
+                );
+                let spec = ExecSpec {
+                    id,
+                    argv,
+                    cwd,
+                    env,
+                    stdin: rx,
+                    max_output,
+                };
+                let agent = self.clone();
+                let spawned = std::thread::Builder::new()
+                    .name(format!("exec-{id}"))
+                    .spawn(move || agent.run(spec));
+                if spawned.is_err() {
+                    self.lock().by_id.remove(&id);
+                    self.fail(
+                        id,
+                        126,
+                        "grove-sandboxd: cannot start a thread for the exec",
+                    );
+                }
+            }
+            Request::Stdin { id } => {
+                if let Some(tx) = self.lock().by_id.get(&id).and_then(|e| e.stdin.as_ref()) {
+                    let _ = tx.send(payload);
+                }
+            }
+            Request::CloseStdin { id } => {
+                if let Some(e) = self.lock().by_id.get_mut(&id) {
+                    e.stdin = None;
+                }
+            }
+            Request::Kill { id } => {
+                if let Some(e) = self.lock().by_id.get_mut(&id) {
+                    e.kill();
+                }
+            }
+        }
+    }
+
+    fn fail(&self, id: u64, code: i32, msg: &str) {
+        self.send(
+            &Event::Output {
+                id,
+                stream: Stream::Stderr,
+            },
+            format!("{msg}\n").as_bytes(),
+        );
+        self.send(
+            &Event::Exit {
+                id,
+                code,
+                truncated: false,
+            },
+            b"",
+        );
+    }
+
+    /// One exec, start to end, on its own thread.
+    fn run(self: Arc<Self>, spec: ExecSpec) {
+        let id = spec.id;
+        let Some(program) = spec.argv.first() else {
+            self.lock().by_id.remove(&id);
+            self.fail(id, 126, "grove-sandboxd: empty argv");
+            return;
+        };
+        let mut cmd = Command::new(program);
+        cmd.args(&spec.argv[1..])
+            .env_clear()
+            .envs(spec.env.iter().map(|(k, v)| (k, v)))
+            .current_dir(&spec.cwd)
+            .stdin(if spec.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        // SAFETY: setsid is async-signal-safe and touches no memory of the parent.
+        // A session (and so a process group) of its own: one killpg reaches every
+        // process the command forks, and it has no controlling terminal.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+
+        // Spawned under the lock: the namespace sweep never runs between the count
+        // going up and the process existing.
+        let mut child = {
+            let mut execs = self.lock();
+            execs.active += 1;
+            match cmd.spawn() {
+                Ok(child) => {
+                    let pgid = child.id() as libc::pid_t;
+                    if let Some(e) = execs.by_id.get_mut(&id) {
+                        e.pgid = Some(pgid);
+                        if e.killed {
+                            e.kill();
+                        }
+                    }
+                    child
+                }
+                Err(e) => {
+                    execs.active -= 1;
+                    execs.by_id.remove(&id);
+                    drop(execs);
+                    let (code, what) = match e.kind() {
+                        std::io::ErrorKind::NotFound => (127, "command not found".to_string()),
+                        _ => (126, e.to_string()),
+                    };
+                    self.fail(id, code, &format!("grove: {program}: {what}"));
+                    return;
+                }
+            }
+        };
+        self.send(&Event::Started { id }, b"");
+
+        let feeder = match (child.stdin.take(), spec.stdin) {
+            (Some(mut pipe), Some(rx)) => std::thread::Builder::new()
+                .name(format!("stdin-{id}"))
+                .spawn(move || {
+                    for data in rx {
+                        if pipe.write_all(&data).is_err() {
+                            return;
+                        }
+                    }
+                })
+                .ok(),
+            _ => None,
+        };
+        let exited = Arc::new(AtomicBool::new(false));
+        let reader = {
+            let agent = self.clone();
+            let exited = exited.clone();
+            let out = child.stdout.take().expect("stdout is piped");
+            let err = child.stderr.take().expect("stderr is piped");
+            let max = spec.max_output;
+            std::thread::Builder::new()
+                .name(format!("output-{id}"))
+                .spawn(move || agent.pump(id, out, err, max, &exited))
+        };
+
+        let status = wait(&mut child);
+        {
+            // Stragglers of the group go with the leader; after this the pgid may be
+            // reused, so it is retired before the lock is released.
+            let mut execs = self.lock();
+            if let Some(e) = execs.by_id.get_mut(&id) {
+                e.kill();
+                e.pgid = None;
+                e.stdin = None;
+            }
+        }
+        exited.store(true, Ordering::SeqCst);
+        let truncated = match reader {
+            Ok(handle) => handle.join().unwrap_or(false),
+            Err(_) => false,
+        };
+        // The feeder ends when the host closes stdin or its pipe breaks; it is not
+        // waited for (a host that never closes stdin must not hold the result).
+        drop(feeder);
+        let code = match status {
+            Ok(s) => exit_code(s),
+            Err(_) => 126,
+        };
+        self.send(
+            &Event::Exit {
+                id,
+                code,
+                truncated,
+            },
+            b"",
+        );
+        let mut execs = self.lock();
+        execs.by_id.remove(&id);
+        execs.active -= 1;
+        if execs.active == 0 && self.opts.sweep_namespace {
+            sweep_namespace();
+        }
+    }
+
+    /// Reads both pipes to their end (or until [`DRAIN_DEADLINE`] after the leader
+    /// ended), forwarding what fits in `max` bytes. Returns whether any was dropped.
+    fn pump(
+        &self,
+        id: u64,
+        mut out: std::process::ChildStdout,
+        mut err: std::process::ChildStderr,
+        max: u64,
+        exited: &AtomicBool,
+    ) -> bool {
+        let mut remaining = max;
+        let mut truncated = false;
+        let mut open = [true, true];
+        let mut buf = vec![0u8; READ_BUF];
+        let mut ended_at: Option<Instant> = None;
+        while open[0] || open[1] {
+            if exited.load(Ordering::SeqCst) {
+                let at = *ended_at.get_or_insert_with(Instant::now);
+                if at.elapsed() >= DRAIN_DEADLINE {
+                    break;
+                }
+            }
+            let mut fds = [
+                libc::pollfd {
+                    fd: if open[0] { out.as_raw_fd() } else { -1 },
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+                libc::pollfd {
+                    fd: if open[1] { err.as_raw_fd() } else { -1 },
+                    events: libc::POLLIN,
+                    revents: 0,
+                },
+            ];
+            // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, POLL_TICK_MS) };
+            if n < 0 {
+                if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                break;
+            }
+            for (i, fd) in fds.iter().enumerate() {
+                if !open[i] || fd.revents == 0 {
+                    continue;
+                }
+                let read = if i == 0 {
+                    out.read(&mut buf)
+                } else {
+                    err.read(&mut buf)
+                };
+                let n = match read {
+                    Ok(0) => {
+                        open[i] = false;
+                        continue;
+                    }
+                    Ok(n) => n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                    Err(_) => {
+                        open[i] = false;
+                        continue;
+                    }
+                };
+                let keep = (n as u64).min(remaining) as usize;
+                remaining -= keep as u64;
+                if keep < n {
+                    truncated = true;
+                }
+                if keep > 0 {
+                    let stream = if i == 0 {
+                        Stream::Stdout
+                    } else {
+                        Stream::Stderr
+                    };
+                    self.send(&Event::Output { id, stream }, &buf[..keep]);
+                }
+            }
+        }
+        truncated
+    }
+}
+
+fn wait(child: &mut Child) -> std::io::Result<ExitStatus> {
+    loop {
+        match child.wait() {
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            other => return other,
+        }
+    }
+}
+
+/// The exit status as a shell reports it: the code, or 128 + the killing signal.
+fn exit_code(status: ExitStatus) -> i32 {
+    status
+        .code()
+        .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Kills every process of the namespace but init (pid 1) and the agent itself. Only
+/// called with no exec running, under the exec lock.
+fn sweep_namespace() {
+    let me = std::process::id();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid > 1 && pid != me {
+            // SAFETY: kill has no memory-safety preconditions; ESRCH is fine.
+            unsafe {
+                libc::kill(pid as libc::pid_t, libc::SIGKILL);
+            }
+        }
+    }
+}
