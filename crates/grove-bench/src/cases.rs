@@ -455,7 +455,7 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
                                              // spawn for `true` in this workspace (read-only, no network), spawned directly.
     let dir = PathBuf::from(&ctx.workspaces[0].local_path);
     let provider = grove_local::LocalRuntimeProvider::detect(vec![ctx.home.clone()]);
-    let runtime = provider.create_local(RuntimeSpec {
+    let spec = RuntimeSpec {
         image: None,
         workdir: dir.clone(),
         mounts: vec![Mount {
@@ -467,7 +467,8 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         resources: Default::default(),
         network: Default::default(),
         labels: Default::default(),
-    })?;
+    };
+    let runtime = provider.create_local(spec.clone())?;
     let sandbox_argv = runtime.sandbox_argv(&ExecRequest {
         argv: vec!["true".into()],
         ..Default::default()
@@ -480,7 +481,22 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let sandbox_args: Vec<&str> = sandbox_argv.iter().map(String::as_str).collect();
+    // The runtime alone, both ways back to back: through its exec agent (started by
+    // the warm-up below) and with a sandbox built per exec (no agent).
+    let per_exec = provider
+        .clone()
+        .with_agent(None)
+        .create_local(spec.clone())?;
+    let agent_runtime = provider.agent().map(|_| runtime.clone());
+    let req = || ExecRequest {
+        argv: vec!["true".into()],
+        ..Default::default()
+    };
+    if let Some(rt) = &agent_runtime {
+        rt.exec(req()).await?;
+    }
     let (mut grove, mut floor, mut sandbox) = (vec![], vec![], vec![]);
+    let (mut via_agent, mut via_sandbox) = (vec![], vec![]);
     for _ in 0..ctx.args.n {
         let t = Instant::now();
         ctx.exec(ws, "local", &["true"]).await?;
@@ -491,6 +507,20 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         let t = Instant::now();
         run_cmd(sandbox_args[0], &sandbox_args[1..], None).await?;
         sandbox.push(ms(t));
+        let t = Instant::now();
+        let r = per_exec.exec(req()).await?;
+        via_sandbox.push(ms(t));
+        if r.exit_code != 0 {
+            bail!("per-exec sandbox: true exited {}", r.exit_code);
+        }
+        if let Some(rt) = &agent_runtime {
+            let t = Instant::now();
+            let r = rt.exec(req()).await?;
+            via_agent.push(ms(t));
+            if r.exit_code != 0 {
+                bail!("exec agent: true exited {}", r.exit_code);
+            }
+        }
     }
     let mut row = latency("exec_local", &grove, &floor);
     row.insert("floor_is".into(), json!("spawn true"));
@@ -523,6 +553,33 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         row.insert("ledger_running_p50_ms".into(), round(running));
     }
     out.emit(row);
+    // The sandbox part alone: LocalRuntime::exec through the agent vs with a
+    // sandbox per exec, against spawning `true`.
+    let mut row = latency("exec_local_runtime", &via_sandbox, &floor);
+    row.insert("floor_is".into(), json!("spawn true"));
+    row.insert("path".into(), json!("LocalRuntime, a bwrap per exec"));
+    out.emit(row);
+    if agent_runtime.is_some() {
+        let mut row = latency("exec_local_agent", &via_agent, &floor);
+        row.insert("floor_is".into(), json!("spawn true"));
+        row.insert("path".into(), json!("LocalRuntime through grove-sandboxd"));
+        row.insert(
+            "added_p50_ms".into(),
+            round(pct(&via_agent, 50.0) - pct(&floor, 50.0)),
+        );
+        row.insert(
+            "added_p99_ms".into(),
+            round(pct(&via_agent, 99.0) - pct(&floor, 99.0)),
+        );
+        out.emit(row);
+    } else {
+        out.emit(skipped(
+            "exec_local_agent",
+            String::from(
+                "no grove-sandboxd next to grove-bench (cargo build --release -p grove-sandboxd)",
+            ),
+        ));
+    }
     Ok(())
 }
 
