@@ -8,6 +8,12 @@
 //! the host, but reports `isolated: false` and refuses mutating ones: a write-capable
 //! request never falls back silently to a host subprocess.
 //!
+//! With the exec agent (`grove-sandboxd`, found via `$GROVE_SANDBOXD` or next to the
+//! running executable) the sandbox is built once per view (workspace, writability,
+//! network) and kept: the agent runs inside it and fork/execs each command on request,
+//! which saves bwrap's namespace setup per exec (ADR 17). Without it, or when it cannot
+//! start, every command gets a sandbox of its own as above.
+//!
 //! Every command starts from an empty environment plus `PATH` (the usual system dirs),
 //! `HOME=/tmp` and `LANG=C.UTF-8`, then the spec's env, then the request's env (the
 //! request wins).
