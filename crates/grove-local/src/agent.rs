@@ -8,8 +8,11 @@
 //!
 //! Each agent is served by two host threads: the owner, which spawns bwrap (so
 //! `--die-with-parent` follows that thread, which lives exactly as long as the agent
-//! is in use) and writes the frames queued for it, and a reader that routes the
-//! agent's frames to the exec they belong to. Async code never blocks on the pipes.
+//! is in use) and writes queued frames (stdin data, kills), and a reader that delivers
+//! the agent's frames straight into each exec's stream. The exec request itself is
+//! written by the caller, a small frame into a pipe the agent always drains, so that
+//! whether it was delivered is known at once. A timeout is a timer task that asks for
+//! the kill; the reader puts `timed_out` into the result.
 //!
 //! Nothing is lost or run twice: an exec is retried on a fresh agent only when its
 //! request could not be written at all (the agent was already gone); once written,
@@ -23,7 +26,7 @@ use std::io::{BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::process::{Command, Stdio};
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -239,58 +242,68 @@ impl AgentPool {
     }
 }
 
-/// What the reader hands an exec.
-enum Incoming {
-    Output(StreamKind, Vec<u8>),
-    Exit {
-        code: i32,
-        truncated: bool,
-    },
-    /// The agent ended before this exec did.
-    Died,
+type Item = Result<ExecChunk, RuntimeError>;
+
+/// Where the reader delivers one exec's frames: straight into the consumer's channel
+/// (no task in between), with what the result needs to know.
+struct Route {
+    out: mpsc::UnboundedSender<Item>,
+    /// Set by the timer before it asks for the kill.
+    timed_out: Arc<AtomicBool>,
+    /// Set once the result (or the agent's death) was delivered.
+    finished: Arc<AtomicBool>,
+    timer: Option<tokio::task::AbortHandle>,
+}
+
+impl Route {
+    fn end(self, item: Item) {
+        self.finished.store(true, Ordering::SeqCst);
+        if let Some(t) = self.timer {
+            t.abort();
+        }
+        // A consumer that went away only means nobody listens any more.
+        let _ = self.out.send(item);
+    }
 }
 
 #[derive(Default)]
 struct Routes {
-    by_id: HashMap<u64, mpsc::UnboundedSender<Incoming>>,
+    by_id: HashMap<u64, Route>,
     dead: bool,
 }
 
-/// A frame for the owner thread to write; `ack` learns whether it was written.
-struct Outgoing {
-    bytes: Vec<u8>,
-    ack: Option<oneshot::Sender<bool>>,
-}
+/// The agent's stdin, shared by the callers (an exec request is written at once) and
+/// the owner thread (stdin data and kills, queued so no async code blocks on them).
+type Input = Arc<Mutex<Option<ChildStdin>>>;
 
-/// The host's handle on one running agent. Dropping the last handle stops it.
-#[derive(Debug)]
+/// The host's handle on one running agent. Dropping the last handle (the pool's, and
+/// those held by execs in flight) stops it.
 pub(crate) struct AgentProc {
-    tx: std::sync::mpsc::Sender<Outgoing>,
-    routes: Arc<Mutex<RoutesCell>>,
+    input: Input,
+    queue: std::sync::mpsc::Sender<Vec<u8>>,
+    routes: Arc<Mutex<Routes>>,
     next_id: AtomicU64,
     last_used: Mutex<Instant>,
-    in_flight: Arc<AtomicU64>,
     backend_id: String,
     pid: u32,
 }
 
-/// [`Routes`] behind a Debug impl.
-#[derive(Default)]
-struct RoutesCell(Routes);
-
-impl std::fmt::Debug for RoutesCell {
+impl std::fmt::Debug for AgentProc {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "Routes({} execs, dead: {})",
-            self.0.by_id.len(),
-            self.0.dead
-        )
+        write!(f, "AgentProc(pid {} of {})", self.pid, self.backend_id)
     }
 }
 
-fn lock_routes(r: &Mutex<RoutesCell>) -> std::sync::MutexGuard<'_, RoutesCell> {
-    r.lock().unwrap_or_else(|e| e.into_inner())
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn frame(req: &Request, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = Vec::with_capacity(64 + payload.len());
+    // Writing into a Vec fails only for frames over the protocol's limits, which the
+    // callers' own limits (argv, env, stdin chunks) keep below.
+    let _ = protocol::write_frame(&mut bytes, req, payload);
+    bytes
 }
 
 impl AgentProc {
@@ -301,13 +314,16 @@ impl AgentProc {
         backend_id: String,
     ) -> Result<Arc<Self>, String> {
         let (ready_tx, ready_rx) = oneshot::channel::<Result<u32, String>>();
-        let (tx, rx) = std::sync::mpsc::channel::<Outgoing>();
-        let routes = Arc::new(Mutex::new(RoutesCell::default()));
-        let reader_routes = routes.clone();
-        std::thread::Builder::new()
-            .name("grove-sandboxd".into())
-            .spawn(move || owner(program, args, rx, ready_tx, reader_routes))
-            .map_err(|e| format!("cannot start a thread for the agent: {e}"))?;
+        let (queue, rx) = std::sync::mpsc::channel::<Vec<u8>>();
+        let routes = Arc::new(Mutex::new(Routes::default()));
+        let input: Input = Arc::new(Mutex::new(None));
+        {
+            let (routes, input) = (routes.clone(), input.clone());
+            std::thread::Builder::new()
+                .name("grove-sandboxd".into())
+                .spawn(move || owner(program, args, rx, ready_tx, routes, input))
+                .map_err(|e| format!("cannot start a thread for the agent: {e}"))?;
+        }
         let pid = match tokio::time::timeout(HELLO_TIMEOUT, ready_rx).await {
             Ok(Ok(Ok(pid))) => pid,
             Ok(Ok(Err(why))) => return Err(why),
@@ -319,58 +335,56 @@ impl AgentProc {
             }
         };
         Ok(Arc::new(AgentProc {
-            tx,
+            input,
+            queue,
             routes,
             next_id: AtomicU64::new(1),
             last_used: Mutex::new(Instant::now()),
-            in_flight: Arc::new(AtomicU64::new(0)),
             backend_id,
             pid,
         }))
     }
 
     fn is_dead(&self) -> bool {
-        lock_routes(&self.routes).0.dead
+        lock(&self.routes).dead
     }
 
     fn idle(&self) -> bool {
-        self.in_flight.load(Ordering::SeqCst) == 0
+        lock(&self.routes).by_id.is_empty()
     }
 
     fn touch(&self) {
-        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+        *lock(&self.last_used) = Instant::now();
     }
 
     fn last_used(&self, now: Instant) -> Duration {
-        now.saturating_duration_since(*self.last_used.lock().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    fn queue(&self, req: &Request, payload: &[u8], ack: Option<oneshot::Sender<bool>>) -> bool {
-        let mut bytes = Vec::with_capacity(64 + payload.len());
-        if protocol::write_frame(&mut bytes, req, payload).is_err() {
-            return false;
-        }
-        self.tx.send(Outgoing { bytes, ack }).is_ok()
+        now.saturating_duration_since(*lock(&self.last_used))
     }
 
     /// Sends the exec; `Err` only when it certainly did not reach the agent.
     async fn submit(
         self: &Arc<Self>,
         exec: Arc<AgentExec>,
-    ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, String> {
+    ) -> Result<BoxStream<'static, Item>, String> {
         let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let (itx, irx) = mpsc::unbounded_channel();
+        let (out, rx) = mpsc::unbounded_channel();
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let finished = Arc::new(AtomicBool::new(false));
         {
-            let mut routes = lock_routes(&self.routes);
-            if routes.0.dead {
+            let mut routes = lock(&self.routes);
+            if routes.dead {
                 return Err("the exec agent had ended".into());
             }
-            routes.0.by_id.insert(id, itx);
+            routes.by_id.insert(
+                id,
+                Route {
+                    out,
+                    timed_out: timed_out.clone(),
+                    finished: finished.clone(),
+                    timer: None,
+                },
+            );
         }
-        let unroute = || {
-            lock_routes(&self.routes).0.by_id.remove(&id);
-        };
-        let (ack_tx, ack_rx) = oneshot::channel();
         let req = Request::Exec {
             id,
             argv: exec.argv.clone(),
@@ -379,100 +393,57 @@ impl AgentProc {
             stdin: exec.stdin.is_some(),
             max_output: exec.max_output as u64,
         };
-        if !self.queue(&req, b"", Some(ack_tx)) {
-            unroute();
-            return Err("the exec agent's writer had ended".into());
+        // Written here and now (a small frame into a pipe the agent always drains):
+        // whether it reached the pipe decides between a retry and an error.
+        let written = {
+            let mut input = lock(&self.input);
+            match input.as_mut() {
+                Some(pipe) => pipe
+                    .write_all(&frame(&req, b""))
+                    .and_then(|()| pipe.flush())
+                    .is_ok(),
+                None => false,
+            }
+        };
+        if !written {
+            lock(&self.routes).by_id.remove(&id);
+            return Err("the exec request could not be written to the agent".into());
         }
         if let Some(data) = &exec.stdin {
             for chunk in data.chunks(STDIN_CHUNK) {
-                self.queue(&Request::Stdin { id }, chunk, None);
+                let _ = self.queue.send(frame(&Request::Stdin { id }, chunk));
             }
-            self.queue(&Request::CloseStdin { id }, b"", None);
+            let _ = self.queue.send(frame(&Request::CloseStdin { id }, b""));
         }
-        if ack_rx.await != Ok(true) {
-            unroute();
-            return Err("the exec request could not be written to the agent".into());
+        if let Some(t) = exec.timeout {
+            // The timer holds only the queue, so a finished exec leaves nothing behind
+            // once the reader aborts it.
+            let queue = self.queue.clone();
+            let flag = timed_out.clone();
+            let timer = tokio::spawn(async move {
+                tokio::time::sleep(t).await;
+                flag.store(true, Ordering::SeqCst);
+                let _ = queue.send(frame(&Request::Kill { id }, b""));
+            });
+            match lock(&self.routes).by_id.get_mut(&id) {
+                Some(route) => route.timer = Some(timer.abort_handle()),
+                None => timer.abort(),
+            }
         }
-
-        self.in_flight.fetch_add(1, Ordering::SeqCst);
-        let finished = Arc::new(AtomicBool::new(false));
-        let (out_tx, out_rx) = mpsc::unbounded_channel();
-        let guard = KillOnDrop {
-            agent: self.clone(),
-            id,
-            finished: finished.clone(),
-        };
-        let agent = self.clone();
-        let timeout = exec.timeout;
-        tokio::spawn(async move {
-            agent.drive(id, irx, out_tx, timeout, &finished).await;
-            lock_routes(&agent.routes).0.by_id.remove(&id);
-            agent.in_flight.fetch_sub(1, Ordering::SeqCst);
-            agent.touch();
-        });
         Ok(ExecStream {
-            rx: out_rx,
-            _guard: guard,
+            rx,
+            _guard: KillOnDrop {
+                agent: self.clone(),
+                id,
+                finished,
+            },
         }
         .boxed())
     }
-
-    /// Forwards one exec's frames to its consumer and enforces its timeout; runs even
-    /// when nobody polls the stream.
-    async fn drive(
-        &self,
-        id: u64,
-        mut irx: mpsc::UnboundedReceiver<Incoming>,
-        out: mpsc::UnboundedSender<Result<ExecChunk, RuntimeError>>,
-        timeout: Option<Duration>,
-        finished: &AtomicBool,
-    ) {
-        let deadline = timeout.map(|t| tokio::time::Instant::now() + t);
-        let mut timed_out = false;
-        loop {
-            let msg = match deadline {
-                Some(at) if !timed_out => {
-                    tokio::select! {
-                        m = irx.recv() => m,
-                        _ = tokio::time::sleep_until(at) => {
-                            timed_out = true;
-                            self.queue(&Request::Kill { id }, b"", None);
-                            continue;
-                        }
-                    }
-                }
-                _ => irx.recv().await,
-            };
-            match msg {
-                Some(Incoming::Output(stream, data)) => {
-                    // A consumer that went away only means nobody listens any more.
-                    let _ = out.send(Ok(ExecChunk::Output { stream, data }));
-                }
-                Some(Incoming::Exit { code, truncated }) => {
-                    finished.store(true, Ordering::SeqCst);
-                    let _ = out.send(Ok(ExecChunk::Finished(ExecResult {
-                        exit_code: code,
-                        timed_out,
-                        truncated,
-                        ..ExecResult::default()
-                    })));
-                    return;
-                }
-                Some(Incoming::Died) | None => {
-                    finished.store(true, Ordering::SeqCst);
-                    let _ = out.send(Err(RuntimeError::Unavailable(
-                        "the sandbox's exec agent ended while the command ran (the command \
-                         may have run in part; it was not retried)"
-                            .into(),
-                    )));
-                    return;
-                }
-            }
-        }
-    }
 }
 
-/// Kills the exec when its stream is dropped before it ended.
+/// Kills the exec when its stream is dropped before it ended; keeps the agent alive
+/// while the exec runs.
 struct KillOnDrop {
     agent: Arc<AgentProc>,
     id: u64,
@@ -482,20 +453,23 @@ struct KillOnDrop {
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
         if !self.finished.load(Ordering::SeqCst) {
-            self.agent.queue(&Request::Kill { id: self.id }, b"", None);
+            let _ = self
+                .agent
+                .queue
+                .send(frame(&Request::Kill { id: self.id }, b""));
         }
     }
 }
 
 struct ExecStream {
-    rx: mpsc::UnboundedReceiver<Result<ExecChunk, RuntimeError>>,
+    rx: mpsc::UnboundedReceiver<Item>,
     _guard: KillOnDrop,
 }
 
 impl Stream for ExecStream {
-    type Item = Result<ExecChunk, RuntimeError>;
+    type Item = Item;
 
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         self.rx.poll_recv(cx)
     }
 }
@@ -505,9 +479,10 @@ impl Stream for ExecStream {
 fn owner(
     program: OsString,
     args: Vec<OsString>,
-    rx: std::sync::mpsc::Receiver<Outgoing>,
+    rx: std::sync::mpsc::Receiver<Vec<u8>>,
     ready: oneshot::Sender<Result<u32, String>>,
-    routes: Arc<Mutex<RoutesCell>>,
+    routes: Arc<Mutex<Routes>>,
+    input: Input,
 ) {
     let spawned = Command::new(&program)
         .args(&args)
@@ -527,7 +502,7 @@ fn owner(
         }
     };
     let pgid = child.id() as libc::pid_t;
-    let mut input = child.stdin.take().expect("stdin is piped");
+    *lock(&input) = child.stdin.take();
     let output = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     let first_err = Arc::new(Mutex::new(String::new()));
@@ -543,19 +518,18 @@ fn owner(
             .name("grove-sandboxd-read".into())
             .spawn(move || reader(output, ready, routes, first_err));
     }
-    let mut broken = false;
-    for msg in rx {
-        if !broken {
-            broken = input
-                .write_all(&msg.bytes)
-                .and_then(|()| input.flush())
-                .is_err();
-        }
-        if let Some(ack) = msg.ack {
-            let _ = ack.send(!broken);
+    for bytes in rx {
+        let mut input = lock(&input);
+        let broken = match input.as_mut() {
+            Some(pipe) => pipe.write_all(&bytes).and_then(|()| pipe.flush()).is_err(),
+            None => true,
+        };
+        if broken {
+            // The agent is gone; the reader reports it to the execs.
+            *input = None;
         }
     }
-    drop(input);
+    lock(&input).take();
     // SAFETY: killpg has no memory-safety preconditions. The group is bwrap's own;
     // the child is not reaped yet, so the pgid cannot have been reused.
     unsafe {
@@ -569,7 +543,7 @@ fn owner(
 fn reader(
     output: std::process::ChildStdout,
     ready: oneshot::Sender<Result<u32, String>>,
-    routes: Arc<Mutex<RoutesCell>>,
+    routes: Arc<Mutex<Routes>>,
     first_err: Arc<Mutex<String>>,
 ) {
     let mut output = BufReader::new(output);
@@ -588,7 +562,7 @@ fn reader(
         other => {
             // Give bwrap's message (on stderr) a moment to arrive.
             std::thread::sleep(Duration::from_millis(20));
-            let msg = first_err.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let msg = lock(&first_err).clone();
             let _ = ready.send(Err(format!(
                 "the agent did not start ({}): {}",
                 match other {
@@ -606,41 +580,54 @@ fn reader(
             Ok(Some(frame)) => frame,
             Ok(None) => break,
             Err(e) => {
-                tracing::warn!(error = %e, "exec agent sent a bad frame; dropping it");
+                tracing::warn!(error = %e, "exec agent sent a bad frame; stopping it");
                 break;
             }
         };
-        let (id, msg) = match ev {
-            Event::Started { .. } | Event::Hello { .. } => continue,
-            Event::Output { id, stream } => (
-                id,
-                Incoming::Output(
-                    match stream {
-                        protocol::Stream::Stdout => StreamKind::Stdout,
-                        protocol::Stream::Stderr => StreamKind::Stderr,
-                    },
-                    payload,
-                ),
-            ),
+        match ev {
+            Event::Started { .. } | Event::Hello { .. } => {}
+            Event::Output { id, stream } => {
+                let stream = match stream {
+                    protocol::Stream::Stdout => StreamKind::Stdout,
+                    protocol::Stream::Stderr => StreamKind::Stderr,
+                };
+                if let Some(route) = lock(&routes).by_id.get(&id) {
+                    let _ = route.out.send(Ok(ExecChunk::Output {
+                        stream,
+                        data: payload,
+                    }));
+                }
+            }
             Event::Exit {
                 id,
                 code,
                 truncated,
-            } => (id, Incoming::Exit { code, truncated }),
-        };
-        let routes = lock_routes(&routes);
-        if let Some(tx) = routes.0.by_id.get(&id) {
-            let _ = tx.send(msg);
+            } => {
+                let route = lock(&routes).by_id.remove(&id);
+                if let Some(route) = route {
+                    let timed_out = route.timed_out.load(Ordering::SeqCst);
+                    route.end(Ok(ExecChunk::Finished(ExecResult {
+                        exit_code: code,
+                        timed_out,
+                        truncated,
+                        ..ExecResult::default()
+                    })));
+                }
+            }
         }
     }
     mark_dead(&routes);
 }
 
-fn mark_dead(routes: &Mutex<RoutesCell>) {
-    let mut routes = lock_routes(routes);
-    routes.0.dead = true;
-    for (_, tx) in routes.0.by_id.drain() {
-        let _ = tx.send(Incoming::Died);
+fn mark_dead(routes: &Mutex<Routes>) {
+    let mut routes = lock(routes);
+    routes.dead = true;
+    for (_, route) in routes.by_id.drain() {
+        route.end(Err(RuntimeError::Unavailable(
+            "the sandbox's exec agent ended while the command ran (the command may have \
+             run in part; it was not retried)"
+                .into(),
+        )));
     }
 }
 
@@ -654,7 +641,7 @@ fn log_stderr(mut stderr: std::process::ChildStderr, first: &Mutex<String>) {
             Ok(n) => {
                 let text = String::from_utf8_lossy(&buf[..n]).into_owned();
                 tracing::warn!(stderr = %text.trim(), "exec agent");
-                let mut first = first.lock().unwrap_or_else(|e| e.into_inner());
+                let mut first = lock(first);
                 if first.len() < 1024 {
                     first.push_str(&text);
                 }

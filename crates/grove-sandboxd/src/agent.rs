@@ -12,7 +12,6 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -201,18 +200,7 @@ impl Agent {
                     stdin: rx,
                     max_output,
                 };
-                let agent = self.clone();
-                let spawned = std::thread::Builder::new()
-                    .name(format!("exec-{id}"))
-                    .spawn(move || agent.run(spec));
-                if spawned.is_err() {
-                    self.lock().by_id.remove(&id);
-                    self.fail(
-                        id,
-                        126,
-                        "grove-sandboxd: cannot start a thread for the exec",
-                    );
-                }
+                self.run(spec);
             }
             Request::Stdin { id } => {
                 if let Some(tx) = self.lock().by_id.get(&id).and_then(|e| e.stdin.as_ref()) {
@@ -250,8 +238,10 @@ impl Agent {
         );
     }
 
-    /// One exec, start to end, on its own thread.
-    fn run(self: Arc<Self>, spec: ExecSpec) {
+    /// Starts one exec (on the main thread: a fork/exec is quick, and a `kill` read
+    /// after the request then always finds the process), then hands it to a thread
+    /// of its own.
+    fn run(self: &Arc<Self>, spec: ExecSpec) {
         let id = spec.id;
         let Some(program) = spec.argv.first() else {
             self.lock().by_id.remove(&id);
@@ -289,12 +279,8 @@ impl Agent {
             execs.active += 1;
             match cmd.spawn() {
                 Ok(child) => {
-                    let pgid = child.id() as libc::pid_t;
                     if let Some(e) = execs.by_id.get_mut(&id) {
-                        e.pgid = Some(pgid);
-                        if e.killed {
-                            e.kill();
-                        }
+                        e.pgid = Some(child.id() as libc::pid_t);
                     }
                     child
                 }
@@ -313,8 +299,9 @@ impl Agent {
         };
         self.send(&Event::Started { id }, b"");
 
-        let feeder = match (child.stdin.take(), spec.stdin) {
-            (Some(mut pipe), Some(rx)) => std::thread::Builder::new()
+        if let (Some(mut pipe), Some(rx)) = (child.stdin.take(), spec.stdin) {
+            // Its own thread: a command that never reads stdin must not stall output.
+            let _ = std::thread::Builder::new()
                 .name(format!("stdin-{id}"))
                 .spawn(move || {
                     for data in rx {
@@ -322,104 +309,76 @@ impl Agent {
                             return;
                         }
                     }
-                })
-                .ok(),
-            _ => None,
-        };
-        let exited = Arc::new(AtomicBool::new(false));
-        let reader = {
-            let agent = self.clone();
-            let exited = exited.clone();
-            let out = child.stdout.take().expect("stdout is piped");
-            let err = child.stderr.take().expect("stderr is piped");
-            let max = spec.max_output;
-            std::thread::Builder::new()
-                .name(format!("output-{id}"))
-                .spawn(move || agent.pump(id, out, err, max, &exited))
-        };
-
-        let status = wait(&mut child);
-        {
-            // Stragglers of the group go with the leader; after this the pgid may be
-            // reused, so it is retired before the lock is released.
-            let mut execs = self.lock();
-            if let Some(e) = execs.by_id.get_mut(&id) {
-                e.kill();
-                e.pgid = None;
-                e.stdin = None;
-            }
+                });
         }
-        exited.store(true, Ordering::SeqCst);
-        let truncated = match reader {
-            Ok(handle) => handle.join().unwrap_or(false),
-            Err(_) => false,
-        };
-        // The feeder ends when the host closes stdin or its pipe breaks; it is not
-        // waited for (a host that never closes stdin must not hold the result).
-        drop(feeder);
-        let code = match status {
-            Ok(s) => exit_code(s),
-            Err(_) => 126,
-        };
-        self.send(
-            &Event::Exit {
-                id,
-                code,
-                truncated,
-            },
-            b"",
-        );
-        let mut execs = self.lock();
-        execs.by_id.remove(&id);
-        execs.active -= 1;
-        if execs.active == 0 && self.opts.sweep_namespace {
-            sweep_namespace();
+        let agent = self.clone();
+        let max = spec.max_output;
+        let watched = std::thread::Builder::new()
+            .name(format!("exec-{id}"))
+            .spawn(move || agent.watch(id, child, max));
+        if let Err(e) = watched {
+            // Nobody could report its end: better killed than running unwatched. The
+            // host sees no exit and ends the exec at its timeout or the agent's end.
+            if let Some(entry) = self.lock().by_id.get_mut(&id) {
+                entry.kill();
+            }
+            eprintln!("grove-sandboxd: cannot start a thread for exec {id}: {e}");
         }
     }
 
-    /// Reads both pipes to their end (or until [`DRAIN_DEADLINE`] after the leader
-    /// ended), forwarding what fits in `max` bytes. Returns whether any was dropped.
-    fn pump(
-        &self,
-        id: u64,
-        mut out: std::process::ChildStdout,
-        mut err: std::process::ChildStderr,
-        max: u64,
-        exited: &AtomicBool,
-    ) -> bool {
+    /// Reads the exec's pipes and waits for its leader in one `poll(2)` loop (the
+    /// leader through a pidfd), then kills its group, reports the exit, and sweeps.
+    fn watch(&self, id: u64, mut child: Child, max: u64) {
+        let mut out = child.stdout.take().expect("stdout is piped");
+        let mut err = child.stderr.take().expect("stderr is piped");
+        let pidfd = PidFd::open(child.id());
         let mut remaining = max;
         let mut truncated = false;
         let mut open = [true, true];
         let mut buf = vec![0u8; READ_BUF];
+        let mut status: Option<std::io::Result<ExitStatus>> = None;
         let mut ended_at: Option<Instant> = None;
-        while open[0] || open[1] {
-            if exited.load(Ordering::SeqCst) {
-                let at = *ended_at.get_or_insert_with(Instant::now);
+        loop {
+            if status.is_none() && pidfd.is_none() {
+                // Without a pidfd (old kernels) the leader is looked at every tick.
+                if let Ok(Some(_)) | Err(_) = child.try_wait() {
+                    status = Some(wait(&mut child));
+                }
+            }
+            if status.is_some() {
+                if !open[0] && !open[1] {
+                    break;
+                }
+                let at = *ended_at.get_or_insert_with(|| {
+                    self.retire(id);
+                    Instant::now()
+                });
                 if at.elapsed() >= DRAIN_DEADLINE {
                     break;
                 }
             }
+            let leader = match (&status, &pidfd) {
+                (None, Some(fd)) => Some(fd.raw()),
+                _ => None,
+            };
             let mut fds = [
-                libc::pollfd {
-                    fd: if open[0] { out.as_raw_fd() } else { -1 },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
-                libc::pollfd {
-                    fd: if open[1] { err.as_raw_fd() } else { -1 },
-                    events: libc::POLLIN,
-                    revents: 0,
-                },
+                pollfd(open[0].then(|| out.as_raw_fd())),
+                pollfd(open[1].then(|| err.as_raw_fd())),
+                pollfd(leader),
             ];
-            // SAFETY: `fds` is a valid array of two pollfd for the duration of the call.
-            let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, POLL_TICK_MS) };
+            let tick = if leader.is_some() { -1 } else { POLL_TICK_MS };
+            // SAFETY: `fds` is a valid array of three pollfd for the duration of the call.
+            let n = unsafe { libc::poll(fds.as_mut_ptr(), 3, tick) };
             if n < 0 {
                 if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
                     continue;
                 }
                 break;
             }
-            for (i, fd) in fds.iter().enumerate() {
+            if fds[2].revents != 0 {
+                status = Some(wait(&mut child));
+            }
+            for (i, fd) in fds.iter().take(2).enumerate() {
                 if !open[i] || fd.revents == 0 {
                     continue;
                 }
@@ -455,7 +414,70 @@ impl Agent {
                 }
             }
         }
-        truncated
+        let status = status.unwrap_or_else(|| wait(&mut child));
+        if ended_at.is_none() {
+            self.retire(id);
+        }
+        let code = match status {
+            Ok(s) => exit_code(s),
+            Err(_) => 126,
+        };
+        self.send(
+            &Event::Exit {
+                id,
+                code,
+                truncated,
+            },
+            b"",
+        );
+        let mut execs = self.lock();
+        execs.by_id.remove(&id);
+        execs.active -= 1;
+        if execs.active == 0 && self.opts.sweep_namespace {
+            sweep_namespace();
+        }
+    }
+
+    /// After the leader was reaped: kill what is left of its group (stragglers) and
+    /// retire the pgid (it may be reused from now on), all under the lock.
+    fn retire(&self, id: u64) {
+        let mut execs = self.lock();
+        if let Some(e) = execs.by_id.get_mut(&id) {
+            e.kill();
+            e.pgid = None;
+            e.stdin = None;
+        }
+    }
+}
+
+/// A pollfd for `fd`, or a slot poll ignores.
+fn pollfd(fd: Option<libc::c_int>) -> libc::pollfd {
+    libc::pollfd {
+        fd: fd.unwrap_or(-1),
+        events: libc::POLLIN,
+        revents: 0,
+    }
+}
+
+/// A pidfd (Linux 5.3+): readable once the process exited, so the output loop can
+/// wait for the leader and its pipes at once.
+struct PidFd(std::os::fd::OwnedFd);
+
+impl PidFd {
+    fn open(pid: u32) -> Option<PidFd> {
+        // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::pid_t, 0) };
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: the descriptor was just returned to us and is owned by nobody else.
+        Some(PidFd(unsafe {
+            std::os::fd::OwnedFd::from_raw_fd(fd as libc::c_int)
+        }))
+    }
+
+    fn raw(&self) -> libc::c_int {
+        self.0.as_raw_fd()
     }
 }
 
