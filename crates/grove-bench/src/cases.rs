@@ -573,12 +573,10 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         );
         out.emit(row);
     } else {
-        out.emit(skipped(
-            "exec_local_agent",
-            String::from(
-                "no grove-sandboxd next to grove-bench (cargo build --release -p grove-sandboxd)",
-            ),
-        ));
+        let why = grove_local::LocalRuntimeProvider::find_agent()
+            .err()
+            .unwrap_or_else(|| "the exec agent is not in use".into());
+        out.emit(skipped("exec_local_agent", why));
     }
     Ok(())
 }
