@@ -621,6 +621,11 @@ async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         ..Default::default()
     };
     runtime.exec(req()).await?;
+    // The floor of an in-container exec agent (ADR 17): one attached exec kept open,
+    // a shell loop in it that fork/execs each line it reads and answers `done`.
+    let mut attached = attached_loop(docker.provider.docker(), runtime.container_id()).await?;
+    attached.round_trip().await?;
+    let mut via_attached = vec![];
     let (mut queued, mut direct, mut floor) = (vec![], vec![], vec![]);
     let res: Result<()> = async {
         for _ in 0..ctx.args.n {
@@ -636,10 +641,14 @@ async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
             let t = Instant::now();
             run_cmd("docker", &["exec", &container, "true"], None).await?;
             floor.push(ms(t));
+            let t = Instant::now();
+            attached.round_trip().await?;
+            via_attached.push(ms(t));
         }
         Ok(())
     }
     .await;
+    drop(attached);
     let _ = docker.provider.destroy(runtime.container_name()).await;
     let _ = ctx
         .client
@@ -656,7 +665,75 @@ async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     row.insert("floor_is".into(), json!("docker exec CLI"));
     row.insert("path".into(), json!("DockerRuntimeProvider (bollard)"));
     out.emit(row);
+    let mut row = latency("exec_docker_attached", &via_attached, &floor);
+    row.insert("floor_is".into(), json!("docker exec CLI"));
+    row.insert(
+        "path".into(),
+        json!("one attached exec answering a line per command (agent floor, ADR 17)"),
+    );
+    out.emit(row);
     Ok(())
+}
+
+/// A shell loop in one attached engine exec: each line it reads is run as a command,
+/// then it prints `done`.
+struct AttachedLoop {
+    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    output: std::pin::Pin<
+        Box<
+            dyn futures::Stream<
+                    Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+                > + Send,
+        >,
+    >,
+}
+
+impl AttachedLoop {
+    /// Runs `true` in the loop and waits for its answer.
+    async fn round_trip(&mut self) -> Result<()> {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        self.input.write_all(b"true\n").await?;
+        self.input.flush().await?;
+        let mut seen = Vec::new();
+        while !seen.ends_with(b"done\n") {
+            match self.output.next().await {
+                Some(Ok(bollard::container::LogOutput::StdOut { message })) => {
+                    seen.extend_from_slice(&message)
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => bail!("attached exec: {e}"),
+                None => bail!("attached exec ended"),
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn attached_loop(docker: &bollard::Docker, container: &str) -> Result<AttachedLoop> {
+    let exec = docker
+        .create_exec(
+            container,
+            bollard::exec::CreateExecOptions {
+                cmd: Some(vec![
+                    "sh".to_string(),
+                    "-c".into(),
+                    "while read l; do $l; echo done; done".into(),
+                ]),
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                ..Default::default()
+            },
+        )
+        .await?;
+    match docker.start_exec(&exec.id, None).await? {
+        bollard::exec::StartExecResults::Attached { output, input } => {
+            Ok(AttachedLoop { input, output })
+        }
+        bollard::exec::StartExecResults::Detached => bail!("the exec started detached"),
+    }
 }
 
 /// Registers `count` workspaces on the throughput node by appending their

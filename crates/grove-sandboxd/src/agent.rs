@@ -1,10 +1,11 @@
 //! The agent's side: read requests, fork/exec each command in its own session, stream
 //! its output back capped, report how it ended, kill what it leaves behind.
 //!
-//! Plain threads, no async runtime: per exec one thread waits for the process, one
-//! reads its two pipes (with `poll(2)`), and one feeds its stdin when it has any. The
-//! main thread only reads requests, so a command that never reads its stdin or a burst
-//! of output never stalls another exec's requests.
+//! Plain threads, no async runtime: the main thread reads requests and forks each
+//! command itself; per exec one thread polls the command's two pipes and a pidfd of
+//! its leader together, and one more feeds its stdin when it has any. The main thread
+//! never blocks on a command, so a command that never reads its stdin or a burst of
+//! output never stalls another exec's requests.
 
 use std::collections::HashMap;
 use std::fs::File;
