@@ -13,11 +13,20 @@ mod pulls;
 mod queue;
 mod reader;
 mod remote;
+mod remote_placement;
 mod replay;
 mod runtimes;
 mod secrets;
 mod tools;
 mod tools_http;
+
+// The loopback fakes of the remote providers, shared with the adapters' own tests.
+#[allow(dead_code)]
+#[path = "../../crates/grove-daytona/tests/daytona/fake.rs"]
+mod daytona_fake;
+#[allow(dead_code)]
+#[path = "../../crates/grove-e2b/tests/e2b/fake.rs"]
+mod e2b_fake;
 
 /// Skips the test (with the reason printed by `TestEnv::new`) when no database is set.
 #[macro_export]

@@ -1,7 +1,8 @@
 //! Remote runtimes through the real worker: Daytona and E2B are registered from the
-//! worker's environment, and a node-local workspace is refused by them with a typed
+//! worker's environment, and a node-local workspace is refused for them with a typed
 //! error before any provider is contacted (their API URLs here point at a closed
-//! port); the API keys appear in no output, log line or event.
+//! port); the API keys appear in no output, log line or event. Workspaces placed in a
+//! provider are in `remote_placement.rs`.
 
 use grove_e2e::{acquire_args, text};
 
@@ -30,8 +31,8 @@ async fn configured_remote_runtimes_are_registered_and_refuse_host_workspaces_wi
         .await;
     let id = ws["id"].as_str().unwrap();
 
-    // The refusal below comes from the adapters themselves: a worker without them
-    // answers that the runtime is not configured.
+    // A remote runtime runs only workspaces placed in it (ADR 15): the worker refuses
+    // a host workspace before it looks for the provider or records anything.
     for runtime in ["daytona", "e2b"] {
         let out = env
             .grove(&["exec", id, "--runtime", runtime, "--", "true"])
@@ -39,7 +40,7 @@ async fn configured_remote_runtimes_are_registered_and_refuse_host_workspaces_wi
         let (stdout, stderr) = text(&out);
         assert_eq!(out.status.code(), Some(1), "{runtime}: {stdout} {stderr}");
         assert!(
-            stderr.contains("cannot mount host paths"),
+            stderr.contains("lives on node") && stderr.contains("--runtime"),
             "{runtime} must refuse a node-local workspace: {stderr}"
         );
         for key in [DAYTONA_KEY, E2B_KEY] {

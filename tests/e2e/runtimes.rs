@@ -93,7 +93,10 @@ async fn runtimes_json_lists_local_and_docker_with_every_capability_flag() {
     assert_eq!(caps["interactive_session"], true);
     assert_eq!(caps["isolated"], true);
     assert_eq!(caps["snapshot"], true);
-    assert_eq!(caps["preview_url"], false);
+    assert_eq!(
+        caps["preview_url"], true,
+        "ports published on loopback (network default)"
+    );
     assert_eq!(
         caps["network_policies"],
         serde_json::json!(["none", "default"])
@@ -150,4 +153,28 @@ async fn runtimes_without_json_prints_a_table_with_one_row_per_provider() {
         docker.split_whitespace().nth(1) == Some("no"),
         "docker not configured: {docker}"
     );
+}
+
+#[tokio::test]
+async fn runtimes_json_lists_the_remote_providers_with_what_each_really_offers() {
+    let rows = listing(&[]).await;
+    let e2b = find(&rows, "e2b");
+    assert_eq!(e2b["configured"], false, "no E2B key here: {e2b}");
+    let caps = &e2b["capabilities"];
+    assert_eq!(
+        caps["interactive_session"], true,
+        "envd processes take stdin"
+    );
+    assert_eq!(caps["preview_url"], true);
+    assert_eq!(caps["snapshot"], false, "see ADR 15: {e2b}");
+    assert_eq!(caps["isolated"], false, "one sandbox per (user, project)");
+
+    let daytona = find(&rows, "daytona");
+    let caps = &daytona["capabilities"];
+    assert_eq!(
+        caps["interactive_session"], false,
+        "Daytona's session input is line text echoed into the output, with no end of file: {daytona}"
+    );
+    assert_eq!(caps["preview_url"], true);
+    assert_eq!(caps["snapshot"], false, "see ADR 15: {daytona}");
 }

@@ -1410,6 +1410,8 @@ impl Deps {
         at: DateTime<Utc>,
     ) -> Result<Handled, CommandError> {
         let ws = self.workspace(workspace_id).await?;
+        // A remote workspace is never evicted, so never restored.
+        crate::handlers::host_only(&ws, "restore")?;
         let key_lock = self
             .lock(LockScope::WorkspaceKey, &ws.key().lock_string(), false)
             .await?;
@@ -1685,9 +1687,15 @@ impl Deps {
                     }
                 };
                 let mut tx = self.pool.begin().await.map_err(|e| store_error(e.into()))?;
-                queue::enqueue(&mut tx, child, &command, &queue::node_queue(&ws.node), None)
-                    .await
-                    .map_err(store_error)?;
+                queue::enqueue(
+                    &mut tx,
+                    child,
+                    &command,
+                    &queue::placement_queue(&ws.node),
+                    None,
+                )
+                .await
+                .map_err(store_error)?;
                 tx.commit().await.map_err(|e| store_error(e.into()))?;
                 report.delegated.push((ws.id, child));
                 continue;

@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use grove_core::commands::{
-    AcquireWorkspace, CommandResult, EnsureRepoCache, Exec, DEFAULT_MAX_OUTPUT_BYTES,
+    is_remote_placement, AcquireWorkspace, CommandResult, EnsureRepoCache, Exec,
+    DEFAULT_MAX_OUTPUT_BYTES,
 };
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
@@ -17,8 +18,8 @@ use grove_core::model::{
     WorkspaceRow,
 };
 use grove_core::ports::{
-    CommitRequest, ExecRequest, GitPort, GitToken, Mount, PushRequest, ResourceHints,
-    RuntimeRegistry, RuntimeSpec,
+    CommitRequest, ExecRequest, GitPort, GitToken, Mount, PushRequest, RemoteWorkspaceRequest,
+    ResourceHints, RuntimeProvider, RuntimeRegistry, RuntimeSpec,
 };
 use grove_core::projection::Projections;
 use grove_core::tools::{DiffAgainst, ToolOp, ToolOutput, ToolRequest};
@@ -296,7 +297,11 @@ impl Deps {
             conversation_id: c.conversation_id.clone(),
             task_id: c.task_id.clone(),
         };
-        let key = c.key(&self.config.node);
+        let node = c
+            .remote_placement()
+            .map(str::to_string)
+            .unwrap_or_else(|| self.config.node.clone());
+        let key = c.key(&node);
         let key_lock = self
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
             .await?;
@@ -307,14 +312,22 @@ impl Deps {
                 .map_err(store_error)?
         };
         if let Some(row) = existing {
-            if row.node != self.config.node {
+            if row.node != node {
+                let place = if is_remote_placement(&row.node) {
+                    format!("inside {0}; acquire it with --runtime {0}", row.node)
+                } else if c.remote_placement().is_some() {
+                    format!("on node {}; acquire it without --runtime {node}", row.node)
+                } else {
+                    format!("on node {}; acquire it there", row.node)
+                };
                 return Err(CommandError::new(
                     ErrorKind::Conflict,
-                    format!(
-                        "workspace {} lives on node {}; acquire it there",
-                        row.id, row.node
-                    ),
+                    format!("workspace {} lives {place}", row.id),
                 ));
+            }
+            if is_remote_placement(&row.node) {
+                // Its files are in the provider's sandbox: nothing to check on this host.
+                return self.reacquired(row, key_lock, correlation, at);
             }
             if matches!(row.state.as_str(), "evicted" | "evicting") {
                 // An acquire of an evicted key restores it (same id, path and branch).
@@ -332,17 +345,12 @@ impl Deps {
                     row.id
                 )));
             }
-            let events = vec![Event::WorkspaceAcquired {
-                workspace_id: row.id,
-            }];
-            let row = fold_workspace(Some(row), &events, at)
-                .ok_or_else(|| internal("fold lost the row"))?;
-            return Ok(Handled {
-                result: Ok(CommandResult::Workspace(row)),
-                events,
-                locks: vec![key_lock],
-                correlation,
-            });
+            return self.reacquired(row, key_lock, correlation, at);
+        }
+        if let Some(provider) = c.remote_placement() {
+            return self
+                .acquire_remote(c, provider, command_id, token, at, key_lock, correlation)
+                .await;
         }
         let (cache, mut events, cache_lock) = self
             .ensure_cache(&c.repo_name, &c.repo_url, false, token, at)
@@ -400,6 +408,171 @@ impl Deps {
         })
     }
 
+    /// An acquire of a key whose workspace exists: `workspace.acquired`.
+    fn reacquired(
+        &self,
+        row: WorkspaceRow,
+        key_lock: AdvisoryLock,
+        correlation: Correlation,
+        at: DateTime<Utc>,
+    ) -> Result<Handled, CommandError> {
+        let events = vec![Event::WorkspaceAcquired {
+            workspace_id: row.id,
+        }];
+        let row =
+            fold_workspace(Some(row), &events, at).ok_or_else(|| internal("fold lost the row"))?;
+        Ok(Handled {
+            result: Ok(CommandResult::Workspace(row)),
+            events,
+            locks: vec![key_lock],
+            correlation,
+        })
+    }
+
+    /// The remote provider holding workspaces under `name`, as configured here.
+    fn remote_provider(&self, name: &str) -> Result<Arc<dyn RuntimeProvider>, CommandError> {
+        let provider = self.runtimes.get(name).ok_or_else(|| {
+            CommandError::new(
+                ErrorKind::Unavailable,
+                format!(
+                    "runtime {name:?} is not configured on this worker (configured: {})",
+                    self.runtimes.kinds().join(", ")
+                ),
+            )
+        })?;
+        if provider.workspaces().is_none() {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!("runtime {name} cannot hold workspaces"),
+            ));
+        }
+        Ok(provider)
+    }
+
+    /// The lock over the sandbox of (provider, user, project): held while a workspace
+    /// is made in it or removed from it, so one sandbox is created per pair and the
+    /// last destroy deletes it without racing an acquire.
+    async fn lock_sandbox(
+        &self,
+        provider: &str,
+        user: &str,
+        project: &str,
+    ) -> Result<AdvisoryLock, CommandError> {
+        self.lock(
+            LockScope::SandboxPlacement,
+            &format!("{provider}\u{0}{user}\u{0}{project}"),
+            false,
+        )
+        .await
+    }
+
+    /// Places a new workspace inside `provider` (ADR 15): the provider clones the
+    /// repository into the user's and project's sandbox once (recorded as the
+    /// provider's repo cache, node = provider) and the workspace as a clone of that;
+    /// the workspace's node is the provider and its `local_path` the in-sandbox path.
+    #[allow(clippy::too_many_arguments)]
+    async fn acquire_remote(
+        &self,
+        c: &AcquireWorkspace,
+        provider: &str,
+        command_id: Uuid,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+        key_lock: AdvisoryLock,
+        correlation: Correlation,
+    ) -> Result<Handled, CommandError> {
+        let runtime = self.remote_provider(provider)?;
+        let remote = runtime.workspaces().expect("checked by remote_provider");
+        let url = RepoUrl::parse(&c.repo_url)?;
+        let sandbox_lock = self
+            .lock_sandbox(provider, &c.user_id, &c.project_id)
+            .await?;
+        let branch = branch_for(c.mode, c.scope());
+        let checkout = remote
+            .ensure_workspace(
+                &RemoteWorkspaceRequest {
+                    user: c.user_id.clone(),
+                    project: c.project_id.clone(),
+                    scope: c.scope().to_string(),
+                    repo_name: c.repo_name.clone(),
+                    repo_url: url.as_str().to_string(),
+                    base_ref: c.base_ref.clone(),
+                    branch: branch.clone(),
+                },
+                token,
+            )
+            .await?;
+        // One repo cache row per (provider, identity) stands for the provider's clones
+        // of the repository (one per sandbox, at the same path under its home).
+        let cache_lock = self
+            .lock(
+                LockScope::RepoCache,
+                &format!("{provider}\u{0}{}", url.identity()),
+                false,
+            )
+            .await?;
+        let existing = {
+            let mut conn = self.conn().await?;
+            rows::repo_cache_by_identity(&mut conn, provider, url.identity())
+                .await
+                .map_err(store_error)?
+        };
+        let mut events = match &existing {
+            Some(row) => vec![Event::RepoCacheUsed {
+                repo_cache_id: row.id,
+            }],
+            None => vec![Event::RepoCacheCreated {
+                repo_cache_id: Uuid::new_v5(&command_id, b"repo_cache"),
+                node: provider.to_string(),
+                identity: url.identity().to_string(),
+                repo_name: c.repo_name.clone(),
+                repo_url: url.as_str().to_string(),
+                provider: if url.is_local() {
+                    "local".into()
+                } else {
+                    "git".into()
+                },
+                provider_host: url.host().to_string(),
+                local_path: checkout.cache_path.clone(),
+                auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
+                size_bytes: 0,
+            }],
+        };
+        let cache = fold_cache(existing, &events, at);
+        let workspace_id = Uuid::new_v5(&command_id, b"workspace");
+        events.push(Event::WorkspaceCreated {
+            workspace_id,
+            repo_cache_id: cache.id,
+            node: provider.to_string(),
+            user_id: c.user_id.clone(),
+            project_id: c.project_id.clone(),
+            mode: c.mode,
+            conversation_id: (c.mode == WorkspaceMode::Edit)
+                .then(|| c.conversation_id.clone())
+                .flatten(),
+            task_id: (c.mode == WorkspaceMode::Task)
+                .then(|| c.task_id.clone())
+                .flatten(),
+            base_ref: c.base_ref.clone(),
+            base_commit: checkout.base_commit,
+            branch_name: branch,
+            local_path: checkout.path,
+            // Workspaces of one (user, project) share the sandbox (ADR 15).
+            capabilities: Capabilities {
+                isolated: false,
+                ..Capabilities::from_mode(c.mode)
+            },
+            size_bytes: 0,
+        });
+        let row = fold_workspace(None, &events, at).ok_or_else(|| internal("fold lost the row"))?;
+        Ok(Handled {
+            result: Ok(CommandResult::Workspace(row)),
+            events,
+            locks: vec![key_lock, sandbox_lock, cache_lock],
+            correlation,
+        })
+    }
+
     pub async fn exec(
         &self,
         e: &Exec,
@@ -428,6 +601,27 @@ impl Deps {
                 ),
             ));
         }
+        // A workspace placed in a remote provider runs there only, and a remote runtime
+        // reaches no host workspace: a mismatch is refused before anything is recorded.
+        let remote = is_remote_placement(&ws.node);
+        if remote && e.runtime != ws.node {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!(
+                    "workspace {} lives inside {1}: run its commands with --runtime {1}, not {2}",
+                    ws.id, ws.node, e.runtime
+                ),
+            ));
+        }
+        if !remote && is_remote_placement(&e.runtime) {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!(
+                    "workspace {} lives on node {}: runtime {2} runs only workspaces placed in it (acquire with --runtime {2})",
+                    ws.id, ws.node, e.runtime
+                ),
+            ));
+        }
         let provider = self.runtimes.get(&e.runtime).ok_or_else(|| {
             CommandError::new(
                 ErrorKind::Unavailable,
@@ -438,6 +632,15 @@ impl Deps {
                 ),
             )
         })?;
+        let remote_network = if remote {
+            Some(
+                self.remote_provider(&ws.node)?
+                    .workspaces()
+                    .map(|w| w.network()),
+            )
+        } else {
+            None
+        };
         // Capabilities never change, so the kind chosen above still holds; the row is
         // re-read under the lock for its current state (dirty, existence).
         let (ws, lock) = self.lock_workspace(ws.id, !kind.is_mutating()).await?;
@@ -454,7 +657,10 @@ impl Deps {
             .map(|r| r.id)
             .unwrap_or_else(|| Uuid::new_v5(&ws.id, provider.kind().as_bytes()));
         let ws_dir = PathBuf::from(&ws.local_path);
-        let cache_dir = {
+        let cache_dir = if remote {
+            // The sandbox's own clone: nothing of the host is mounted.
+            None
+        } else {
             let mut conn = self.conn().await?;
             rows::repo_cache(&mut conn, ws.repo_cache_id)
                 .await
@@ -464,7 +670,7 @@ impl Deps {
         // The local runtime builds a fresh sandbox per exec, so a read command gets a
         // read-only view even of a writable workspace; a long-lived container keeps the
         // mount it was created with, so it gets the workspace's own writability.
-        let per_exec_sandbox = provider.kind() == "local";
+        let per_exec_sandbox = provider.kind() == "local" && !remote;
         let mut mounts = vec![Mount {
             source: ws_dir.clone(),
             target: ws_dir.clone(),
@@ -488,13 +694,22 @@ impl Deps {
             mounts,
             env: Default::default(),
             resources: ResourceHints::default(),
-            network: e.network.unwrap_or_default(),
+            // A remote sandbox keeps the network it was created with for cloning.
+            network: e.network.or(remote_network.flatten()).unwrap_or_default(),
             labels: [
                 ("grove.workspace".to_string(), ws.id.to_string()),
                 ("grove.runtime".to_string(), runtime_id.to_string()),
             ]
             .into(),
         };
+        let mut spec = spec;
+        if remote {
+            // The sandbox of a remote workspace is its user's and project's.
+            spec.labels
+                .insert("grove.user".to_string(), ws.user_id.clone());
+            spec.labels
+                .insert("grove.project".to_string(), ws.project_id.clone());
+        }
         let mut start_events = match &existing {
             Some(r) if r.state == "running" => vec![],
             _ => vec![Event::RuntimeStarted {
@@ -607,7 +822,8 @@ impl Deps {
                 Err(CommandError::from(err))
             }
         };
-        if kind.is_mutating() {
+        // The host's git cannot see a remote workspace: its `dirty` is not tracked.
+        if kind.is_mutating() && !remote {
             let git = self.git.clone();
             let dir = ws_dir.clone();
             if let Ok(dirty) = blocking(move || git.is_dirty(&dir)).await {
@@ -735,6 +951,9 @@ impl Deps {
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
             .await?;
         let (ws, lock) = self.lock_workspace_any(workspace_id, false).await?;
+        if is_remote_placement(&ws.node) {
+            return self.destroy_remote(ws, vec![lock, key_lock]).await;
+        }
         let mut events = self
             .runtime_events(ws.id, true, "workspace destroyed")
             .await?;
@@ -749,6 +968,249 @@ impl Deps {
             result: Ok(CommandResult::Done),
             events,
             locks: vec![lock, key_lock],
+            correlation: correlation_of(&ws),
+        })
+    }
+}
+
+impl Deps {
+    /// Destroys a workspace placed in a remote provider: its clone inside the sandbox is
+    /// removed (the sandbox's clone of the repository stays), its runtime records end
+    /// without stopping the sandbox the user's other workspaces share, and when it was
+    /// the last workspace of its (user, project) there the sandbox is deleted.
+    async fn destroy_remote(
+        &self,
+        ws: WorkspaceRow,
+        mut locks: Vec<AdvisoryLock>,
+    ) -> Result<Handled, CommandError> {
+        let provider = self.remote_provider(&ws.node)?;
+        let remote = provider.workspaces().expect("checked by remote_provider");
+        locks.push(
+            self.lock_sandbox(&ws.node, &ws.user_id, &ws.project_id)
+                .await?,
+        );
+        remote
+            .remove_workspace(&ws.user_id, &ws.project_id, &ws.local_path)
+            .await?;
+        let others = {
+            let mut conn = self.conn().await?;
+            rows::workspaces(&mut conn, Some(&ws.user_id))
+                .await
+                .map_err(store_error)?
+                .into_iter()
+                .filter(|o| o.id != ws.id && o.node == ws.node && o.project_id == ws.project_id)
+                .count()
+        };
+        if others == 0 {
+            tracing::info!(provider = %ws.node, user = %ws.user_id, project = %ws.project_id, "last remote workspace destroyed: deleting its sandbox");
+            remote.delete_sandbox(&ws.user_id, &ws.project_id).await?;
+        }
+        let mut events: Vec<Event> = {
+            let mut conn = self.conn().await?;
+            rows::runtimes_of(&mut conn, ws.id)
+                .await
+                .map_err(store_error)?
+        }
+        .into_iter()
+        .map(|r| Event::RuntimeDestroyed {
+            runtime_id: r.id,
+            reason: "workspace destroyed".into(),
+        })
+        .collect();
+        events.push(Event::WorkspaceDestroyed {
+            workspace_id: ws.id,
+        });
+        Ok(Handled {
+            result: Ok(CommandResult::Done),
+            events,
+            locks,
+            correlation: correlation_of(&ws),
+        })
+    }
+}
+
+/// Refuses an operation that needs the workspace's files on this host when the
+/// workspace lives inside a remote provider (ADR 15: exec is the way in for now).
+pub(crate) fn host_only(ws: &WorkspaceRow, what: &str) -> Result<(), CommandError> {
+    if is_remote_placement(&ws.node) {
+        return Err(not_yet(ws, what));
+    }
+    Ok(())
+}
+
+fn not_yet(ws: &WorkspaceRow, what: &str) -> CommandError {
+    CommandError::new(
+        ErrorKind::Rejected,
+        format!(
+            "{what} is not available on a {0} workspace yet (workspace {1} lives inside the {0} sandbox; run commands in it with exec --runtime {0})",
+            ws.node, ws.id
+        ),
+    )
+}
+
+/// Reads one file of a remote workspace inside its sandbox: the path (already checked
+/// lexically) is resolved there with every symlink (`realpath -e`), must stay beneath
+/// the workspace's resolved root and be a regular file, and only the resolved path is
+/// read. Exit codes: 3 outside, 4 not a regular file, 5 absent.
+const REMOTE_READ_SCRIPT: &str = r#"root=$(pwd -P) || exit 6
+p=$(realpath -e -- "$1" 2>/dev/null) || exit 5
+case "$p" in "$root"/*) ;; *) exit 3 ;; esac
+[ -f "$p" ] || exit 4
+exec cat -- "$p""#;
+
+/// Writes stdin whole to one file of a remote workspace inside its sandbox: the path is
+/// resolved with every existing symlink (`realpath -m`), must stay beneath the root and
+/// outside `.git`, must be a regular file if it exists; missing parents are made
+/// beneath the resolved path. Prints 1 when the file was created, 0 when replaced.
+/// Exit codes: 3 outside, 4 not a regular file, 7 inside `.git`, 8 the write failed.
+const REMOTE_WRITE_SCRIPT: &str = r#"root=$(pwd -P) || exit 6
+p=$(realpath -m -- "$1" 2>/dev/null) || exit 3
+case "$p" in "$root"/*) ;; *) exit 3 ;; esac
+case "$p" in "$root"/.git|"$root"/.git/*) exit 7 ;; esac
+created=1
+if [ -e "$p" ] || [ -L "$p" ]; then [ -f "$p" ] || exit 4; created=0; fi
+mkdir -p -- "$(dirname -- "$p")" || exit 8
+cat > "$p" || exit 8
+printf %s "$created""#;
+
+impl Deps {
+    /// The agent tools on a workspace placed in a remote provider: `read_file` and
+    /// `write_file` run in the sandbox under the workspace's command lock (shared for
+    /// the read, exclusive for the write, so no write-class exec can swap a resolved
+    /// path meanwhile); every other tool is refused for now.
+    async fn remote_tool(&self, ws: WorkspaceRow, op: &ToolOp) -> Result<Handled, CommandError> {
+        let (path, content) = match op {
+            ToolOp::ReadFile { path } => (path, None),
+            ToolOp::WriteFile { path, content } => (path, Some(content.as_str())),
+            _ => return Err(not_yet(&ws, &format!("tool {}", op.name()))),
+        };
+        let rel = grove_tools::RelPath::parse(path)?;
+        if content.is_some() && rel.touches_git_dir() {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                format!(
+                    "{} is inside .git; change the repository with the git tools",
+                    rel.as_str()
+                ),
+            ));
+        }
+        let provider = self.remote_provider(&ws.node)?;
+        let network = provider
+            .workspaces()
+            .map(|w| w.network())
+            .unwrap_or_default();
+        let (ws, lock) = self.lock_workspace(ws.id, content.is_none()).await?;
+        let dir = PathBuf::from(&ws.local_path);
+        let spec = RuntimeSpec {
+            image: None,
+            workdir: dir.clone(),
+            mounts: vec![Mount {
+                source: dir.clone(),
+                target: dir,
+                writable: content.is_some(),
+            }],
+            env: Default::default(),
+            resources: ResourceHints::default(),
+            network,
+            labels: [
+                ("grove.workspace".to_string(), ws.id.to_string()),
+                ("grove.user".to_string(), ws.user_id.clone()),
+                ("grove.project".to_string(), ws.project_id.clone()),
+            ]
+            .into(),
+        };
+        let limit = grove_tools::MAX_READ_BYTES as usize;
+        let script = if content.is_some() {
+            REMOTE_WRITE_SCRIPT
+        } else {
+            REMOTE_READ_SCRIPT
+        };
+        let ran = async {
+            let runtime = provider.create(spec).await?;
+            runtime
+                .exec(ExecRequest {
+                    argv: ["sh", "-c", script, "sh", rel.as_str()]
+                        .map(String::from)
+                        .to_vec(),
+                    stdin: content.map(|c| c.as_bytes().to_vec()),
+                    timeout: Some(Duration::from_secs(60)),
+                    max_output_bytes: Some(limit + 1),
+                    mutating: content.is_some(),
+                    ..ExecRequest::default()
+                })
+                .await
+        }
+        .await;
+        let r = match ran {
+            Ok(r) => r,
+            Err(e) => {
+                lock.release().await.ok();
+                return Err(e.into());
+            }
+        };
+        let shown = rel.as_str();
+        let refused = |kind, msg: String| Err(CommandError::new(kind, msg));
+        let outcome = match (r.exit_code, content) {
+            (0, None) if r.truncated || r.stdout.len() > limit => refused(
+                ErrorKind::Rejected,
+                format!("{shown} is larger than {limit} bytes"),
+            ),
+            (0, None) => Ok(ToolOutput::File {
+                path: shown.to_string(),
+                size_bytes: r.stdout.len() as u64,
+                content: String::from_utf8_lossy(&r.stdout).into_owned(),
+            }),
+            (0, Some(text)) => Ok(ToolOutput::Written(grove_core::tools::WrittenFile {
+                path: shown.to_string(),
+                size_bytes: text.len() as u64,
+                // The whole digest: SHA-256 has 64 hex digits.
+                sha256: short_hash(text, 64),
+                created: r.stdout.as_slice() == b"1",
+            })),
+            (3, _) => refused(
+                ErrorKind::Rejected,
+                format!("{shown} resolves outside the workspace"),
+            ),
+            (4, _) => refused(
+                ErrorKind::Rejected,
+                format!("{shown} is not a regular file"),
+            ),
+            (5, None) => refused(ErrorKind::NotFound, format!("{shown} not found")),
+            (7, _) => refused(
+                ErrorKind::Rejected,
+                format!("{shown} resolves inside .git; change the repository with the git tools"),
+            ),
+            (code, _) => refused(
+                ErrorKind::Unavailable,
+                format!(
+                    "{} {shown} in the sandbox failed (exit {code}): {}",
+                    op.name(),
+                    String::from_utf8_lossy(&r.stderr).trim()
+                ),
+            ),
+        };
+        let output = match outcome {
+            Ok(output) => output,
+            Err(e) => {
+                lock.release().await.ok();
+                return Err(e);
+            }
+        };
+        let events = match &output {
+            ToolOutput::Written(w) => vec![Event::WorkspaceFileWritten {
+                workspace_id: ws.id,
+                path: w.path.clone(),
+                op: op.name().to_string(),
+                size_bytes: w.size_bytes,
+                sha256: w.sha256.clone(),
+                created: w.created,
+            }],
+            _ => Vec::new(),
+        };
+        Ok(Handled {
+            result: Ok(CommandResult::Tool(output)),
+            events,
+            locks: vec![lock],
             correlation: correlation_of(&ws),
         })
     }
@@ -784,6 +1246,9 @@ impl Deps {
                     op.name()
                 ),
             ));
+        }
+        if is_remote_placement(&ws.node) {
+            return self.remote_tool(ws, op).await;
         }
         let (ws, lock) = self.lock_workspace(ws.id, !op.is_write()).await?;
         let output = match self.run_tool(&ws, op, token).await {

@@ -39,6 +39,8 @@ impl Deps {
         // Refuse a read-only target before waiting for any lock, as write tools do.
         let edit = self.workspace(edit_id).await?;
         let task = self.workspace(task_id).await?;
+        crate::handlers::host_only(&edit, "merge-back")?;
+        crate::handlers::host_only(&task, "merge-back")?;
         check_pair(&edit, &task)?;
         let mut order = [(edit_id, !edit_exclusive), (task_id, true)];
         order.sort_by_key(|(id, _)| *id);

@@ -33,7 +33,19 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(deps: Deps) -> Self {
-        let queues = vec![queue::node_queue(&deps.config.node), queue::shared_queue()];
+        // Its node's queue, then the queue of each remote provider configured here (the
+        // jobs of workspaces placed in it, ADR 15), then the shared one.
+        let mut queues = vec![queue::node_queue(&deps.config.node)];
+        for kind in deps.runtimes.kinds() {
+            if deps
+                .runtimes
+                .get(kind)
+                .is_some_and(|p| p.workspaces().is_some())
+            {
+                queues.push(queue::provider_queue(kind));
+            }
+        }
+        queues.push(queue::shared_queue());
         Self {
             deps: Arc::new(deps),
             queues,

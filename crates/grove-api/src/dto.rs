@@ -118,6 +118,10 @@ pub struct AcquireSessionRequest {
     /// Required for `task`.
     #[serde(default)]
     pub task_id: Option<String>,
+    /// Where the workspace lives: absent, `local` or `docker` on a worker's node;
+    /// `daytona` or `e2b` inside that provider's sandbox of the caller and project.
+    #[serde(default)]
+    pub runtime: Option<String>,
     #[serde(default)]
     pub idempotency_key: Option<String>,
 }
@@ -142,7 +146,8 @@ pub struct Workspace {
     pub base_ref: String,
     pub base_commit: String,
     pub branch_name: Option<String>,
-    /// The checkout's directory on its node.
+    /// The checkout's directory on its node (inside the sandbox for a workspace placed
+    /// in a remote runtime).
     pub local_path: String,
     /// `ready`, `released`, `evicting` or `evicted`.
     pub state: String,

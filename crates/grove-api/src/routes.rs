@@ -134,6 +134,7 @@ pub async fn acquire_session(
         mode: req.mode.into(),
         conversation_id: req.conversation_id,
         task_id: req.task_id,
+        runtime: req.runtime,
     });
     command.validate()?;
     let id = command_id(&caller, req.idempotency_key.as_deref())?;

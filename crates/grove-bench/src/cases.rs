@@ -165,6 +165,7 @@ impl Ctx {
             mode: WorkspaceMode::Edit,
             conversation_id: Some(conversation.into()),
             task_id: None,
+            runtime: None,
         })
     }
 

@@ -52,11 +52,11 @@ impl Client {
             let ws = rows::workspace(&mut conn, id)
                 .await?
                 .ok_or_else(|| anyhow!("workspace {id} not found"))?;
-            return Ok(queue::node_queue(&ws.node));
+            return Ok(queue::placement_queue(&ws.node));
         }
         if let Command::AcquireWorkspace(c) = command {
             if let Some(ws) = rows::workspace_by_key(&mut conn, &c.key("")).await? {
-                return Ok(queue::node_queue(&ws.node));
+                return Ok(queue::placement_queue(&ws.node));
             }
         }
         Ok(queue::shared_queue())

@@ -58,6 +58,7 @@ async fn task_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<WorkspaceRow>> {
                 mode: WorkspaceMode::Task,
                 conversation_id: None,
                 task_id: Some(format!("t{i}")),
+                runtime: None,
             });
             match ctx.client.submit(&cmd).await? {
                 CommandResult::Workspace(row) => Ok(row),

@@ -40,6 +40,11 @@ fn node_or_default(node: Option<String>) -> Result<String> {
         .or_else(|| std::env::var("GROVE_NODE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| "local".into());
     grove_core::validate::validate_owner_id("node", &node)?;
+    if grove_core::commands::is_remote_placement(&node) {
+        return Err(crate::invalid(format!(
+            "{node} is a remote runtime, not a node: its workspaces are not swept"
+        )));
+    }
     Ok(node)
 }
 
@@ -297,7 +302,12 @@ pub async fn queue_positions(
     list: &[WorkspaceRow],
 ) -> Result<HashMap<Uuid, (usize, QueueEntry)>> {
     let settings = settings()?;
-    let nodes: BTreeMap<&str, ()> = list.iter().map(|w| (w.node.as_str(), ())).collect();
+    // A workspace placed in a remote provider is never swept: it has no position.
+    let nodes: BTreeMap<&str, ()> = list
+        .iter()
+        .filter(|w| !grove_core::commands::is_remote_placement(&w.node))
+        .map(|w| (w.node.as_str(), ()))
+        .collect();
     let mut out = HashMap::new();
     for node in nodes.keys() {
         let state = load_node(pool, node, &grove_home(), Utc::now(), None, &HashSet::new()).await?;

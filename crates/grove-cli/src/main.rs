@@ -222,6 +222,10 @@ enum WorkspaceCmd {
         conversation: Option<String>,
         #[arg(long, allow_hyphen_values = true)]
         task: Option<String>,
+        /// Where the workspace lives: on a worker's node (default; `local` or
+        /// `docker`), or inside a remote provider's sandbox (`daytona`, `e2b`).
+        #[arg(long, allow_hyphen_values = true)]
+        runtime: Option<String>,
         #[command(flatten)]
         common: Common,
     },
@@ -634,12 +638,25 @@ async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// A worker's (or server's) node name: a valid id that is not a remote runtime's name.
+/// Such a node's queue would be the provider's (its jobs would reach workers without
+/// the provider), and its sweep and sessions would take in-sandbox paths for host ones.
+pub(crate) fn validate_node(node: &str) -> Result<()> {
+    grove_core::validate::validate_owner_id("node", node)?;
+    if grove_core::commands::is_remote_placement(node) {
+        return Err(invalid(format!(
+            "node name {node:?} is reserved for the remote runtime of that name"
+        )));
+    }
+    Ok(())
+}
+
 /// A worker with its own pool, on a migrated database.
 pub(crate) async fn build_worker(
     node: String,
     concurrency: usize,
 ) -> Result<grove_workers::Worker> {
-    grove_core::validate::validate_owner_id("node", &node)?;
+    validate_node(&node)?;
     let home = grove_home();
     std::fs::create_dir_all(&home)
         .with_context(|| format!("creating GROVE_HOME {}", home.display()))?;
@@ -683,6 +700,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             mode,
             conversation,
             task,
+            runtime,
             common,
         } => {
             let mode = WorkspaceMode::parse(&mode)?;
@@ -695,6 +713,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
                 mode,
                 conversation_id: conversation,
                 task_id: task,
+                runtime,
             });
             command.validate()?;
             let token = read_token(&common.token_env)?;

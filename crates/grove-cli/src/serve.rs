@@ -47,7 +47,7 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
     let runtimes = match &worker {
         Some(w) => w.deps().runtimes.clone(),
         None => {
-            grove_core::validate::validate_owner_id("node", &node)?;
+            crate::validate_node(&node)?;
             let mut config = grove_workers::WorkerConfig::new(crate::grove_home(), node.clone());
             grove_workers::build_runtimes(&mut config).await
         }

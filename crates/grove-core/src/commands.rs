@@ -24,6 +24,16 @@ use crate::validate::{
 /// worker that takes the job is that worker's answer).
 pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker", "daytona", "e2b"];
 
+/// Runtime providers a workspace may be placed in (ADR 15): its files then live inside
+/// the provider's sandbox, the provider's name is its `node`, and its jobs go to the
+/// provider's queue. No worker node may take one of these names.
+pub const REMOTE_PLACEMENTS: &[&str] = &["daytona", "e2b"];
+
+/// Whether a workspace's `node` names a remote provider rather than a host node.
+pub fn is_remote_placement(node: &str) -> bool {
+    REMOTE_PLACEMENTS.contains(&node)
+}
+
 /// Largest stdin a command may carry through the queue.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
 /// Default and largest output cap of an exec.
@@ -49,9 +59,19 @@ pub struct AcquireWorkspace {
     pub mode: WorkspaceMode,
     pub conversation_id: Option<String>,
     pub task_id: Option<String>,
+    /// Where the workspace lives: `None` (or `local`, `docker`: runtimes that mount
+    /// host paths) on the node of the worker that places it, `daytona` or `e2b` inside that provider's sandbox of the user and
+    /// project (ADR 15). Absent in payloads written before placement existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<String>,
 }
 
 impl AcquireWorkspace {
+    /// The remote provider this acquire places the workspace in, if any (`None`,
+    /// `local` and `docker` all mean the worker's node).
+    pub fn remote_placement(&self) -> Option<&str> {
+        self.runtime.as_deref().filter(|r| is_remote_placement(r))
+    }
     /// The scope part of the uniqueness key.
     pub fn scope(&self) -> &str {
         match self.mode {
@@ -276,6 +296,15 @@ impl Command {
                 RepoName::parse(&c.repo_name)?;
                 RepoUrl::parse(&c.repo_url)?;
                 validate_ref(&c.base_ref)?;
+                if let Some(r) = &c.runtime {
+                    if !KNOWN_RUNTIMES.contains(&r.as_str()) {
+                        return Err(ValidationError::Request(format!(
+                            "unknown workspace runtime {:?}: expected one of {}",
+                            r.chars().take(40).collect::<String>(),
+                            KNOWN_RUNTIMES.join(", ")
+                        )));
+                    }
+                }
                 match c.mode {
                     WorkspaceMode::Analysis => {}
                     WorkspaceMode::Edit => validate_branch_scope_id(
@@ -321,7 +350,16 @@ impl Command {
                     return Err(ValidationError::Request("max output exceeds 16 MiB".into()));
                 }
             }
-            Self::EvictSweep(c) => validate_owner_id("node", &c.node)?,
+            Self::EvictSweep(c) => {
+                validate_owner_id("node", &c.node)?;
+                // The sweep deletes host directories; a remote provider has none.
+                if is_remote_placement(&c.node) {
+                    return Err(ValidationError::Request(format!(
+                        "{} is a remote runtime, not a node: its workspaces are not swept",
+                        c.node
+                    )));
+                }
+            }
             Self::Tool(t) => t.op.validate()?,
             Self::CreatePullRequest(c) => {
                 if let Some(base) = &c.base {
@@ -427,7 +465,44 @@ mod tests {
             mode,
             conversation_id: Some("c1".into()),
             task_id: None,
+            runtime: None,
         }
+    }
+
+    #[test]
+    fn an_acquire_names_a_known_placement_or_none() {
+        for ok in [
+            None,
+            Some("local"),
+            Some("docker"),
+            Some("daytona"),
+            Some("e2b"),
+        ] {
+            let mut c = acquire(WorkspaceMode::Edit);
+            c.runtime = ok.map(String::from);
+            assert!(Command::AcquireWorkspace(c).validate().is_ok(), "{ok:?}");
+        }
+        for bad in ["podman", "Daytona", "", "e2b/../x"] {
+            let mut c = acquire(WorkspaceMode::Edit);
+            c.runtime = Some(bad.into());
+            assert!(
+                Command::AcquireWorkspace(c).validate().is_err(),
+                "{bad:?} must be refused"
+            );
+        }
+    }
+
+    #[test]
+    fn an_acquire_payload_from_before_placement_still_reads() {
+        let old = serde_json::json!({
+            "command": "acquire_workspace", "user_id": "u", "project_id": "p",
+            "repo_name": "o/r", "repo_url": "file:///tmp/r", "base_ref": "main",
+            "mode": "edit", "conversation_id": "c1", "task_id": null
+        });
+        let c: Command = serde_json::from_value(old.clone()).unwrap();
+        assert_eq!(c, Command::AcquireWorkspace(acquire(WorkspaceMode::Edit)));
+        // And a host acquire still writes the payload it always wrote.
+        assert_eq!(serde_json::to_value(&c).unwrap(), old);
     }
 
     #[test]

@@ -442,6 +442,126 @@ pub trait RuntimeProvider: Send + Sync {
     fn sessions(&self) -> Option<&dyn Sessions> {
         None
     }
+    /// Workspaces placed inside the provider (ADR 15), if it can hold them: a remote
+    /// provider whose sandboxes keep a clone of the repository. Providers whose
+    /// runtimes mount host paths answer `None`.
+    fn workspaces(&self) -> Option<&dyn RemoteWorkspaces> {
+        None
+    }
+}
+
+/// A workspace to make inside a remote provider's sandbox of `(user, project)`. Every
+/// field is untrusted input: refs are validated, ids hashed into paths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteWorkspaceRequest {
+    pub user: String,
+    pub project: String,
+    /// The conversation, task or (analysis) base ref the workspace is for.
+    pub scope: String,
+    /// Normalized `owner/name`.
+    pub repo_name: String,
+    /// The upstream URL, without credentials.
+    pub repo_url: String,
+    pub base_ref: String,
+    /// The branch to create and check out; `None` leaves `base_ref` checked out.
+    pub branch: Option<String>,
+}
+
+/// Where a remote workspace is, as the provider made (or found) it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RemoteCheckout {
+    /// The provider's id of the sandbox holding it (informational: sandboxes are found
+    /// again by their labels, so this is never recorded).
+    pub sandbox_id: String,
+    /// Absolute path of the checkout inside the sandbox: the runtime's workdir.
+    pub path: String,
+    /// The sandbox's clone of the repository (the provider's repo cache).
+    pub cache_path: String,
+    /// Whether this call cloned the repository from upstream.
+    pub cloned_cache: bool,
+    /// The commit the checkout's HEAD is at.
+    pub base_commit: String,
+}
+
+/// Optional capability: workspaces that live inside the provider, one sandbox per
+/// (user, project), the repository cloned once per sandbox and one clone of it per
+/// workspace. Callers serialize calls for one (user, project) themselves (the worker's
+/// `sandbox_placement` lock), so a sandbox is created once.
+///
+/// API is not stable; implemented only inside this workspace.
+pub trait RemoteWorkspaces: Send + Sync {
+    /// Makes (or finds) the workspace `req` describes. Idempotent. The token reaches
+    /// only the clone from upstream, never a URL, an argument or git config.
+    fn ensure_workspace<'a>(
+        &'a self,
+        req: &'a RemoteWorkspaceRequest,
+        token: Option<&'a GitToken>,
+    ) -> BoxFuture<'a, Result<RemoteCheckout, RuntimeError>>;
+    /// Removes the checkout at `path` (which must be one of this provider's workspace
+    /// paths) from the sandbox of `(user, project)`; the sandbox and its clone of the
+    /// repository stay. Absent is success.
+    fn remove_workspace<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// Deletes the sandbox of `(user, project)` with everything in it (when its last
+    /// workspace is destroyed). Absent is success.
+    fn delete_sandbox<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>>;
+    /// The network the sandboxes holding workspaces are created with (cloning from
+    /// upstream needs one); a runtime on such a workspace asks for this one.
+    fn network(&self) -> NetworkPolicy;
+}
+
+/// The directory under a sandbox's home that holds remote workspaces.
+pub const REMOTE_WORKSPACES_DIR: &str = "grove/workspaces";
+
+/// Splits `<home>/grove/workspaces/<name>` into `(home, name)`: the only paths a
+/// provider's [`RemoteWorkspaces::remove_workspace`] deletes. `None` for anything else
+/// (relative, `..`, nested, empty name).
+pub fn split_remote_workspace_path(path: &str) -> Option<(&str, &str)> {
+    let (home, name) = path.rsplit_once(&format!("/{REMOTE_WORKSPACES_DIR}/"))?;
+    let ok_home = home.starts_with('/') && !home.split('/').any(|s| s == "..");
+    let ok_name = !name.is_empty() && !name.contains('/') && name != "." && name != "..";
+    (ok_home && ok_name).then_some((home, name))
+}
+
+/// The commit `HEAD` of the repository at `repo` points at, read through `read` (a
+/// file reader of the sandbox answering `None` for an absent file): a detached `HEAD`
+/// directly, a symbolic one through its loose ref, else through `packed-refs`. Lets an
+/// adapter resolve a checkout without a git CLI in the sandbox. `None` when unresolved.
+pub async fn resolve_head<E, F, Fut>(repo: &str, read: F) -> Result<Option<String>, E>
+where
+    F: Fn(String) -> Fut,
+    Fut: std::future::Future<Output = Result<Option<Vec<u8>>, E>>,
+{
+    let is_commit =
+        |s: &str| matches!(s.len(), 40 | 64) && s.bytes().all(|b| b.is_ascii_hexdigit());
+    let text = |b: Vec<u8>| String::from_utf8_lossy(&b).trim().to_string();
+    let Some(head) = read(format!("{repo}/.git/HEAD")).await?.map(text) else {
+        return Ok(None);
+    };
+    let Some(reference) = head.strip_prefix("ref: ") else {
+        return Ok(is_commit(&head).then_some(head));
+    };
+    if !reference.starts_with("refs/") || reference.split('/').any(|s| s == "..") {
+        return Ok(None);
+    }
+    if let Some(loose) = read(format!("{repo}/.git/{reference}")).await?.map(text) {
+        return Ok(is_commit(&loose).then_some(loose));
+    }
+    let packed = read(format!("{repo}/.git/packed-refs")).await?.map(text);
+    Ok(packed.and_then(|p| {
+        p.lines()
+            .filter_map(|l| l.split_once(' '))
+            .find(|(sha, name)| *name == reference && is_commit(sha))
+            .map(|(sha, _)| sha.to_string())
+    }))
 }
 
 /// A snapshot of a runtime's state, by the provider's id for it.
@@ -658,4 +778,60 @@ pub async fn collect_exec(
     Err(RuntimeError::Unavailable(
         "the command's output ended without a result".into(),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resolve(files: &[(&str, &str)]) -> Option<String> {
+        let files: BTreeMap<String, String> = files
+            .iter()
+            .map(|(k, v)| (format!("/r/.git/{k}"), v.to_string()))
+            .collect();
+        futures::executor::block_on(resolve_head::<(), _, _>("/r", |path| {
+            let found = files.get(&path).map(|v| v.clone().into_bytes());
+            async move { Ok(found) }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_workspace_paths_under_a_home_are_removable() {
+        assert_eq!(
+            split_remote_workspace_path("/home/u/grove/workspaces/a_b_c"),
+            Some(("/home/u", "a_b_c"))
+        );
+        for bad in [
+            "/home/u/grove/workspaces/",
+            "/home/u/grove/workspaces/..",
+            "/home/u/grove/workspaces/a/b",
+            "/home/u/grove/repos/x",
+            "home/u/grove/workspaces/a",
+            "/home/../grove/workspaces/a",
+            "/",
+        ] {
+            assert_eq!(split_remote_workspace_path(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn head_resolves_detached_loose_and_packed_and_nothing_else() {
+        let a = "a".repeat(40);
+        let b = "b".repeat(40);
+        assert_eq!(resolve(&[("HEAD", &a)]), Some(a.clone()));
+        assert_eq!(
+            resolve(&[("HEAD", "ref: refs/heads/main\n"), ("refs/heads/main", &b)]),
+            Some(b.clone())
+        );
+        let packed = format!("# pack-refs with: peeled\n{a} refs/heads/dev\n{b} refs/heads/main\n");
+        assert_eq!(
+            resolve(&[("HEAD", "ref: refs/heads/main"), ("packed-refs", &packed)]),
+            Some(b)
+        );
+        assert_eq!(resolve(&[]), None);
+        assert_eq!(resolve(&[("HEAD", "ref: refs/heads/gone")]), None);
+        assert_eq!(resolve(&[("HEAD", "ref: ../../etc/passwd")]), None);
+        assert_eq!(resolve(&[("HEAD", "not a commit")]), None);
+    }
 }

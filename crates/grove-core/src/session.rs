@@ -440,7 +440,14 @@ async fn pump(
     let exit = loop {
         let next = output.next().fuse();
         futures::pin_mut!(next);
-        futures::select! {
+        // A kill is checked first: killing also closes stdin, which can end the
+        // process by itself before this task runs again, and a session that was killed
+        // must say so rather than report the exit its closed stdin caused.
+        futures::select_biased! {
+            // A dropped sender (the entry went away) counts as a kill too.
+            _ = kill => {
+                break SessionExit { exit_code: KILLED_EXIT_CODE, killed: true, error: None };
+            }
             item = next => match item {
                 Some(Ok(ExecChunk::Output { data, .. })) => {
                     let mut s = entry.lock();
@@ -461,10 +468,6 @@ async fn pump(
                     };
                 }
             },
-            // A dropped sender (the entry went away) counts as a kill too.
-            _ = kill => {
-                break SessionExit { exit_code: KILLED_EXIT_CODE, killed: true, error: None };
-            }
         }
     };
     // Dropping the stream kills whatever is left of the process tree.
@@ -510,6 +513,34 @@ mod tests {
         assert!(req.buffer_bytes().is_err());
         req.max_buffer_bytes = Some(MAX_SESSION_BUFFER_BYTES + 1);
         assert!(req.buffer_bytes().is_err());
+    }
+
+    #[test]
+    fn a_kill_wins_over_an_exit_that_is_ready_at_the_same_time() {
+        use crate::ports::ExecResult;
+        // Killing closes stdin, which can end the process (a shell) by itself before
+        // the pump runs: both the kill and the exit are then ready.
+        for _ in 0..32 {
+            let table = Arc::new(SessionTable::default());
+            let (stdin, _rx) = mpsc::unbounded();
+            let done = vec![Ok(ExecChunk::Finished(ExecResult::default()))];
+            let (info, pump) = table
+                .insert(
+                    "b".into(),
+                    vec!["sh".into()],
+                    8,
+                    Started {
+                        output: futures::stream::iter(done).boxed(),
+                        stdin,
+                    },
+                )
+                .unwrap();
+            table.kill(&info.id).unwrap();
+            futures::executor::block_on(pump);
+            let exit = table.info(&info.id).unwrap().exit.unwrap();
+            assert!(exit.killed, "a killed session reports the kill: {exit:?}");
+            assert_eq!(exit.exit_code, KILLED_EXIT_CODE);
+        }
     }
 
     #[test]

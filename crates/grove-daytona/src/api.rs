@@ -12,6 +12,8 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use grove_remote_runtime::enc;
+
 use crate::error::DaytonaError;
 
 /// The API key of one deployment. Its `Debug` never shows the value.
@@ -83,6 +85,9 @@ pub struct Sandbox {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub error_reason: Option<String>,
+    /// When it was created (RFC 3339), which decides a create race.
+    #[serde(default)]
+    pub created_at: Option<String>,
     #[serde(default)]
     pub auto_stop_interval: Option<u32>,
     #[serde(default)]
@@ -529,18 +534,4 @@ impl Client {
         .await
         .map(drop)
     }
-}
-
-/// Percent-encodes one path segment (ids come from the API or from grove, but a
-/// segment must never be able to add a path level).
-fn enc(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -64,19 +64,10 @@ impl From<DaytonaError> for RuntimeError {
     fn from(e: DaytonaError) -> Self {
         let text = e.to_string();
         match &e {
-            DaytonaError::Api { status, message } => match status {
-                401 => RuntimeError::Unauthorized(text),
-                403 if message.to_ascii_lowercase().contains("quota") => {
-                    RuntimeError::ResourceLimit(text)
-                }
-                403 => RuntimeError::Unauthorized(text),
-                404 | 410 => RuntimeError::NotFound(text),
-                408 | 504 => RuntimeError::Timeout(text),
-                409 => RuntimeError::Conflict(text),
-                429 | 507 => RuntimeError::ResourceLimit(text),
-                400 | 422 => RuntimeError::CommandRejected(text),
-                _ => RuntimeError::Unavailable(text),
-            },
+            DaytonaError::Api { status, message } => {
+                // Daytona answers an exhausted quota with 403 and a message naming it.
+                grove_remote_runtime::status_error(*status, text, message, true)
+            }
             DaytonaError::Transport(_)
             | DaytonaError::Protocol(_)
             | DaytonaError::Broken { .. } => RuntimeError::Unavailable(text),

@@ -29,7 +29,7 @@ pub mod script;
 pub mod workspace;
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Component, Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -44,15 +44,11 @@ use grove_core::ports::{
 
 pub use api::{ApiKey, Client, Sandbox, SandboxState};
 pub use error::DaytonaError;
-pub use workspace::{RemoteWorkspace, WorkspacePlacement};
-
-/// Label on every sandbox grove creates.
-pub const LABEL_MANAGED: &str = "grove.managed";
-/// The user and project a sandbox belongs to (one sandbox per pair).
-pub const LABEL_USER: &str = "grove.user";
-pub const LABEL_PROJECT: &str = "grove.project";
-/// The network policy the sandbox was created with.
-pub const LABEL_NETWORK: &str = "grove.network";
+use grove_remote_runtime::{lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec};
+pub use grove_remote_runtime::{
+    RemoteWorkspace, SandboxKey, WorkspacePlacement, LABEL_MANAGED, LABEL_NETWORK, LABEL_PROJECT,
+    LABEL_USER,
+};
 
 /// The exit code reported for a command killed at its timeout (SIGKILL).
 const TIMEOUT_EXIT: i32 = 137;
@@ -118,25 +114,15 @@ impl DaytonaConfig {
     /// [`DaytonaConfig::from_env`] over any source of variables.
     pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Option<Self>, DaytonaError> {
         let var = |k: &str| get(k).filter(|v| !v.trim().is_empty());
-        let (url, key) = match (var("GROVE_DAYTONA_API_URL"), var("GROVE_DAYTONA_API_KEY")) {
-            (None, None) => return Ok(None),
-            (Some(u), Some(k)) => (u, k),
-            (Some(_), None) => {
-                return Err(DaytonaError::Config(
-                    "GROVE_DAYTONA_API_URL is set but GROVE_DAYTONA_API_KEY is not".into(),
-                ))
-            }
-            (None, Some(_)) => {
-                return Err(DaytonaError::Config(
-                    "GROVE_DAYTONA_API_KEY is set but GROVE_DAYTONA_API_URL is not".into(),
-                ))
-            }
+        let Some((url, key)) = grove_remote_runtime::config::url_and_key(
+            &get,
+            "GROVE_DAYTONA_API_URL",
+            "GROVE_DAYTONA_API_KEY",
+        )
+        .map_err(DaytonaError::Config)?
+        else {
+            return Ok(None);
         };
-        if !(url.starts_with("https://") || url.starts_with("http://")) {
-            return Err(DaytonaError::Config(
-                "GROVE_DAYTONA_API_URL must be an http(s) URL".into(),
-            ));
-        }
         let minutes = |k: &str, default: u32| -> Result<u32, DaytonaError> {
             match var(k) {
                 None => Ok(default),
@@ -155,29 +141,6 @@ impl DaytonaConfig {
             minutes("GROVE_DAYTONA_AUTO_ARCHIVE_MINUTES", c.auto_archive_minutes)?;
         c.network_allow_list = var("GROVE_DAYTONA_NETWORK_ALLOW_LIST");
         Ok(Some(c))
-    }
-}
-
-/// The (user, project) a sandbox serves.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SandboxKey {
-    pub user: String,
-    pub project: String,
-}
-
-impl SandboxKey {
-    /// From a spec's `grove.user` / `grove.project` labels (`default` when absent).
-    pub fn of(spec: &RuntimeSpec) -> Self {
-        let get = |k: &str| {
-            spec.labels
-                .get(k)
-                .cloned()
-                .unwrap_or_else(|| "default".to_string())
-        };
-        Self {
-            user: get(LABEL_USER),
-            project: get(LABEL_PROJECT),
-        }
     }
 }
 
@@ -256,8 +219,10 @@ impl DaytonaRuntimeProvider {
             network_limited: true,
             network_default: true,
             preview_url: true,
-            // No snapshots or interactive sessions: `snapshotter()` and `sessions()`
-            // answer `None`.
+            // No snapshots and no interactive sessions: `snapshotter()` and
+            // `sessions()` answer `None`. A session command's input is text with a
+            // newline forced on, echoed into its output, with no end of file; a
+            // snapshot would hold every workspace of the sandbox (ADR 15).
             ..RuntimeCapabilities::default()
         }
     }
@@ -268,11 +233,7 @@ impl DaytonaRuntimeProvider {
 
     /// The labels that identify the sandbox of `key`.
     pub fn labels_of(&self, key: &SandboxKey) -> BTreeMap<String, String> {
-        let mut l = self.inner.scope.clone();
-        l.insert(LABEL_MANAGED.into(), "true".into());
-        l.insert(LABEL_USER.into(), key.user.clone());
-        l.insert(LABEL_PROJECT.into(), key.project.clone());
-        l
+        key.labels(&self.inner.scope)
     }
 
     /// The started sandbox of `key`: the known one, else one found by label (started
@@ -286,13 +247,12 @@ impl DaytonaRuntimeProvider {
         if let Some(id) = known.get(key) {
             return Ok(id.clone());
         }
-        let found = self
-            .inner
-            .client
-            .list_sandboxes(&self.labels_of(key))
-            .await?
-            .into_iter()
-            .find(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying));
+        let found = oldest(
+            self.inner
+                .client
+                .list_sandboxes(&self.labels_of(key))
+                .await?,
+        );
         let id = match found {
             Some(s) => {
                 check_network(&s, network)?;
@@ -339,8 +299,42 @@ impl DaytonaRuntimeProvider {
         };
         let created = self.inner.client.create_sandbox(&body).await?;
         tracing::info!(sandbox = %created.id, user = %key.user, project = %key.project, "daytona sandbox created");
-        self.ensure_started(&created.id).await?;
-        Ok(created.id)
+        let id = self.converge(key, created.id, network).await?;
+        self.ensure_started(&id).await?;
+        Ok(id)
+    }
+
+    /// After creating `ours`: another worker may have created a sandbox for the same
+    /// key at the same moment. Keeps the one every racer keeps (the oldest,
+    /// [`grove_remote_runtime::survivor`]) and deletes `ours` if it is not that one;
+    /// a sandbox another racer created is never deleted here.
+    async fn converge(
+        &self,
+        key: &SandboxKey,
+        ours: String,
+        network: NetworkPolicy,
+    ) -> Result<String, RuntimeError> {
+        let Some(keep) = oldest(
+            self.inner
+                .client
+                .list_sandboxes(&self.labels_of(key))
+                .await?,
+        ) else {
+            // Ours is not listed yet: nothing else to compare with.
+            return Ok(ours);
+        };
+        if keep.id == ours {
+            return Ok(ours);
+        }
+        tracing::info!(ours = %ours, kept = %keep.id, user = %key.user, project = %key.project, "another worker created this sandbox too: keeping the older one");
+        match self.inner.client.delete_sandbox(&ours).await {
+            Ok(()) | Err(DaytonaError::Api { status: 404, .. }) => {}
+            Err(e) => {
+                tracing::warn!(sandbox = %ours, error = %e, "deleting the sandbox that lost a create race failed")
+            }
+        }
+        check_network(&keep, network)?;
+        Ok(keep.id)
     }
 
     /// Waits for `id` to be started, starting it when it is stopped or archived.
@@ -465,34 +459,23 @@ impl DaytonaRuntimeProvider {
     }
 
     fn parse_backend_id(backend_id: &str) -> Option<SandboxKey> {
-        let rest = backend_id.strip_prefix("daytona:")?;
-        let (user, project) = rest.split_once('/')?;
-        Some(SandboxKey {
-            user: user.to_string(),
-            project: project.to_string(),
-        })
+        SandboxKey::parse_backend_id("daytona", backend_id)
     }
 }
 
-fn network_name(n: NetworkPolicy) -> &'static str {
-    match n {
-        NetworkPolicy::None => "none",
-        NetworkPolicy::Limited => "limited",
-        NetworkPolicy::Default => "default",
-    }
+/// The sandbox of a key among those listed by its labels: the one every worker keeps
+/// after a create race (the oldest not being destroyed).
+fn oldest(listed: Vec<Sandbox>) -> Option<Sandbox> {
+    let live = listed
+        .into_iter()
+        .filter(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying))
+        .collect();
+    grove_remote_runtime::keep_oldest(live, |s| &s.id, |s| s.created_at.as_deref())
 }
 
-/// A sandbox keeps the network it was created with; a spec asking for another one is
-/// a conflict, not something to approximate.
+/// A sandbox keeps the network it was created with (ADR 15).
 fn check_network(s: &Sandbox, wanted: NetworkPolicy) -> Result<(), RuntimeError> {
-    match s.labels.get(LABEL_NETWORK) {
-        Some(have) if have != network_name(wanted) => Err(RuntimeError::Conflict(format!(
-            "sandbox {} was created with network {have}, this runtime asks for {}",
-            s.id,
-            network_name(wanted)
-        ))),
-        _ => Ok(()),
-    }
+    grove_remote_runtime::check_network(&s.id, &s.labels, wanted)
 }
 
 impl RuntimeProvider for DaytonaRuntimeProvider {
@@ -509,48 +492,21 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
 
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
         Box::pin(async move {
-            let workdir = spec
-                .workdir
-                .to_str()
-                .filter(|w| w.starts_with('/'))
-                .ok_or_else(|| {
-                    RuntimeError::CommandRejected(
-                        "a Daytona workdir must be an absolute UTF-8 path inside the sandbox"
-                            .into(),
-                    )
-                })?
-                .to_string();
-            let mut writable = false;
-            for m in &spec.mounts {
-                if m.source != spec.workdir || m.target != spec.workdir {
-                    return Err(RuntimeError::CommandRejected(format!(
-                        "a Daytona sandbox cannot mount host paths ({} -> {}); only the workspace inside the sandbox is used",
-                        m.source.display(),
-                        m.target.display()
-                    )));
-                }
-                writable |= m.writable;
-            }
-            for (k, v) in &spec.env {
-                grove_core::validate::validate_env(k, v)
-                    .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-            }
-            let key = SandboxKey::of(&spec);
-            self.sandbox(&key, spec.network).await?;
+            let spec = RemoteSpec::check(spec, "Daytona")?;
+            self.sandbox(&spec.key, spec.network).await?;
             Ok(Box::new(DaytonaRuntime {
                 provider: self.clone(),
-                key,
+                key: spec.key,
                 network: spec.network,
-                workdir,
+                workdir: spec.workdir,
                 env: spec.env,
-                writable,
+                writable: spec.writable,
             }) as Box<dyn Runtime>)
         })
     }
 
     fn backend_id(&self, spec: &RuntimeSpec) -> String {
-        let key = SandboxKey::of(spec);
-        format!("daytona:{}/{}", key.user, key.project)
+        SandboxKey::of(spec).backend_id("daytona")
     }
 
     fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
@@ -580,6 +536,10 @@ impl RuntimeProvider for DaytonaRuntimeProvider {
     }
 
     fn preview_urls(&self) -> Option<&dyn PreviewUrls> {
+        Some(self)
+    }
+
+    fn workspaces(&self) -> Option<&dyn grove_core::ports::RemoteWorkspaces> {
         Some(self)
     }
 
@@ -614,16 +574,13 @@ impl PreviewUrls for DaytonaRuntimeProvider {
             let key = Self::parse_backend_id(&req.backend_id).ok_or_else(|| {
                 RuntimeError::NotFound(format!("not a Daytona runtime: {}", req.backend_id))
             })?;
-            let sandbox = self
-                .inner
-                .client
-                .list_sandboxes(&self.labels_of(&key))
-                .await?
-                .into_iter()
-                .next()
-                .ok_or_else(|| {
-                    RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id))
-                })?;
+            let sandbox = oldest(
+                self.inner
+                    .client
+                    .list_sandboxes(&self.labels_of(&key))
+                    .await?,
+            )
+            .ok_or_else(|| RuntimeError::NotFound(format!("no sandbox for {}", req.backend_id)))?;
             let url = self.inner.client.preview_url(&sandbox.id, req.port).await?;
             Ok(PreviewUrl {
                 port: req.port,
@@ -643,47 +600,12 @@ struct DaytonaRuntime {
     writable: bool,
 }
 
-/// The cwd of a request, checked lexically: relative, no `..`.
-fn lexical_cwd(workdir: &str, cwd: Option<&Path>) -> Result<Option<String>, RuntimeError> {
-    let Some(cwd) = cwd else { return Ok(None) };
-    let mut rel = PathBuf::new();
-    for c in cwd.components() {
-        match c {
-            Component::CurDir => {}
-            Component::Normal(p) => rel.push(p),
-            _ => {
-                return Err(RuntimeError::CommandRejected(format!(
-                    "cwd {} leaves the workspace",
-                    cwd.display()
-                )))
-            }
-        }
-    }
-    if rel.as_os_str().is_empty() {
-        return Ok(None);
-    }
-    let rel = rel
-        .to_str()
-        .ok_or_else(|| RuntimeError::CommandRejected("cwd is not UTF-8".into()))?;
-    Ok(Some(format!("{}/{rel}", workdir.trim_end_matches('/'))))
-}
-
 impl DaytonaRuntime {
     async fn start(
         &self,
         req: ExecRequest,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
-        grove_core::validate::validate_command(&req.argv)
-            .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-        for (k, v) in &req.env {
-            grove_core::validate::validate_env(k, v)
-                .map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-        }
-        if req.mutating && !self.writable {
-            return Err(RuntimeError::CommandRejected(
-                "a mutating command on a read-only workspace".into(),
-            ));
-        }
+        validate_exec(&req, self.writable)?;
         let dir = lexical_cwd(&self.workdir, req.cwd.as_deref())?;
         let client = self.provider.client().clone();
         let poll = self.provider.config().poll_interval;
@@ -743,7 +665,7 @@ impl DaytonaRuntime {
             cmd,
             poll,
             deadline: req.timeout.map(|t| Instant::now() + t),
-            cap: req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT),
+            cap: OutputCap::new(req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT)),
         };
         tokio::spawn(follow.run(tx, guard));
         Ok(rx.boxed())
@@ -815,18 +737,16 @@ struct Follow {
     cmd: String,
     poll: Duration,
     deadline: Option<Instant>,
-    cap: usize,
+    cap: OutputCap,
 }
 
 impl Follow {
     async fn run(
-        self,
+        mut self,
         mut tx: futures::channel::mpsc::Sender<Result<ExecChunk, RuntimeError>>,
         guard: SessionGuard,
     ) {
         let mut seen = [0usize; 2];
-        let mut kept = 0usize;
-        let mut truncated = false;
         loop {
             if tx.is_closed() {
                 // The caller dropped the stream: the command ends with the session.
@@ -865,16 +785,11 @@ impl Follow {
                 }
                 let new = &bytes[seen[i]..];
                 seen[i] = bytes.len();
-                let room = self.cap.saturating_sub(kept);
-                let take = new.len().min(room);
-                if take < new.len() {
-                    truncated = true;
-                }
-                if take > 0 {
-                    kept += take;
+                let kept = self.cap.take(new);
+                if !kept.is_empty() {
                     let chunk = ExecChunk::Output {
                         stream: kind,
-                        data: new[..take].to_vec(),
+                        data: kept.to_vec(),
                     };
                     if tx.send(Ok(chunk)).await.is_err() {
                         guard.close().await;
@@ -890,7 +805,7 @@ impl Follow {
                     stdout: Vec::new(),
                     stderr: Vec::new(),
                     timed_out,
-                    truncated,
+                    truncated: self.cap.truncated(),
                 };
                 let _ = tx.send(Ok(ExecChunk::Finished(result))).await;
                 return;
@@ -952,23 +867,6 @@ mod tests {
         assert_eq!(c.auto_stop_minutes, 30);
         assert_eq!(c.network_allow_list.as_deref(), Some("10.0.0.0/8"));
         assert!(!format!("{c:?}").contains("dtn_secret"));
-    }
-
-    #[test]
-    fn a_cwd_that_leaves_the_workspace_is_refused_lexically() {
-        for bad in ["..", "../x", "a/../..", "/etc"] {
-            assert!(
-                lexical_cwd("/w", Some(Path::new(bad))).is_err(),
-                "{bad} must be refused"
-            );
-        }
-        assert_eq!(lexical_cwd("/w", Some(Path::new("."))).unwrap(), None);
-        assert_eq!(
-            lexical_cwd("/w/", Some(Path::new("a/./b")))
-                .unwrap()
-                .as_deref(),
-            Some("/w/a/b")
-        );
     }
 
     #[test]

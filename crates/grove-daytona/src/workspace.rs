@@ -9,50 +9,19 @@
 //! so every validation error is checked against the repository's state (`.git/HEAD`,
 //! the branch list) before it counts as a failure.
 
-use grove_core::error::RuntimeError;
-use grove_core::layout::segment;
-use grove_core::ports::{GitToken, NetworkPolicy};
+use std::time::Duration;
 
-use crate::api::GitClone;
+use futures::future::BoxFuture;
+use grove_core::error::RuntimeError;
+use grove_core::ports::{
+    resolve_head, split_remote_workspace_path, ExecRequest, GitToken, Mount, NetworkPolicy,
+    RemoteCheckout, RemoteWorkspaceRequest, RemoteWorkspaces, RuntimeProvider, RuntimeSpec,
+};
+use grove_remote_runtime::{RemoteWorkspace, WorkspacePlacement};
+
+use crate::api::{GitClone, SandboxState};
 use crate::error::DaytonaError;
 use crate::{DaytonaRuntimeProvider, SandboxKey};
-
-/// Where a workspace goes and what it is made of. All fields are untrusted input and
-/// are validated (refs) or hashed into paths (ids).
-#[derive(Debug, Clone)]
-pub struct WorkspacePlacement {
-    pub user: String,
-    pub project: String,
-    /// The conversation, task or (analysis) base ref the workspace is for.
-    pub scope: String,
-    /// Normalized `owner/name`.
-    pub repo_name: String,
-    /// The upstream URL, without credentials.
-    pub repo_url: String,
-    pub base_ref: String,
-    /// The branch to create and check out; `None` leaves `base_ref` checked out.
-    pub branch: Option<String>,
-    /// The sandbox's network; cloning needs `limited` (with the git host allowed) or
-    /// `default`.
-    pub network: NetworkPolicy,
-}
-
-/// A workspace inside a sandbox: what grove records as its location.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteWorkspace {
-    pub sandbox_id: String,
-    /// Absolute path of the checkout inside the sandbox (the runtime's workdir).
-    pub path: String,
-    /// The sandbox's clone of the repository the checkout was made from.
-    pub cache_path: String,
-    /// Whether this call cloned the repository from upstream.
-    pub cloned_cache: bool,
-}
-
-/// `<user>_<scope>_<branch>`, each part reduced to a safe prefix plus a hash.
-pub fn worktree_name(user: &str, scope: &str, branch: &str) -> String {
-    format!("{}_{}_{}", segment(user), segment(scope), segment(branch))
-}
 
 fn invalid(e: impl std::fmt::Display) -> RuntimeError {
     RuntimeError::CommandRejected(e.to_string())
@@ -68,15 +37,7 @@ impl DaytonaRuntimeProvider {
         p: &WorkspacePlacement,
         token: Option<&GitToken>,
     ) -> Result<RemoteWorkspace, RuntimeError> {
-        grove_core::validate::validate_ref(&p.base_ref).map_err(invalid)?;
-        if let Some(b) = &p.branch {
-            grove_core::validate::validate_ref(b).map_err(invalid)?;
-        }
-        grove_core::validate::RepoUrl::parse(&p.repo_url).map_err(invalid)?;
-        let key = SandboxKey {
-            user: p.user.clone(),
-            project: p.project.clone(),
-        };
+        let key = p.validate()?;
         let client = self.client().clone();
         let (sandbox, home) = self
             .with_sandbox(&key, p.network, |id| {
@@ -84,13 +45,8 @@ impl DaytonaRuntimeProvider {
                 async move { client.home_dir(&id).await }
             })
             .await?;
-        let home = home.trim_end_matches('/').to_string();
-        let cache_path = format!("{home}/grove/repos/{}", segment(&p.repo_name));
-        let branch_label = p.branch.as_deref().unwrap_or(&p.base_ref);
-        let path = format!(
-            "{home}/grove/workspaces/{}",
-            worktree_name(&p.user, &p.scope, branch_label)
-        );
+        let cache_path = p.cache_path(&home);
+        let path = p.path(&home);
 
         let mut cloned_cache = false;
         if head(&client, &sandbox, &cache_path).await?.is_none() {
@@ -185,16 +141,145 @@ where
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+/// The placement port (ADR 15): the worker reaches [`ensure_workspace`] and the cleanup
+/// through [`grove_core::ports::RuntimeProvider::workspaces`].
+///
+/// [`ensure_workspace`]: DaytonaRuntimeProvider::ensure_workspace
+impl RemoteWorkspaces for DaytonaRuntimeProvider {
+    fn ensure_workspace<'a>(
+        &'a self,
+        req: &'a RemoteWorkspaceRequest,
+        token: Option<&'a GitToken>,
+    ) -> BoxFuture<'a, Result<RemoteCheckout, RuntimeError>> {
+        Box::pin(async move {
+            let p = WorkspacePlacement {
+                user: req.user.clone(),
+                project: req.project.clone(),
+                scope: req.scope.clone(),
+                repo_name: req.repo_name.clone(),
+                repo_url: req.repo_url.clone(),
+                base_ref: req.base_ref.clone(),
+                branch: req.branch.clone(),
+                network: RemoteWorkspaces::network(self),
+            };
+            let w = DaytonaRuntimeProvider::ensure_workspace(self, &p, token).await?;
+            let client = self.client().clone();
+            let sandbox = w.sandbox_id.clone();
+            let base_commit = resolve_head(&w.path, |path| {
+                let (client, sandbox) = (client.clone(), sandbox.clone());
+                async move {
+                    match client.download_file(&sandbox, &path).await {
+                        Ok(bytes) => Ok(Some(bytes)),
+                        Err(DaytonaError::Api { status: 404, .. }) => Ok(None),
+                        Err(e) => Err(RuntimeError::from(e)),
+                    }
+                }
+            })
+            .await?
+            .ok_or_else(|| {
+                RuntimeError::Unavailable(format!(
+                    "the HEAD of the workspace at {} does not resolve to a commit",
+                    w.path
+                ))
+            })?;
+            Ok(RemoteCheckout {
+                sandbox_id: w.sandbox_id,
+                path: w.path,
+                cache_path: w.cache_path,
+                cloned_cache: w.cloned_cache,
+                base_commit,
+            })
+        })
+    }
 
-    #[test]
-    fn two_conversations_on_one_branch_get_two_directories() {
-        let a = worktree_name("alice", "conv-1", "agent/edits");
-        let b = worktree_name("alice", "conv-2", "agent/edits");
-        assert_ne!(a, b);
-        assert!(!a.contains('/') && !a.contains(".."), "{a}");
-        assert!(a.split('_').count() >= 3, "{a}");
+    fn remove_workspace<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let (home, _) = split_remote_workspace_path(path).ok_or_else(|| {
+                invalid(format!("{path:?} is not a workspace path inside a sandbox"))
+            })?;
+            let key = SandboxKey {
+                user: user.to_string(),
+                project: project.to_string(),
+            };
+            // No sandbox, no workspace: never create one just to delete from it.
+            let live = self
+                .client()
+                .list_sandboxes(&self.labels_of(&key))
+                .await?
+                .into_iter()
+                .any(|s| !matches!(s.state, SandboxState::Destroyed | SandboxState::Destroying));
+            if !live {
+                return Ok(());
+            }
+            let runtime = self
+                .create(sandbox_spec(&key, home, RemoteWorkspaces::network(self)))
+                .await?;
+            let r = runtime
+                .exec(ExecRequest {
+                    argv: vec!["rm".into(), "-rf".into(), "--".into(), path.into()],
+                    timeout: Some(Duration::from_secs(300)),
+                    mutating: true,
+                    ..ExecRequest::default()
+                })
+                .await?;
+            if r.exit_code != 0 {
+                return Err(RuntimeError::Unavailable(format!(
+                    "removing the workspace at {path} failed (exit {}): {}",
+                    r.exit_code,
+                    String::from_utf8_lossy(&r.stderr).trim()
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn delete_sandbox<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let key = SandboxKey {
+                user: user.to_string(),
+                project: project.to_string(),
+            };
+            DaytonaRuntimeProvider::delete_sandbox(self, &key).await
+        })
+    }
+
+    /// Cloning needs a network: `limited` when the deployment configures an allow-list
+    /// (which must let the git host through), else `default`.
+    fn network(&self) -> NetworkPolicy {
+        if self.config().network_allow_list.is_some() {
+            NetworkPolicy::Limited
+        } else {
+            NetworkPolicy::Default
+        }
+    }
+}
+
+/// A runtime on the sandbox of `key` rooted at `home` (for grove's own housekeeping).
+fn sandbox_spec(key: &SandboxKey, home: &str, network: NetworkPolicy) -> RuntimeSpec {
+    RuntimeSpec {
+        image: None,
+        workdir: home.into(),
+        mounts: vec![Mount {
+            source: home.into(),
+            target: home.into(),
+            writable: true,
+        }],
+        env: Default::default(),
+        resources: Default::default(),
+        network,
+        labels: [
+            (crate::LABEL_USER.to_string(), key.user.clone()),
+            (crate::LABEL_PROJECT.to_string(), key.project.clone()),
+        ]
+        .into(),
     }
 }

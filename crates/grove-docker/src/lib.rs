@@ -71,8 +71,11 @@
 //! [`grove_core::ports::Snapshotter`] (module [`snapshot`]): the container committed to
 //! a local image `grove-snapshot:<runtime id>-<random>` (bind mounts, so the workspace,
 //! are not part of it); restore creates the spec's runtime from that image. Images are
-//! kept until removed with the engine's tools. No preview URLs: a published port needs
-//! a network other than `none`, fixed when the container is created.
+//! kept until removed with the engine's tools.
+//!
+//! [`grove_core::ports::PreviewUrls`] (module [`preview`]): a port of a runtime with
+//! network `default` published on `127.0.0.1:<random>` by a relay in the provider's
+//! process; with network `none` exposing a port is `CommandRejected`.
 //!
 //! # Orphans
 //!
@@ -85,6 +88,7 @@
 mod exec;
 mod host;
 pub mod image;
+pub mod preview;
 pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -175,6 +179,8 @@ pub struct DockerRuntimeProvider {
     host_access: bool,
     /// Interactive sessions started by this provider (shared by its clones).
     sessions: Arc<SessionTable>,
+    /// Ports published on loopback by [`preview`] (shared by its clones).
+    previews: Arc<preview::Relays>,
 }
 
 impl std::fmt::Debug for DockerRuntimeProvider {
@@ -197,7 +203,7 @@ impl DockerRuntimeProvider {
         network_limited: false,
         network_default: true,
         snapshot: true,
-        preview_url: false,
+        preview_url: true,
         interactive_session: true,
     };
 
@@ -231,6 +237,7 @@ impl DockerRuntimeProvider {
             scope: BTreeMap::new(),
             host_access: true,
             sessions: Arc::default(),
+            previews: Arc::default(),
         };
         provider.ping().await?;
         Ok(provider)
@@ -808,6 +815,10 @@ impl RuntimeProvider for DockerRuntimeProvider {
         Some(self)
     }
 
+    fn preview_urls(&self) -> Option<&dyn grove_core::ports::PreviewUrls> {
+        Some(self)
+    }
+
     fn create(&self, spec: RuntimeSpec) -> BoxFuture<'_, Result<Box<dyn Runtime>, RuntimeError>> {
         Box::pin(async move {
             let runtime = self.create_docker(spec).await?;
@@ -829,12 +840,14 @@ impl RuntimeProvider for DockerRuntimeProvider {
         let name = backend_id.to_string();
         // The container's processes stop with it; its sessions end as killed.
         self.sessions.kill_all_of(Some(backend_id));
+        self.previews.close_of(backend_id);
         Box::pin(async move { DockerRuntimeProvider::stop(self, &name).await })
     }
 
     fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         let name = backend_id.to_string();
         self.sessions.kill_all_of(Some(backend_id));
+        self.previews.close_of(backend_id);
         Box::pin(async move {
             DockerRuntimeProvider::destroy(self, &name)
                 .await

@@ -8,12 +8,12 @@
 //! repository, so a caller cannot name an arbitrary local image.
 
 use bollard::models::ContainerConfig;
-use bollard::query_parameters::{CommitContainerOptionsBuilder, InspectContainerOptions};
+use bollard::query_parameters::CommitContainerOptionsBuilder;
 use futures::future::BoxFuture;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{Runtime, RuntimeSpec, SnapshotInfo, SnapshotRequest, Snapshotter};
 
-use crate::{engine_error, status, DockerRuntimeProvider, LABEL_MANAGED, LABEL_RUNTIME};
+use crate::{engine_error, status, DockerRuntimeProvider, LABEL_RUNTIME};
 
 /// The image repository of every snapshot.
 pub const SNAPSHOT_REPO: &str = "grove-snapshot";
@@ -65,25 +65,8 @@ impl Snapshotter for DockerRuntimeProvider {
             if let Some(label) = &req.label {
                 validate_label(label)?;
             }
-            let not_found = || RuntimeError::NotFound(format!("runtime {}", req.backend_id));
-            let container = match self
-                .docker
-                .inspect_container(&req.backend_id, None::<InspectContainerOptions>)
-                .await
-            {
-                Ok(c) => c,
-                Err(e) if status(&e) == Some(404) => return Err(not_found()),
-                Err(e) => return Err(engine_error("inspecting the container", &e)),
-            };
+            let container = self.inspect_managed(&req.backend_id).await?;
             let labels = container.config.and_then(|c| c.labels).unwrap_or_default();
-            let in_scope = labels.get(LABEL_MANAGED).map(String::as_str) == Some("true")
-                && self
-                    .scope
-                    .iter()
-                    .all(|(k, v)| labels.get(k).is_some_and(|l| l == v));
-            if !in_scope {
-                return Err(not_found());
-            }
             let runtime_id = labels
                 .get(LABEL_RUNTIME)
                 .cloned()

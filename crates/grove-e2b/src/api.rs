@@ -18,6 +18,8 @@ use base64::Engine;
 use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 
+use grove_remote_runtime::enc;
+
 use crate::error::E2bError;
 
 /// A secret (API key or envd access token). Its `Debug` never shows the value.
@@ -69,6 +71,9 @@ pub struct SandboxInfo {
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
     pub domain: Option<String>,
+    /// When it started (RFC 3339; listings carry it), which decides a create race.
+    #[serde(default)]
+    pub started_at: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -296,6 +301,21 @@ impl Client {
         .await
     }
 
+    /// Restarts a running sandbox's clock: it times out `timeout` seconds from now.
+    pub async fn set_timeout(&self, id: &str, timeout: u64) -> Result<(), E2bError> {
+        Self::check(
+            self.api(
+                reqwest::Method::POST,
+                &format!("/sandboxes/{}/timeout", enc(id)),
+            )
+            .json(&serde_json::json!({ "timeout": timeout }))
+            .send()
+            .await,
+        )
+        .await
+        .map(drop)
+    }
+
     /// Where `info`'s envd answers.
     pub fn envd(&self, info: &SandboxInfo) -> Envd {
         let domain = info.domain.as_deref().unwrap_or(&self.default_domain);
@@ -519,17 +539,4 @@ fn parse_event(payload: &[u8]) -> Result<ProcessEvent, E2bError> {
         });
     }
     Ok(ProcessEvent::KeepAlive)
-}
-
-/// Percent-encodes a path segment or query value.
-pub(crate) fn enc(segment: &str) -> String {
-    let mut out = String::with_capacity(segment.len());
-    for b in segment.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }

@@ -47,16 +47,10 @@ impl From<E2bError> for RuntimeError {
     fn from(e: E2bError) -> Self {
         let text = e.to_string();
         match &e {
-            E2bError::Api { status, .. } => match status {
-                401 | 403 => RuntimeError::Unauthorized(text),
-                404 | 410 => RuntimeError::NotFound(text),
-                408 | 504 => RuntimeError::Timeout(text),
-                409 => RuntimeError::Conflict(text),
-                // E2B answers 429 when the team's concurrent sandbox limit is reached.
-                429 | 507 => RuntimeError::ResourceLimit(text),
-                400 | 422 => RuntimeError::CommandRejected(text),
-                _ => RuntimeError::Unavailable(text),
-            },
+            // E2B answers 429 when the team's concurrent sandbox limit is reached.
+            E2bError::Api { status, message } => {
+                grove_remote_runtime::status_error(*status, text, message, false)
+            }
             E2bError::Rpc { code, .. } => match code.as_str() {
                 "not_found" => RuntimeError::NotFound(text),
                 "unauthenticated" | "permission_denied" => RuntimeError::Unauthorized(text),

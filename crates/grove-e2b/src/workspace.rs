@@ -8,40 +8,18 @@
 
 use std::collections::BTreeMap;
 
+use futures::future::BoxFuture;
 use futures::StreamExt;
 use grove_core::error::RuntimeError;
-use grove_core::layout::segment;
-use grove_core::ports::{GitToken, NetworkPolicy};
+use grove_core::ports::{
+    resolve_head, split_remote_workspace_path, GitToken, NetworkPolicy, RemoteCheckout,
+    RemoteWorkspaceRequest, RemoteWorkspaces,
+};
+use grove_remote_runtime::{RemoteWorkspace, WorkspacePlacement};
 
 use crate::api::{ProcessConfig, ProcessEvent};
 use crate::error::E2bError;
 use crate::{E2bRuntimeProvider, SandboxKey};
-
-/// Where a workspace goes and what it is made of; untrusted, validated or hashed.
-#[derive(Debug, Clone)]
-pub struct WorkspacePlacement {
-    pub user: String,
-    pub project: String,
-    /// The conversation, task or (analysis) base ref the workspace is for.
-    pub scope: String,
-    pub repo_name: String,
-    /// The upstream URL, without credentials.
-    pub repo_url: String,
-    pub base_ref: String,
-    /// The branch to create and check out; `None` leaves `base_ref` checked out.
-    pub branch: Option<String>,
-    /// Cloning needs `default`.
-    pub network: NetworkPolicy,
-}
-
-/// A workspace inside a sandbox: what grove records as its location.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RemoteWorkspace {
-    pub sandbox_id: String,
-    pub path: String,
-    pub cache_path: String,
-    pub cloned_cache: bool,
-}
 
 const CREDENTIAL_HELPER: &str =
     "credential.helper=!f() { echo username=x-access-token; echo \"password=$GROVE_GIT_TOKEN\"; }; f";
@@ -146,24 +124,10 @@ impl E2bRuntimeProvider {
         p: &WorkspacePlacement,
         token: Option<&GitToken>,
     ) -> Result<RemoteWorkspace, RuntimeError> {
-        grove_core::validate::validate_ref(&p.base_ref).map_err(invalid)?;
-        if let Some(b) = &p.branch {
-            grove_core::validate::validate_ref(b).map_err(invalid)?;
-        }
-        grove_core::validate::RepoUrl::parse(&p.repo_url).map_err(invalid)?;
-        let key = SandboxKey {
-            user: p.user.clone(),
-            project: p.project.clone(),
-        };
+        let key = p.validate()?;
         let home = self.home(&key, p.network).await?;
-        let cache_path = format!("{home}/grove/repos/{}", segment(&p.repo_name));
-        let branch_label = p.branch.as_deref().unwrap_or(&p.base_ref);
-        let path = format!(
-            "{home}/grove/workspaces/{}_{}_{}",
-            segment(&p.user),
-            segment(&p.scope),
-            segment(branch_label)
-        );
+        let cache_path = p.cache_path(&home);
+        let path = p.path(&home);
         let fail = |what: &str, code: i32, stderr: String| {
             RuntimeError::CommandRejected(format!("{what} failed (exit {code}): {stderr}"))
         };
@@ -219,5 +183,114 @@ impl E2bRuntimeProvider {
             cache_path,
             cloned_cache,
         })
+    }
+}
+
+/// The placement port (ADR 15): the worker reaches [`ensure_workspace`] and the cleanup
+/// through [`grove_core::ports::RuntimeProvider::workspaces`].
+///
+/// [`ensure_workspace`]: E2bRuntimeProvider::ensure_workspace
+impl RemoteWorkspaces for E2bRuntimeProvider {
+    fn ensure_workspace<'a>(
+        &'a self,
+        req: &'a RemoteWorkspaceRequest,
+        token: Option<&'a GitToken>,
+    ) -> BoxFuture<'a, Result<RemoteCheckout, RuntimeError>> {
+        Box::pin(async move {
+            let network = RemoteWorkspaces::network(self);
+            let p = WorkspacePlacement {
+                user: req.user.clone(),
+                project: req.project.clone(),
+                scope: req.scope.clone(),
+                repo_name: req.repo_name.clone(),
+                repo_url: req.repo_url.clone(),
+                base_ref: req.base_ref.clone(),
+                branch: req.branch.clone(),
+                network,
+            };
+            let w = E2bRuntimeProvider::ensure_workspace(self, &p, token).await?;
+            let key = SandboxKey {
+                user: req.user.clone(),
+                project: req.project.clone(),
+            };
+            let base_commit = resolve_head(&w.path, |path| {
+                let key = key.clone();
+                async move {
+                    match self.read_file(&key, network, &path).await {
+                        Ok(bytes) => Ok(Some(bytes)),
+                        Err(RuntimeError::NotFound(_)) => Ok(None),
+                        Err(e) => Err(e),
+                    }
+                }
+            })
+            .await?
+            .ok_or_else(|| {
+                RuntimeError::Unavailable(format!(
+                    "the HEAD of the workspace at {} does not resolve to a commit",
+                    w.path
+                ))
+            })?;
+            Ok(RemoteCheckout {
+                sandbox_id: w.sandbox_id,
+                path: w.path,
+                cache_path: w.cache_path,
+                cloned_cache: w.cloned_cache,
+                base_commit,
+            })
+        })
+    }
+
+    fn remove_workspace<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+        path: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            split_remote_workspace_path(path).ok_or_else(|| {
+                invalid(format!("{path:?} is not a workspace path inside a sandbox"))
+            })?;
+            let key = SandboxKey {
+                user: user.to_string(),
+                project: project.to_string(),
+            };
+            // No sandbox, no workspace: never create one just to delete from it.
+            if self
+                .client()
+                .list(&self.metadata_of(&key))
+                .await?
+                .is_empty()
+            {
+                return Ok(());
+            }
+            let argv = ["rm", "-rf", "--", path];
+            let network = RemoteWorkspaces::network(self);
+            let (code, err) = self.run(&key, network, &argv, BTreeMap::new()).await?;
+            if code != 0 {
+                return Err(RuntimeError::Unavailable(format!(
+                    "removing the workspace at {path} failed (exit {code}): {err}"
+                )));
+            }
+            Ok(())
+        })
+    }
+
+    fn delete_sandbox<'a>(
+        &'a self,
+        user: &'a str,
+        project: &'a str,
+    ) -> BoxFuture<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let key = SandboxKey {
+                user: user.to_string(),
+                project: project.to_string(),
+            };
+            self.kill_sandbox(&key).await
+        })
+    }
+
+    /// Cloning needs the internet; E2B offers `none` or `default` only.
+    fn network(&self) -> NetworkPolicy {
+        NetworkPolicy::Default
     }
 }

@@ -24,6 +24,9 @@ pub enum LockScope {
     WorkspaceCommands,
     /// The eviction sweep of one node: one at a time per node.
     NodeSweep,
+    /// The sandbox of one (provider, user, project) holding remote workspaces: its
+    /// creation, a clone into it, and its deletion with the last workspace (ADR 15).
+    SandboxPlacement,
 }
 
 impl LockScope {
@@ -33,6 +36,7 @@ impl LockScope {
             Self::WorkspaceKey => "workspace_key",
             Self::WorkspaceCommands => "workspace_commands",
             Self::NodeSweep => "node_sweep",
+            Self::SandboxPlacement => "sandbox_placement",
         }
     }
 }

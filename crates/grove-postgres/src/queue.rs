@@ -34,6 +34,21 @@ pub fn shared_queue() -> String {
 pub fn node_queue(node: &str) -> String {
     format!("grove:node:{node}")
 }
+/// The queue of one remote provider (`daytona`, `e2b`): jobs on workspaces placed in
+/// it, and acquires that place one there. Every worker with the provider configured
+/// listens on it, whatever its node (ADR 15).
+pub fn provider_queue(provider: &str) -> String {
+    format!("grove:provider:{provider}")
+}
+/// The queue of the jobs on a workspace whose `node` is `placement`: its node's queue,
+/// or its provider's queue when it is placed in a remote provider.
+pub fn placement_queue(placement: &str) -> String {
+    if grove_core::commands::is_remote_placement(placement) {
+        provider_queue(placement)
+    } else {
+        node_queue(placement)
+    }
+}
 
 /// How many times a kind of command is tried before it fails for good.
 pub fn max_attempts(command: &Command) -> i32 {

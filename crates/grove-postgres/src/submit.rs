@@ -86,22 +86,28 @@ impl Wakeup for PgListener {
     }
 }
 
-/// The queue a command belongs on: its workspace's node, or the shared queue when the
-/// command creates something new (any worker may place it). See ADR 06.
+/// The queue a command belongs on: its workspace's node (or remote provider), the
+/// provider's queue for an acquire placing a new workspace in one, or the shared queue
+/// when the command creates something new on a node (any worker may place it). See
+/// ADR 06 and ADR 15.
 pub async fn route(pool: &PgPool, command: &Command) -> Result<String, SubmitError> {
     let mut conn = pool.acquire().await?;
     if let Some(id) = command.workspace_id() {
         let ws = rows::workspace(&mut conn, id).await?.ok_or_else(|| {
             CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
         })?;
-        return Ok(queue::node_queue(&ws.node));
+        return Ok(queue::placement_queue(&ws.node));
     }
     if let Command::EvictSweep(c) = command {
         return Ok(queue::node_queue(&c.node));
     }
     if let Command::AcquireWorkspace(c) = command {
         if let Some(ws) = rows::workspace_by_key(&mut conn, &c.key("")).await? {
-            return Ok(queue::node_queue(&ws.node));
+            return Ok(queue::placement_queue(&ws.node));
+        }
+        if let Some(provider) = c.remote_placement() {
+            // Only a worker with that provider configured can place it.
+            return Ok(queue::provider_queue(provider));
         }
     }
     Ok(queue::shared_queue())
@@ -185,10 +191,25 @@ pub async fn wait(
         }
         let late = started.elapsed() > opts.claim_timeout;
         if late && status.status == "queued" && status.attempts == 0 {
-            let reason = format!(
-                "no grove worker took the job within {} s; start one with `grove worker`",
-                opts.claim_timeout.as_secs()
-            );
+            // A job on a remote provider's queue waits for a worker with that provider.
+            let queue: Option<String> = sqlx::query_scalar(
+                "SELECT j.job_type FROM grove.commands c JOIN apalis.jobs j ON j.id = c.job_id
+                 WHERE c.command_id = $1",
+            )
+            .bind(command_id)
+            .fetch_optional(pool)
+            .await
+            .ok()
+            .flatten();
+            let secs = opts.claim_timeout.as_secs();
+            let reason = match queue.as_deref().and_then(|q| q.strip_prefix("grove:provider:")) {
+                Some(provider) => format!(
+                    "no grove worker with the {provider} runtime configured took the job within {secs} s; start one with `grove worker` and the {provider} settings in its environment"
+                ),
+                None => format!(
+                    "no grove worker took the job within {secs} s; start one with `grove worker`"
+                ),
+            };
             if queue::cancel_unclaimed(pool, command_id, &reason).await? {
                 return Err(CommandError::new(ErrorKind::Unavailable, reason).into());
             }

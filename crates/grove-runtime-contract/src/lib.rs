@@ -7,9 +7,13 @@
 //! writes, network `none`) print `skipped: ...` on stderr and return
 //! [`Outcome::Skipped`]; they are never silently passed.
 //!
+//! [`remote`] holds what the remote providers' test crates share on top.
+//!
 //! Checks look at the host only through the workspace directories and `/proc`, and
 //! address files relative to the workspace root, so they hold whatever path the
 //! workspace is mounted at inside the runtime.
+
+pub mod remote;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

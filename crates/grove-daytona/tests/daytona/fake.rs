@@ -8,7 +8,7 @@
 //!
 //! Faithful in: `Authorization: Bearer` checked on every route (401 otherwise), error
 //! bodies `{statusCode, message, error}`, 404 for unknown sandboxes, 403 with a quota
-//! message when the CPU quota is exceeded, pagination (`page`, `limit`, `labels` as
+//! message when the CPU quota is exceeded, `createdAt` (RFC 3339), pagination (`page`, `limit`, `labels` as
 //! JSON; `{items, total, page, totalPages}`), and asynchronous state changes: a
 //! sandbox is `creating` / `starting` / `stopping` for [`TRANSITION`] before it is
 //! `started` / `stopped`. Toolbox calls to a sandbox that is not started answer 400
@@ -24,7 +24,10 @@
 //! from each other. Git operations run the host's `git`. Not modelled: regions,
 //! snapshots and images (any name is accepted), volumes, archiving and
 //! auto-stop timers (tests stop a sandbox behind grove's back instead), resource
-//! accounting beyond the CPU quota, websockets, the plain-text logs of old SDKs.
+//! accounting beyond the CPU quota, websockets, the plain-text logs of old SDKs,
+//! input to a running session command and sandbox snapshots (`POST
+//! /sandbox/{id}/snapshot`), which the adapter does not use (ADR 15), and a slow
+//! create only as a fixed delay ([`FakeDaytona::set_create_delay`]).
 
 // Handlers return ready responses as errors; boxing them would only add noise here.
 #![allow(clippy::result_large_err)]
@@ -75,6 +78,8 @@ struct FakeState {
     creates: AtomicU64,
     /// Every clone request's password, to show where a token went.
     clone_passwords: Mutex<Vec<String>>,
+    /// How long a create takes before the sandbox exists (a slow control plane).
+    create_delay: Mutex<Duration>,
 }
 
 struct FakeSandbox {
@@ -84,6 +89,7 @@ struct FakeSandbox {
     pending: Option<(Instant, &'static str)>,
     labels: BTreeMap<String, String>,
     body: Value,
+    created_at: String,
     home: PathBuf,
     sessions: HashMap<String, HashMap<String, FakeCommand>>,
 }
@@ -120,6 +126,7 @@ impl FakeSandbox {
             "state": self.state,
             "desiredState": match self.pending { Some((_, s)) => s, None => self.state },
             "labels": self.labels,
+            "createdAt": self.created_at,
             "cpu": self.body.get("cpu").cloned().unwrap_or(json!(1)),
             "memory": self.body.get("memory").cloned().unwrap_or(json!(1)),
             "disk": self.body.get("disk").cloned().unwrap_or(json!(3)),
@@ -180,6 +187,7 @@ impl FakeDaytona {
             sandboxes: Mutex::new(BTreeMap::new()),
             creates: AtomicU64::new(0),
             clone_passwords: Mutex::new(Vec::new()),
+            create_delay: Mutex::new(Duration::ZERO),
         });
         let tb = "/toolbox/{id}/toolbox";
         let app = Router::new()
@@ -230,6 +238,12 @@ impl FakeDaytona {
             _root: root,
             task,
         }
+    }
+
+    /// Every create waits this long before the sandbox exists, so concurrent creates
+    /// overlap.
+    pub fn set_create_delay(&self, d: Duration) {
+        *self.state.create_delay.lock().unwrap() = d;
     }
 
     /// Git clone/branch/checkout succeed but answer 400 with an empty validation message.
@@ -304,6 +318,8 @@ async fn auth(State(st): S, req: Request, next: Next) -> Response {
 }
 
 async fn create(State(st): S, Json(body): Json<Value>) -> Response {
+    let delay = *st.create_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     let cpu = body.get("cpu").and_then(Value::as_u64).unwrap_or(1);
     let used: u64 = {
         let sbs = st.sandboxes.lock().unwrap();
@@ -344,6 +360,7 @@ async fn create(State(st): S, Json(body): Json<Value>) -> Response {
         pending: Some((Instant::now() + TRANSITION, "started")),
         labels,
         body,
+        created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         home,
         sessions: HashMap::new(),
     };

@@ -1,6 +1,7 @@
 //! The Daytona runtime against a fake Daytona on loopback (`fake.rs`): the runtime
 //! contract, sandbox recovery by label after a restart, the not-started and not-found
-//! recoveries, Daytona's succeeded-but-errored quirk, error mapping, workspaces inside
+//! recoveries, convergence of a create race between workers, Daytona's
+//! succeeded-but-errored quirk, error mapping, workspaces inside
 //! the sandbox, and capability reporting. Each test starts its own fake.
 
 mod fake;
@@ -11,10 +12,11 @@ use std::time::Duration;
 
 use fake::FakeDaytona;
 use grove_core::error::RuntimeError;
-use grove_core::ports::{
-    GitToken, Mount, NetworkPolicy, PreviewRequest, RuntimeProvider, RuntimeSpec,
-};
+use grove_core::ports::{GitToken, Mount, NetworkPolicy, PreviewRequest, RuntimeProvider};
 use grove_daytona::{ApiKey, DaytonaConfig, DaytonaRuntimeProvider, WorkspacePlacement};
+use grove_runtime_contract::remote::{
+    assert_all_run_in, create_racing, echo, fixture_repo, head_of, spec_for,
+};
 use grove_runtime_contract::{default_spec, request, Harness};
 
 struct Env {
@@ -78,76 +80,11 @@ impl Harness for Env {
     }
 }
 
-macro_rules! contract_tests {
-    ($($check:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let env = Env::new().await;
-                let outcome = grove_runtime_contract::$check(&env).await;
-                match outcome {
-                    grove_runtime_contract::Outcome::Passed => {}
-                    grove_runtime_contract::Outcome::Skipped(why) => {
-                        // Only checks of per-workspace isolation, sessions and snapshots may
-                        // skip (none of them claimed): Daytona
-                        // shares one sandbox among a user's workspaces of a project.
-                        assert!(
-                            ["isolated: false", "interactive_session: false", "snapshot: false"]
-                                .iter()
-                                .any(|w| why.contains(w)),
-                            "unexpected skip: {why}"
-                        );
-                    }
-                }
-            }
-        )*
-    };
-}
-
 /// The runtime contract, one test per check, each against its own fake.
-///
-/// `capability_accessors_match_capabilities` is checked by
-/// `capabilities_are_truthful...` below instead: its last rule (writable implies
-/// isolated) guards against writes in a host subprocess, which a remote sandbox never
-/// is; these providers are writable and report `isolated: false` because workspaces of
-/// one (user, project) share a sandbox, not because writes escape one.
 mod contract {
     use super::*;
 
-    contract_tests!(
-        echo_and_exit_codes_pass_through,
-        a_missing_program_is_a_failed_command,
-        stdin_reaches_the_command,
-        only_the_given_env_is_visible,
-        cwd_inside_the_workspace_works,
-        cwd_escaping_the_workspace_is_rejected,
-        a_read_only_workspace_refuses_writes,
-        a_writable_workspace_keeps_writes_on_the_host,
-        network_none_leaves_only_loopback,
-        a_timeout_kills_the_whole_process_tree,
-        output_over_the_cap_is_truncated,
-        exec_stream_delivers_output_as_it_is_produced,
-        dropping_an_exec_stream_kills_the_command,
-        other_workspaces_are_not_visible,
-        a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
-        a_shell_session_keeps_its_state_between_writes,
-        session_output_over_the_cap_keeps_the_newest_bytes,
-        killing_a_session_ends_it_and_a_poll_reports_the_exit,
-        a_snapshot_restores_state_outside_the_workspace,
-    );
-}
-
-fn spec_for(ws: &Path, user: &str, project: &str) -> RuntimeSpec {
-    let mut spec = default_spec(ws, true, NetworkPolicy::None);
-    spec.labels.insert("grove.user".into(), user.into());
-    spec.labels.insert("grove.project".into(), project.into());
-    spec
-}
-
-async fn echo(provider: &DaytonaRuntimeProvider, spec: RuntimeSpec, word: &str) {
-    let rt = provider.create(spec).await.expect("create");
-    let r = rt.exec(request(&["echo", word])).await.expect("exec");
-    assert_eq!(String::from_utf8_lossy(&r.stdout), format!("{word}\n"));
+    grove_runtime_contract::remote_contract_tests!(Env::new().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,37 +420,6 @@ async fn destroying_a_runtime_stops_the_sandbox_and_keeps_its_files() {
     assert_eq!(env.fake.creates(), 1);
 }
 
-/// A repository with one commit on `main`, as a file:// URL.
-fn fixture_repo(root: &Path) -> String {
-    let dir = root.join("upstream");
-    std::fs::create_dir_all(&dir).unwrap();
-    let git = |args: &[&str]| {
-        let out = std::process::Command::new("git")
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@example.com",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    git(&["init", "-q"]);
-    std::fs::write(dir.join("README.md"), "hello\n").unwrap();
-    git(&["add", "."]);
-    git(&["commit", "-q", "-m", "first"]);
-    format!("file://{}", dir.display())
-}
-
 fn placement(url: &str, scope: &str) -> WorkspacePlacement {
     WorkspacePlacement {
         user: "alice".into(),
@@ -525,13 +431,6 @@ fn placement(url: &str, scope: &str) -> WorkspacePlacement {
         branch: Some(format!("agent/edits-{scope}")),
         network: NetworkPolicy::Default,
     }
-}
-
-fn head_of(path: &str) -> String {
-    std::fs::read_to_string(format!("{path}/.git/HEAD"))
-        .unwrap()
-        .trim()
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -634,4 +533,58 @@ async fn a_git_token_goes_only_into_the_clone_request_body() {
     );
     let config = std::fs::read_to_string(format!("{}/.git/config", w.cache_path)).unwrap();
     assert!(!config.contains("ghp_test_token_value"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_all_use() {
+    let env = Env::new().await;
+    // Every create takes a while, so all workers find nothing and all create.
+    env.fake.set_create_delay(Duration::from_millis(400));
+    let ws = env.workspace();
+    let workers: Vec<DaytonaRuntimeProvider> = (0..4).map(|_| env.restarted()).collect();
+    let workers: Vec<&dyn RuntimeProvider> = workers.iter().map(|w| w as _).collect();
+    let runtimes = create_racing(&workers, &spec_for(ws.path(), "alice", "p1")).await;
+    assert_eq!(env.fake.creates(), 4, "the race did happen: four creates");
+    let kept = env.only_sandbox();
+    assert_all_run_in(
+        &runtimes,
+        &env.provider.client().home_dir(&kept).await.unwrap(),
+    )
+    .await;
+    assert_eq!(
+        env.only_sandbox(),
+        kept,
+        "later commands made no new sandbox"
+    );
+    assert_eq!(
+        env.fake.creates(),
+        4,
+        "no runtime was left on a deleted sandbox and made another"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_remote_workspace_touches_only_workspace_paths_and_never_creates_a_sandbox() {
+    let env = Env::new().await;
+    let remote = env.provider.workspaces().expect("daytona holds workspaces");
+    // No sandbox yet: nothing to remove, and none is made to remove nothing.
+    remote
+        .remove_workspace("u", "p", "/home/daytona/grove/workspaces/u_c_b")
+        .await
+        .unwrap();
+    assert_eq!(env.fake.creates(), 0);
+    for bad in [
+        "/etc",
+        "/home/daytona/grove/repos/o_r",
+        "/home/daytona/grove/workspaces/..",
+        "/home/daytona/grove/workspaces/a/b",
+        "grove/workspaces/a",
+    ] {
+        let err = remote.remove_workspace("u", "p", bad).await.unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::CommandRejected(_)),
+            "{bad}: {err:?}"
+        );
+    }
+    assert_eq!(env.fake.creates(), 0);
 }

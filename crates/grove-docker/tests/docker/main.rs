@@ -1,5 +1,5 @@
 //! The Docker runtime on a real engine: the runtime contract, lifecycle, isolation,
-//! limits, streaming and the orphan sweep.
+//! limits, streaming, preview URLs (`preview.rs`) and the orphan sweep.
 //!
 //! Every test first asks whether an engine answers and, if none does, prints
 //! `skipped: no Docker engine: ...` and returns (with `GROVE_TEST_REQUIRE_DOCKER=1` it
@@ -13,6 +13,7 @@
 //! harness hands each one to [`TEST_UID`] (as a deployment would create workspaces
 //! owned by the sandbox user); the provider then runs commands as the workspace owner.
 
+mod preview;
 mod support;
 
 use std::collections::{BTreeMap, HashSet};
@@ -141,10 +142,10 @@ async fn capabilities_are_truthful_and_limited_network_is_refused() {
     let caps = env.provider.capabilities();
     assert_eq!(env.provider.kind(), "docker");
     assert!(caps.writable && caps.isolated && caps.network_none);
-    assert!(!caps.network_limited && caps.snapshot && !caps.preview_url);
+    assert!(!caps.network_limited && caps.snapshot && caps.preview_url);
     assert!(caps.interactive_session && caps.network_default);
     assert!(env.provider.sessions().is_some() && env.provider.snapshotter().is_some());
-    assert!(env.provider.preview_urls().is_none());
+    assert!(env.provider.preview_urls().is_some());
     env.provider.ping().await.expect("ping");
 
     let ws = env.workspace("limited");

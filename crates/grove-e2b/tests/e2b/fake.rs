@@ -9,7 +9,7 @@
 //! envd (401 otherwise), error bodies `{code, message}`, 201 for create, 204 for
 //! delete and pause, 409 for pausing a paused sandbox, 404 for unknown sandboxes, 429
 //! past the concurrent-sandbox limit, pagination (`limit`, `nextToken`, answer header
-//! `x-next-token`), metadata filtering (`metadata=k%3Dv&...`), `connect` answering
+//! `x-next-token`), `startedAt` (RFC 3339), metadata filtering (`metadata=k%3Dv&...`), `connect` answering
 //! 200 for a running sandbox and 201 for a resumed one, Connect envelopes (5-byte
 //! header, end-of-stream flag 0x02), base64 bytes, end events with `exited: false`
 //! and `status: "signal: killed"` for signalled processes.
@@ -21,8 +21,11 @@
 //! and resuming continues it (SIGCONT), as E2B keeps memory across a pause; killing
 //! kills them. Envd calls to a paused or killed sandbox answer 502. Not modelled:
 //! templates (any id is accepted), real network policy, the sandbox timeout clock
-//! (tests call [`FakeE2b::expire`]), PTYs, `Connect`/`List`/`StreamInput`, file
-//! watching, the `username` of file calls, envd versions.
+//! (tests call [`FakeE2b::expire`]; renewals through `POST /sandboxes/{id}/timeout`
+//! are only recorded, [`FakeE2b::timeouts`]), snapshots, PTYs,
+//! `Connect`/`List`/`StreamInput`, what envd does to a process whose `Start` stream
+//! the client dropped (here it keeps running), file watching, the `username` of file
+//! calls, envd versions.
 
 // Handlers return ready responses as errors; boxing them would only add noise here.
 #![allow(clippy::result_large_err)]
@@ -59,6 +62,10 @@ struct St {
     seq: AtomicU64,
     creates: AtomicU64,
     sandboxes: Mutex<BTreeMap<String, Sb>>,
+    /// How long a create takes before the sandbox exists (a slow control plane).
+    create_delay: Mutex<std::time::Duration>,
+    /// Every accepted `POST /sandboxes/{id}/timeout`: (sandbox, seconds).
+    timeouts: Mutex<Vec<(String, u64)>>,
 }
 
 struct Sb {
@@ -68,6 +75,7 @@ struct Sb {
     token: String,
     body: Value,
     metadata: BTreeMap<String, String>,
+    started_at: String,
     home: PathBuf,
     procs: HashMap<u32, Proc>,
 }
@@ -105,6 +113,7 @@ impl Sb {
             "envdAccessToken": self.token,
             "state": if self.paused { "paused" } else { "running" },
             "metadata": self.metadata,
+            "startedAt": self.started_at,
             "cpuCount": 2,
             "memoryMB": 512,
         })
@@ -156,6 +165,8 @@ impl FakeE2b {
             seq: AtomicU64::new(0),
             creates: AtomicU64::new(0),
             sandboxes: Mutex::new(BTreeMap::new()),
+            create_delay: Mutex::new(std::time::Duration::ZERO),
+            timeouts: Mutex::new(Vec::new()),
         });
         let app = Router::new()
             .route("/sandboxes", post(create))
@@ -184,6 +195,17 @@ impl FakeE2b {
             _root: root,
             task,
         }
+    }
+
+    /// Every create waits this long before the sandbox exists, so concurrent creates
+    /// overlap.
+    pub fn set_create_delay(&self, d: std::time::Duration) {
+        *self.state.create_delay.lock().unwrap() = d;
+    }
+
+    /// Every timeout renewal so far: (sandbox, seconds).
+    pub fn timeouts(&self) -> Vec<(String, u64)> {
+        self.state.timeouts.lock().unwrap().clone()
     }
 
     /// The envd URL template that reaches this fake.
@@ -297,6 +319,8 @@ fn check_auth(st: &St, req: &Request) -> Result<(), Response> {
 }
 
 async fn create(State(st): S, Json(body): Json<Value>) -> Response {
+    let delay = *st.create_delay.lock().unwrap();
+    tokio::time::sleep(delay).await;
     let Some(template) = body.get("templateID").and_then(Value::as_str) else {
         return err(StatusCode::BAD_REQUEST, "templateID is required");
     };
@@ -334,6 +358,7 @@ async fn create(State(st): S, Json(body): Json<Value>) -> Response {
         token: format!("envd-token-{seq}-{}", std::process::id()),
         body,
         metadata,
+        started_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
         home,
         procs: HashMap::new(),
     };
@@ -488,9 +513,15 @@ async fn connect(State(st): S, Path(id): Path<String>, Json(body): Json<Value>) 
     }
 }
 
-async fn set_timeout(State(st): S, Path(id): Path<String>) -> Response {
+async fn set_timeout(State(st): S, Path(id): Path<String>, Json(body): Json<Value>) -> Response {
+    let Some(timeout) = body.get("timeout").and_then(Value::as_u64) else {
+        return err(StatusCode::BAD_REQUEST, "timeout is required");
+    };
     match st.sandboxes.lock().unwrap().get(&id) {
-        Some(_) => StatusCode::NO_CONTENT.into_response(),
+        Some(_) => {
+            st.timeouts.lock().unwrap().push((id.clone(), timeout));
+            StatusCode::NO_CONTENT.into_response()
+        }
         None => err(
             StatusCode::NOT_FOUND,
             format!("sandbox \"{id}\" doesn't exist"),

@@ -10,8 +10,11 @@ use std::path::Path;
 use fake::FakeE2b;
 use grove_core::error::RuntimeError;
 use grove_core::ports::GitToken;
-use grove_core::ports::{NetworkPolicy, PreviewRequest, RuntimeProvider, RuntimeSpec};
+use grove_core::ports::{NetworkPolicy, PreviewRequest, RuntimeProvider};
 use grove_e2b::{E2bConfig, E2bRuntimeProvider, SandboxKey, Secret, WorkspacePlacement};
+use grove_runtime_contract::remote::{
+    assert_all_run_in, create_racing, echo, fixture_repo, spec_for,
+};
 use grove_runtime_contract::{default_spec, request, Harness};
 
 struct Env {
@@ -72,75 +75,11 @@ impl Harness for Env {
     }
 }
 
-macro_rules! contract_tests {
-    ($($check:ident),* $(,)?) => {
-        $(
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let env = Env::new().await;
-                match grove_runtime_contract::$check(&env).await {
-                    grove_runtime_contract::Outcome::Passed => {}
-                    grove_runtime_contract::Outcome::Skipped(why) => {
-                        // Only checks of per-workspace isolation, sessions and snapshots may
-                        // skip (none of them claimed): E2B shares one
-                        // microVM among a user's workspaces of a project.
-                        assert!(
-                            ["isolated: false", "interactive_session: false", "snapshot: false"]
-                                .iter()
-                                .any(|w| why.contains(w)),
-                            "unexpected skip: {why}"
-                        );
-                    }
-                }
-            }
-        )*
-    };
-}
-
 /// The runtime contract, one test per check, each against its own fake.
-///
-/// `capability_accessors_match_capabilities` is checked by
-/// `capabilities_are_truthful...` below instead: its last rule (writable implies
-/// isolated) guards against writes in a host subprocess, which a remote sandbox never
-/// is; these providers are writable and report `isolated: false` because workspaces of
-/// one (user, project) share a sandbox, not because writes escape one.
 mod contract {
     use super::*;
 
-    contract_tests!(
-        echo_and_exit_codes_pass_through,
-        a_missing_program_is_a_failed_command,
-        stdin_reaches_the_command,
-        only_the_given_env_is_visible,
-        cwd_inside_the_workspace_works,
-        cwd_escaping_the_workspace_is_rejected,
-        a_read_only_workspace_refuses_writes,
-        a_writable_workspace_keeps_writes_on_the_host,
-        network_none_leaves_only_loopback,
-        a_timeout_kills_the_whole_process_tree,
-        output_over_the_cap_is_truncated,
-        exec_stream_delivers_output_as_it_is_produced,
-        dropping_an_exec_stream_kills_the_command,
-        other_workspaces_are_not_visible,
-        a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
-        a_shell_session_keeps_its_state_between_writes,
-        session_output_over_the_cap_keeps_the_newest_bytes,
-        killing_a_session_ends_it_and_a_poll_reports_the_exit,
-        a_snapshot_restores_state_outside_the_workspace,
-    );
-}
-
-fn spec_for(ws: &Path, user: &str, project: &str) -> RuntimeSpec {
-    let mut spec = default_spec(ws, true, NetworkPolicy::None);
-    spec.labels.insert("grove.user".into(), user.into());
-    spec.labels.insert("grove.project".into(), project.into());
-    spec
-}
-
-async fn echo(provider: &E2bRuntimeProvider, spec: RuntimeSpec, word: &str) {
-    let rt = provider.create(spec).await.expect("create");
-    let r = rt.exec(request(&["echo", word])).await.expect("exec");
-    assert_eq!(String::from_utf8_lossy(&r.stdout), format!("{word}\n"));
+    grove_runtime_contract::remote_contract_tests!(Env::new().await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -156,7 +95,10 @@ async fn capabilities_and_persistence_are_reported_truthfully() {
         !caps.snapshot && p.snapshotter().is_none(),
         "no snapshots: None"
     );
-    assert!(!caps.interactive_session && p.sessions().is_none());
+    assert!(
+        caps.interactive_session && p.sessions().is_some(),
+        "envd processes take stdin: sessions are offered"
+    );
     assert_eq!(
         caps.network_policies(),
         vec![NetworkPolicy::None, NetworkPolicy::Default]
@@ -428,37 +370,6 @@ async fn limited_network_is_refused_and_another_network_is_a_conflict() {
     ));
 }
 
-/// A repository with one commit on `main`, as a file:// URL.
-fn fixture_repo(root: &Path) -> String {
-    let dir = root.join("upstream");
-    std::fs::create_dir_all(&dir).unwrap();
-    let git = |args: &[&str]| {
-        let out = std::process::Command::new("git")
-            .args([
-                "-c",
-                "user.name=t",
-                "-c",
-                "user.email=t@example.com",
-                "-c",
-                "init.defaultBranch=main",
-            ])
-            .args(args)
-            .current_dir(&dir)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "git {args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    git(&["init", "-q"]);
-    std::fs::write(dir.join("README.md"), "hello\n").unwrap();
-    git(&["add", "."]);
-    git(&["commit", "-q", "-m", "first"]);
-    format!("file://{}", dir.display())
-}
-
 fn placement(url: &str, scope: &str, branch: &str) -> WorkspacePlacement {
     WorkspacePlacement {
         user: "alice".into(),
@@ -544,4 +455,147 @@ async fn a_missing_base_ref_is_a_rejected_workspace_and_hostile_refs_touch_nothi
         Err(RuntimeError::CommandRejected(_))
     ));
     assert_eq!(env.fake.creates(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_runtime_kills_its_sessions_and_leaves_other_sandboxes_sessions_running() {
+    use grove_core::ports::{SessionInput, SessionRequest};
+    let env = Env::new().await;
+    let (a, b) = (env.workspace(), env.workspace());
+    let sessions = env.provider.sessions().expect("sessions");
+    let start = |ws: &Path, user: &str| {
+        let spec = spec_for(ws, user, "p1");
+        sessions.start(
+            spec,
+            SessionRequest {
+                argv: vec!["sh".into()],
+                ..SessionRequest::default()
+            },
+        )
+    };
+    let alice = start(a.path(), "alice").await.expect("alice's session");
+    let bob = start(b.path(), "bob").await.expect("bob's session");
+    assert_eq!(alice.backend_id, "e2b:alice/p1");
+    for id in [&alice.id, &bob.id] {
+        sessions
+            .write(
+                id,
+                SessionInput {
+                    data: b"echo ready\n".to_vec(),
+                    close: false,
+                },
+            )
+            .await
+            .unwrap();
+        let out = sessions
+            .poll(id, std::time::Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.data), "ready\n");
+    }
+
+    env.provider.stop("e2b:alice/p1").await.unwrap();
+    let out = sessions
+        .poll(&alice.id, std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    let exit = out.exit.expect("alice's session ended with her runtime");
+    assert!(exit.killed, "{exit:?}");
+    assert!(
+        sessions.info(&bob.id).unwrap().exit.is_none(),
+        "another sandbox's session is untouched"
+    );
+    sessions.kill(&bob.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn workers_racing_to_create_one_users_sandbox_end_with_one_sandbox_they_all_use() {
+    let env = Env::new().await;
+    // Every create takes a while, so all workers find nothing and all create.
+    env.fake
+        .set_create_delay(std::time::Duration::from_millis(400));
+    let ws = env.workspace();
+    let workers: Vec<E2bRuntimeProvider> = (0..4).map(|_| env.restarted()).collect();
+    let workers: Vec<&dyn RuntimeProvider> = workers.iter().map(|w| w as _).collect();
+    let runtimes = create_racing(&workers, &spec_for(ws.path(), "alice", "p1")).await;
+    assert_eq!(env.fake.creates(), 4, "the race did happen: four creates");
+    let kept = env.only_sandbox();
+    assert_all_run_in(&runtimes, &env.fake.home(&kept).display().to_string()).await;
+    assert_eq!(env.only_sandbox(), kept);
+    assert_eq!(
+        env.fake.creates(),
+        4,
+        "no runtime was left on a killed sandbox and made another"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_running_session_renews_its_sandboxes_timeout_and_stops_when_it_ends() {
+    use grove_core::ports::SessionRequest;
+    let fake = FakeE2b::start().await;
+    let mut c = config(&fake);
+    c.timeout_secs = 3; // renewed every second while a session runs
+    let env = Env::with(fake, E2bRuntimeProvider::new(c).unwrap());
+    let ws = env.workspace();
+    let sessions = env.provider.sessions().unwrap();
+    let s = sessions
+        .start(
+            spec_for(ws.path(), "alice", "p1"),
+            SessionRequest {
+                argv: vec!["cat".into()],
+                ..SessionRequest::default()
+            },
+        )
+        .await
+        .unwrap();
+    let id = env.only_sandbox();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    let renewed = env.fake.timeouts();
+    assert!(
+        renewed.len() >= 2 && renewed.iter().all(|t| *t == (id.clone(), 3)),
+        "the session kept its sandbox alive: {renewed:?}"
+    );
+
+    sessions.kill(&s.id).await.unwrap();
+    let out = sessions
+        .poll(&s.id, std::time::Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert!(out.exit.is_some(), "{out:?}");
+    // A renewal already on the wire when the session ended may still land.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let after_kill = env.fake.timeouts().len();
+    tokio::time::sleep(std::time::Duration::from_millis(2500)).await;
+    assert_eq!(
+        env.fake.timeouts().len(),
+        after_kill,
+        "an ended session no longer renews the timeout"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removing_a_remote_workspace_touches_only_workspace_paths_and_never_creates_a_sandbox() {
+    let fake = FakeE2b::start().await;
+    let provider = E2bRuntimeProvider::new(config(&fake)).unwrap();
+    let remote = provider.workspaces().expect("e2b holds workspaces");
+    // No sandbox yet: nothing to remove, and none is made to remove nothing.
+    remote
+        .remove_workspace("u", "p", "/home/user/grove/workspaces/u_c_b")
+        .await
+        .unwrap();
+    assert_eq!(fake.creates(), 0);
+    for bad in [
+        "/etc",
+        "/home/user/grove/repos/o_r",
+        "/home/user/grove/workspaces/..",
+        "/home/user/grove/workspaces/a/b",
+        "grove/workspaces/a",
+    ] {
+        let err = remote.remove_workspace("u", "p", bad).await.unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::CommandRejected(_)),
+            "{bad}: {err:?}"
+        );
+    }
+    assert_eq!(fake.creates(), 0);
 }
