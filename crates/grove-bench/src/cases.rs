@@ -447,7 +447,9 @@ async fn workspace_warm(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     Ok(())
 }
 
-/// `true` through the queue (kind read, local runtime) vs spawning `true`.
+/// `true` through the queue (kind read, local runtime) vs spawning `true`; and the
+/// runtime alone, through its exec agent (`exec_local_agent`) and with a sandbox per
+/// exec (`exec_local_runtime`).
 async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     ctx.workspaces_at_least(1).await?;
     let ws = ctx.workspaces[0].id;
@@ -582,8 +584,9 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     Ok(())
 }
 
-/// `true` in a running container: through the queue, and through
-/// `DockerRuntimeProvider` directly, vs `docker exec <container> true`.
+/// `true` in a running container: through the queue, through
+/// `DockerRuntimeProvider` directly, and as a line to one attached exec kept open
+/// (`exec_docker_attached`), vs `docker exec <container> true`.
 async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let ws = ctx.acquire("docker-bench").await?;
     ctx.exec(ws.id, "docker", &["true"]).await?; // creates the container
