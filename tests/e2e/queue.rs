@@ -146,3 +146,158 @@ async fn advisory_locks_exclude_time_out_as_locked_share_reads_and_leave_no_time
     w.release().await.unwrap();
     one.close().await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn one_claim_starts_due_jobs_closes_finished_ones_and_kills_unreadable_ones() {
+    use grove_core::commands::{Command, CommandResult};
+    use grove_postgres::queue::{self, Start};
+    let env =
+        env_or_skip!("one_claim_starts_due_jobs_closes_finished_ones_and_kills_unreadable_ones");
+    let pool = &env.pool;
+    let q = queue::node_queue("claimtest");
+    queue::register_worker(pool, "w-claim", std::slice::from_ref(&q))
+        .await
+        .unwrap();
+    queue::register_worker(pool, "w-other", std::slice::from_ref(&q))
+        .await
+        .unwrap();
+    let hibernate = |i: u128| Command::HibernateRuntime {
+        workspace_id: uuid::Uuid::from_u128(i),
+    };
+    let (run_id, done_id) = (uuid::Uuid::now_v7(), uuid::Uuid::now_v7());
+    let mut conn = pool.acquire().await.unwrap();
+    queue::enqueue(&mut conn, run_id, &hibernate(1), &q, Some("tok"))
+        .await
+        .unwrap();
+    queue::enqueue(&mut conn, done_id, &hibernate(2), &q, None)
+        .await
+        .unwrap();
+    // A duplicate delivery: the ledger already has this command's outcome.
+    sqlx::query("UPDATE grove.commands SET status = 'succeeded' WHERE command_id = $1")
+        .bind(done_id)
+        .execute(pool)
+        .await
+        .unwrap();
+    // A job row grove did not write: no command id in its key.
+    sqlx::query(
+        "INSERT INTO apalis.jobs (job, id, job_type, status, attempts, max_attempts, run_at, priority, idempotency_key)
+         VALUES ('\\x7b7d', 'rogue-job', $1, 'Pending', 0, 5, now(), 0, 'not-a-command-id')",
+    )
+    .bind(&q)
+    .execute(pool)
+    .await
+    .unwrap();
+
+    let claimed = queue::claim_and_start(pool, "w-claim", &q, 10)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 3, "{claimed:?}");
+    let mut started = None;
+    for (job, start) in &claimed {
+        match start {
+            Start::Run {
+                attempt,
+                resumed,
+                token,
+                ..
+            } => {
+                assert_eq!(job.command_id, run_id);
+                assert_eq!((*attempt, *resumed), (1, false));
+                assert_eq!(
+                    token.as_deref(),
+                    Some("tok"),
+                    "the token comes with the start"
+                );
+                started = Some(job.clone());
+            }
+            Start::AlreadyFinished => assert_ne!(job.command_id, run_id),
+        }
+    }
+    let started = started.expect("the queued command was started");
+    let states: Vec<(String, String)> =
+        sqlx::query_as("SELECT id, status FROM apalis.jobs WHERE job_type = $1 ORDER BY id")
+            .bind(&q)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    for (id, status) in &states {
+        let want = if id == "rogue-job" {
+            "Killed"
+        } else if *id == started.job_id {
+            "Running"
+        } else {
+            "Done"
+        };
+        assert_eq!(status, want, "job {id}: {states:?}");
+    }
+    let (status, worker): (String, Option<String>) =
+        sqlx::query_as("SELECT status, worker_id FROM grove.commands WHERE command_id = $1")
+            .bind(run_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), worker.as_deref()),
+        ("running", Some("w-claim"))
+    );
+    // Nothing is left to claim.
+    assert!(queue::claim_and_start(pool, "w-other", &q, 10)
+        .await
+        .unwrap()
+        .is_empty());
+
+    // Only the attempt's owner records the outcome: another worker's is dropped whole.
+    let md = grove_core::events::Metadata {
+        command_id: run_id,
+        correlation: Default::default(),
+        worker_id: "w-other".into(),
+        node: "claimtest".into(),
+    };
+    let ok: Result<CommandResult, grove_core::error::CommandError> = Ok(CommandResult::Done);
+    let recorded = queue::finish_on(
+        &mut conn,
+        &started,
+        "w-other",
+        &ok,
+        &[],
+        &md,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !recorded,
+        "a worker that does not hold the attempt recorded its outcome"
+    );
+    let status: String =
+        sqlx::query_scalar("SELECT status FROM grove.commands WHERE command_id = $1")
+            .bind(run_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    assert_eq!(status, "running");
+    let recorded = queue::finish_on(
+        &mut conn,
+        &started,
+        "w-claim",
+        &ok,
+        &[],
+        &md,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert!(recorded);
+    let (status, job_status, secrets): (String, String, i64) = sqlx::query_as(
+        "SELECT c.status, j.status, (SELECT count(*) FROM grove.command_secrets s WHERE s.command_id = c.command_id)
+         FROM grove.commands c JOIN apalis.jobs j ON j.id = c.job_id WHERE c.command_id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), job_status.as_str(), secrets),
+        ("succeeded", "Done", 0)
+    );
+}

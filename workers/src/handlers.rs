@@ -145,14 +145,19 @@ impl Deps {
         id: Uuid,
         shared: bool,
     ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
-        let lock = self
-            .lock(LockScope::WorkspaceCommands, &id.to_string(), shared)
-            .await?;
-        match self.workspace(id).await {
-            Ok(ws) => Ok((ws, lock)),
-            Err(e) => {
+        // The lock and the row in one statement, on the lock's connection.
+        let (lock, ws) =
+            AdvisoryLock::acquire_workspace(&self.pool, id, shared, self.config.lock_timeout)
+                .await
+                .map_err(store_error)?;
+        match ws {
+            Some(ws) => Ok((ws, lock)),
+            None => {
                 lock.release().await.ok();
-                Err(e)
+                Err(CommandError::new(
+                    ErrorKind::NotFound,
+                    format!("workspace {id} not found"),
+                ))
             }
         }
     }
@@ -304,15 +309,13 @@ impl Deps {
             .map(str::to_string)
             .unwrap_or_else(|| self.config.node.clone());
         let key = c.key(&node);
-        let key_lock = self
+        let mut key_lock = self
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
             .await?;
-        let existing = {
-            let mut conn = self.conn().await?;
-            rows::workspace_by_key(&mut conn, &key)
-                .await
-                .map_err(store_error)?
-        };
+        // Read on the lock's own connection: no second pool checkout.
+        let existing = rows::workspace_by_key(key_lock.conn(), &key)
+            .await
+            .map_err(store_error)?;
         if let Some(row) = existing {
             if row.node != node {
                 let place = if is_remote_placement(&row.node) {
@@ -581,7 +584,17 @@ impl Deps {
         command_id: Uuid,
         metadata: &Metadata,
     ) -> Result<Handled, CommandError> {
-        let ws = self.workspace(e.workspace_id).await?;
+        // With the kind given, the lock's mode is known before the row is: the lock and
+        // the row come in one statement, and the refusals below are checked under it.
+        let (ws, early_lock) = match e.kind {
+            Some(kind) => {
+                let (ws, lock) = self
+                    .lock_workspace(e.workspace_id, !kind.is_mutating())
+                    .await?;
+                (ws, Some(lock))
+            }
+            None => (self.workspace(e.workspace_id).await?, None),
+        };
         let correlation = correlation_of(&ws);
         let metadata = &Metadata {
             correlation: correlation.clone(),
@@ -592,8 +605,12 @@ impl Deps {
         } else {
             ExecKind::Read
         });
-        if kind.is_mutating() && !ws.capabilities.writable {
-            return Err(CommandError::new(
+        // A workspace placed in a remote provider runs there only, and a remote runtime
+        // reaches no host workspace: a mismatch is refused before anything is recorded.
+        let remote = is_remote_placement(&ws.node);
+        let provider = self.runtimes.get(&e.runtime);
+        let refusal = if kind.is_mutating() && !ws.capabilities.writable {
+            Some(CommandError::new(
                 ErrorKind::Rejected,
                 format!(
                     "workspace {} is read-only ({} mode): {:?} commands are refused",
@@ -601,59 +618,66 @@ impl Deps {
                     ws.mode.as_str(),
                     kind
                 ),
-            ));
-        }
-        // A workspace placed in a remote provider runs there only, and a remote runtime
-        // reaches no host workspace: a mismatch is refused before anything is recorded.
-        let remote = is_remote_placement(&ws.node);
-        if remote && e.runtime != ws.node {
-            return Err(CommandError::new(
+            ))
+        } else if remote && e.runtime != ws.node {
+            Some(CommandError::new(
                 ErrorKind::Rejected,
                 format!(
                     "workspace {} lives inside {1}: run its commands with --runtime {1}, not {2}",
                     ws.id, ws.node, e.runtime
                 ),
-            ));
-        }
-        if !remote && is_remote_placement(&e.runtime) {
-            return Err(CommandError::new(
+            ))
+        } else if !remote && is_remote_placement(&e.runtime) {
+            Some(CommandError::new(
                 ErrorKind::Rejected,
                 format!(
                     "workspace {} lives on node {}: runtime {2} runs only workspaces placed in it (acquire with --runtime {2})",
                     ws.id, ws.node, e.runtime
                 ),
-            ));
-        }
-        let provider = self.runtimes.get(&e.runtime).ok_or_else(|| {
-            CommandError::new(
+            ))
+        } else if provider.is_none() {
+            Some(CommandError::new(
                 ErrorKind::Unavailable,
                 format!(
                     "runtime {:?} is not configured on this worker (configured: {})",
                     e.runtime,
                     self.runtimes.kinds().join(", ")
                 ),
-            )
-        })?;
-        let remote_network = if remote {
-            Some(
-                self.remote_provider(&ws.node)?
-                    .workspaces()
-                    .map(|w| w.network()),
-            )
+            ))
         } else {
             None
         };
-        // Capabilities never change, so the kind chosen above still holds; the row is
-        // re-read under the lock for its current state (dirty, existence).
-        let (ws, lock) = self.lock_workspace(ws.id, !kind.is_mutating()).await?;
-        let existing = {
-            let mut conn = self.conn().await?;
-            rows::runtimes_of(&mut conn, ws.id)
-                .await
-                .map_err(store_error)?
-                .into_iter()
-                .find(|r| r.backend_kind == provider.kind())
+        let remote_network = match refusal {
+            Some(refusal) => Err(refusal),
+            None if remote => self
+                .remote_provider(&ws.node)
+                .map(|p| Some(p.workspaces().map(|w| w.network()))),
+            None => Ok(None),
         };
+        let remote_network = match remote_network {
+            Ok(network) => network,
+            Err(refusal) => {
+                if let Some(lock) = early_lock {
+                    lock.release().await.ok();
+                }
+                return Err(refusal);
+            }
+        };
+        let provider = provider.expect("checked above");
+        // Capabilities never change, so the kind chosen above still holds; without an
+        // early lock the row is re-read under the lock for its current state (dirty,
+        // existence).
+        let (ws, mut lock) = match early_lock {
+            Some(lock) => (ws, lock),
+            None => self.lock_workspace(ws.id, !kind.is_mutating()).await?,
+        };
+        // The reads and the start events go through the lock's connection (one pool
+        // checkout for the whole exec).
+        let existing = rows::runtimes_of(lock.conn(), ws.id)
+            .await
+            .map_err(store_error)?
+            .into_iter()
+            .find(|r| r.backend_kind == provider.kind());
         let runtime_id = existing
             .as_ref()
             .map(|r| r.id)
@@ -663,8 +687,7 @@ impl Deps {
             // The sandbox's own clone: nothing of the host is mounted.
             None
         } else {
-            let mut conn = self.conn().await?;
-            rows::repo_cache(&mut conn, ws.repo_cache_id)
+            rows::repo_cache(lock.conn(), ws.repo_cache_id)
                 .await
                 .map_err(store_error)?
                 .map(|c| PathBuf::from(c.local_path))
@@ -735,7 +758,9 @@ impl Deps {
             timeout_ms: e.timeout_ms,
         });
         {
-            let mut tx = self.pool.begin().await.map_err(|e| store_error(e.into()))?;
+            let mut tx = sqlx::Connection::begin(lock.conn())
+                .await
+                .map_err(|e| store_error(e.into()))?;
             store::append(&mut tx, &start_events, metadata, now())
                 .await
                 .map_err(store_error)?;
@@ -765,7 +790,7 @@ impl Deps {
                 })?;
         }
         // A caller streaming this exec asked, with the enqueue, for its output.
-        let relay = grove_postgres::output::relay_requested(&self.pool, command_id)
+        let relay = grove_postgres::output::relay_requested(lock.conn(), command_id)
             .await
             .unwrap_or_else(|e| {
                 tracing::warn!(error = %e, "could not tell whether to relay exec output");
@@ -860,9 +885,9 @@ impl Deps {
         workspace_id: Uuid,
         destroy_runtime: bool,
     ) -> Result<Handled, CommandError> {
-        let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
+        let (ws, mut lock) = self.lock_workspace(workspace_id, false).await?;
         let mut events = self
-            .runtime_events(ws.id, destroy_runtime, "session released")
+            .runtime_events(lock.conn(), ws.id, destroy_runtime, "session released")
             .await?;
         events.push(Event::WorkspaceReleased {
             workspace_id: ws.id,
@@ -881,13 +906,15 @@ impl Deps {
         workspace_id: Uuid,
         destroy: bool,
     ) -> Result<Handled, CommandError> {
-        let (ws, lock) = self.lock_workspace(workspace_id, false).await?;
+        let (ws, mut lock) = self.lock_workspace(workspace_id, false).await?;
         let reason = if destroy {
             "destroy requested"
         } else {
             "hibernate requested"
         };
-        let events = self.runtime_events(ws.id, destroy, reason).await?;
+        let events = self
+            .runtime_events(lock.conn(), ws.id, destroy, reason)
+            .await?;
         Ok(Handled {
             result: Ok(CommandResult::Done),
             events,
@@ -898,18 +925,17 @@ impl Deps {
 
     /// Stops or destroys each runtime of a workspace through its provider (the local
     /// runtime has nothing to stop: one process tree per exec) and returns the events.
+    /// The runtimes are read on `conn`, the connection of the workspace's lock.
     async fn runtime_events(
         &self,
+        conn: &mut sqlx::PgConnection,
         workspace_id: Uuid,
         destroy: bool,
         reason: &str,
     ) -> Result<Vec<Event>, CommandError> {
-        let runtimes = {
-            let mut conn = self.conn().await?;
-            rows::runtimes_of(&mut conn, workspace_id)
-                .await
-                .map_err(store_error)?
-        };
+        let runtimes = rows::runtimes_of(conn, workspace_id)
+            .await
+            .map_err(store_error)?;
         let mut events = Vec::new();
         for r in runtimes {
             if !destroy && r.state != "running" {
@@ -952,12 +978,12 @@ impl Deps {
         let key_lock = self
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
             .await?;
-        let (ws, lock) = self.lock_workspace_any(workspace_id, false).await?;
+        let (ws, mut lock) = self.lock_workspace_any(workspace_id, false).await?;
         if is_remote_placement(&ws.node) {
             return self.destroy_remote(ws, vec![lock, key_lock]).await;
         }
         let mut events = self
-            .runtime_events(ws.id, true, "workspace destroyed")
+            .runtime_events(lock.conn(), ws.id, true, "workspace destroyed")
             .await?;
         let git = self.git.clone();
         let dir = PathBuf::from(&ws.local_path);

@@ -64,9 +64,10 @@ impl Worker {
     /// Claims and runs at most one job, to completion. Tests drive the queue with it.
     pub async fn try_execute_job(&self) -> Result<Outcome, StoreError> {
         for q in &self.queues {
-            let jobs = queue::claim(&self.deps.pool, &self.deps.config.worker_id, q, 1).await?;
-            if let Some(job) = jobs.into_iter().next() {
-                run_job(self.deps.clone(), job).await;
+            let jobs =
+                queue::claim_and_start(&self.deps.pool, &self.deps.config.worker_id, q, 1).await?;
+            if let Some((job, start)) = jobs.into_iter().next() {
+                run_job(self.deps.clone(), job, start).await;
                 return Ok(Outcome::Done);
             }
         }
@@ -88,16 +89,16 @@ impl Worker {
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
         tokio::pin!(shutdown);
         loop {
-            // Claim as many jobs as there are free slots, queue by queue.
+            // Claim (and start) as many jobs as there are free slots, queue by queue.
             let mut claimed_any = false;
             for q in &self.queues {
                 let free = permits.available_permits();
                 if free == 0 {
                     break;
                 }
-                match queue::claim(&deps.pool, &cfg.worker_id, q, free as i32).await {
+                match queue::claim_and_start(&deps.pool, &cfg.worker_id, q, free as i32).await {
                     Ok(jobs) => {
-                        for job in jobs {
+                        for (job, start) in jobs {
                             claimed_any = true;
                             let permit = permits
                                 .clone()
@@ -107,7 +108,7 @@ impl Worker {
                             let deps = deps.clone();
                             let wake = wake.clone();
                             tokio::spawn(async move {
-                                run_job(deps, job).await;
+                                run_job(deps, job, start).await;
                                 drop(permit);
                                 // A slot is free: look for more work at once.
                                 wake.notify_one();
@@ -311,12 +312,12 @@ fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata
 /// Carries one claimed job to its recorded outcome. Database failures on the way leave
 /// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
 /// the retry the next delivery makes.
-async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
+async fn run_job(deps: Arc<Deps>, job: ClaimedJob, start: Start) {
     deps.inflight
         .lock()
         .expect("inflight set")
         .insert(job.job_id.clone());
-    if let Err(e) = run_job_inner(&deps, &job).await {
+    if let Err(e) = run_job_inner(&deps, &job, start).await {
         // The outcome could not be recorded (typically Postgres went away). The ledger
         // row is left as it is: the next delivery of this job then sees an attempt that
         // started and never finished, and re-runs it if it is idempotent or ends it as
@@ -331,8 +332,8 @@ async fn run_job(deps: Arc<Deps>, job: ClaimedJob) {
         .remove(&job.job_id);
 }
 
-async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> {
-    let start = queue::start(&deps.pool, job, &deps.config.worker_id).await?;
+/// Runs a job that `queue::claim_and_start` claimed and started.
+async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<(), StoreError> {
     let Start::Run {
         command,
         attempt,
@@ -382,20 +383,43 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob) -> Result<(), StoreError> 
             } else {
                 at
             };
-            let res = queue::finish(
-                &deps.pool,
-                job,
-                &deps.config.worker_id,
-                &handled.result,
-                &handled.events,
-                &md,
-                at,
-            )
-            .await;
-            for lock in handled.locks {
-                let _ = lock.release().await;
+            let mut locks = handled.locks.into_iter();
+            // On the first lock's connection when there is one (no further checkout),
+            // announced in the round trip that frees that lock, after the commit.
+            match locks.next() {
+                Some(mut first) => {
+                    let res = queue::finish_on(
+                        first.conn(),
+                        job,
+                        &deps.config.worker_id,
+                        &handled.result,
+                        &handled.events,
+                        &md,
+                        at,
+                    )
+                    .await;
+                    let _ = match res {
+                        Ok(true) => first.release_announcing(job.command_id).await,
+                        _ => first.release().await,
+                    };
+                    for lock in locks {
+                        let _ = lock.release().await;
+                    }
+                    res.map(|_| ())
+                }
+                None => {
+                    queue::finish(
+                        &deps.pool,
+                        job,
+                        &deps.config.worker_id,
+                        &handled.result,
+                        &handled.events,
+                        &md,
+                        at,
+                    )
+                    .await
+                }
             }
-            res
         }
         Err(e) if e.transient && attempt < max_attempts => {
             let delay = queue::backoff(attempt);

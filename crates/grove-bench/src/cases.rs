@@ -447,7 +447,9 @@ async fn workspace_warm(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     Ok(())
 }
 
-/// `true` through the queue (kind read, local runtime) vs spawning `true`.
+/// `true` through the queue (kind read, local runtime) vs spawning `true`; and the
+/// runtime alone, through its exec agent (`exec_local_agent`) and with a sandbox per
+/// exec (`exec_local_runtime`).
 async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     ctx.workspaces_at_least(1).await?;
     let ws = ctx.workspaces[0].id;
@@ -456,7 +458,7 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
                                              // spawn for `true` in this workspace (read-only, no network), spawned directly.
     let dir = PathBuf::from(&ctx.workspaces[0].local_path);
     let provider = grove_local::LocalRuntimeProvider::detect(vec![ctx.home.clone()]);
-    let runtime = provider.create_local(RuntimeSpec {
+    let spec = RuntimeSpec {
         image: None,
         workdir: dir.clone(),
         mounts: vec![Mount {
@@ -468,7 +470,8 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         resources: Default::default(),
         network: Default::default(),
         labels: Default::default(),
-    })?;
+    };
+    let runtime = provider.create_local(spec.clone())?;
     let sandbox_argv = runtime.sandbox_argv(&ExecRequest {
         argv: vec!["true".into()],
         ..Default::default()
@@ -481,7 +484,22 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
     let sandbox_args: Vec<&str> = sandbox_argv.iter().map(String::as_str).collect();
+    // The runtime alone, both ways back to back: through its exec agent (started by
+    // the warm-up below) and with a sandbox built per exec (no agent).
+    let per_exec = provider
+        .clone()
+        .with_agent(None)
+        .create_local(spec.clone())?;
+    let agent_runtime = provider.agent().map(|_| runtime.clone());
+    let req = || ExecRequest {
+        argv: vec!["true".into()],
+        ..Default::default()
+    };
+    if let Some(rt) = &agent_runtime {
+        rt.exec(req()).await?;
+    }
     let (mut grove, mut floor, mut sandbox) = (vec![], vec![], vec![]);
+    let (mut via_agent, mut via_sandbox) = (vec![], vec![]);
     for _ in 0..ctx.args.n {
         let t = Instant::now();
         ctx.exec(ws, "local", &["true"]).await?;
@@ -492,6 +510,20 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         let t = Instant::now();
         run_cmd(sandbox_args[0], &sandbox_args[1..], None).await?;
         sandbox.push(ms(t));
+        let t = Instant::now();
+        let r = per_exec.exec(req()).await?;
+        via_sandbox.push(ms(t));
+        if r.exit_code != 0 {
+            bail!("per-exec sandbox: true exited {}", r.exit_code);
+        }
+        if let Some(rt) = &agent_runtime {
+            let t = Instant::now();
+            let r = rt.exec(req()).await?;
+            via_agent.push(ms(t));
+            if r.exit_code != 0 {
+                bail!("exec agent: true exited {}", r.exit_code);
+            }
+        }
     }
     let mut row = latency("exec_local", &grove, &floor);
     row.insert("floor_is".into(), json!("spawn true"));
@@ -524,11 +556,37 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         row.insert("ledger_running_p50_ms".into(), round(running));
     }
     out.emit(row);
+    // The sandbox part alone: LocalRuntime::exec through the agent vs with a
+    // sandbox per exec, against spawning `true`.
+    let mut row = latency("exec_local_runtime", &via_sandbox, &floor);
+    row.insert("floor_is".into(), json!("spawn true"));
+    row.insert("path".into(), json!("LocalRuntime, a bwrap per exec"));
+    out.emit(row);
+    if agent_runtime.is_some() {
+        let mut row = latency("exec_local_agent", &via_agent, &floor);
+        row.insert("floor_is".into(), json!("spawn true"));
+        row.insert("path".into(), json!("LocalRuntime through grove-sandboxd"));
+        row.insert(
+            "added_p50_ms".into(),
+            round(pct(&via_agent, 50.0) - pct(&floor, 50.0)),
+        );
+        row.insert(
+            "added_p99_ms".into(),
+            round(pct(&via_agent, 99.0) - pct(&floor, 99.0)),
+        );
+        out.emit(row);
+    } else {
+        let why = grove_local::LocalRuntimeProvider::find_agent()
+            .err()
+            .unwrap_or_else(|| "the exec agent is not in use".into());
+        out.emit(skipped("exec_local_agent", why));
+    }
     Ok(())
 }
 
-/// `true` in a running container: through the queue, and through
-/// `DockerRuntimeProvider` directly, vs `docker exec <container> true`.
+/// `true` in a running container: through the queue, through
+/// `DockerRuntimeProvider` directly, and as a line to one attached exec kept open
+/// (`exec_docker_attached`), vs `docker exec <container> true`.
 async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let ws = ctx.acquire("docker-bench").await?;
     ctx.exec(ws.id, "docker", &["true"]).await?; // creates the container
@@ -567,6 +625,11 @@ async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         ..Default::default()
     };
     runtime.exec(req()).await?;
+    // The floor of an in-container exec agent (ADR 18): one attached exec kept open,
+    // a shell loop in it that fork/execs each line it reads and answers `done`.
+    let mut attached = attached_loop(docker.provider.docker(), runtime.container_id()).await?;
+    attached.round_trip().await?;
+    let mut via_attached = vec![];
     let (mut queued, mut direct, mut floor) = (vec![], vec![], vec![]);
     let res: Result<()> = async {
         for _ in 0..ctx.args.n {
@@ -582,10 +645,14 @@ async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
             let t = Instant::now();
             run_cmd("docker", &["exec", &container, "true"], None).await?;
             floor.push(ms(t));
+            let t = Instant::now();
+            attached.round_trip().await?;
+            via_attached.push(ms(t));
         }
         Ok(())
     }
     .await;
+    drop(attached);
     let _ = docker.provider.destroy(runtime.container_name()).await;
     let _ = ctx
         .client
@@ -602,7 +669,75 @@ async fn exec_docker(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     row.insert("floor_is".into(), json!("docker exec CLI"));
     row.insert("path".into(), json!("DockerRuntimeProvider (bollard)"));
     out.emit(row);
+    let mut row = latency("exec_docker_attached", &via_attached, &floor);
+    row.insert("floor_is".into(), json!("docker exec CLI"));
+    row.insert(
+        "path".into(),
+        json!("one attached exec answering a line per command (agent floor, ADR 18)"),
+    );
+    out.emit(row);
     Ok(())
+}
+
+/// A shell loop in one attached engine exec: each line it reads is run as a command,
+/// then it prints `done`.
+struct AttachedLoop {
+    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+    output: std::pin::Pin<
+        Box<
+            dyn futures::Stream<
+                    Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+                > + Send,
+        >,
+    >,
+}
+
+impl AttachedLoop {
+    /// Runs `true` in the loop and waits for its answer.
+    async fn round_trip(&mut self) -> Result<()> {
+        use futures::StreamExt;
+        use tokio::io::AsyncWriteExt;
+        self.input.write_all(b"true\n").await?;
+        self.input.flush().await?;
+        let mut seen = Vec::new();
+        while !seen.ends_with(b"done\n") {
+            match self.output.next().await {
+                Some(Ok(bollard::container::LogOutput::StdOut { message })) => {
+                    seen.extend_from_slice(&message)
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => bail!("attached exec: {e}"),
+                None => bail!("attached exec ended"),
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn attached_loop(docker: &bollard::Docker, container: &str) -> Result<AttachedLoop> {
+    let exec = docker
+        .create_exec(
+            container,
+            bollard::exec::CreateExecOptions {
+                cmd: Some(vec![
+                    "sh".to_string(),
+                    "-c".into(),
+                    "while read l; do $l; echo done; done".into(),
+                ]),
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                ..Default::default()
+            },
+        )
+        .await?;
+    match docker.start_exec(&exec.id, None).await? {
+        bollard::exec::StartExecResults::Attached { output, input } => {
+            Ok(AttachedLoop { input, output })
+        }
+        bollard::exec::StartExecResults::Detached => bail!("the exec started detached"),
+    }
 }
 
 /// Registers `count` workspaces on the throughput node by appending their

@@ -1,14 +1,16 @@
-//! Submitting commands in-process: route, `queue::enqueue`, then wait for the ledger row
-//! to finish, woken by `NOTIFY grove_command_done` (one shared LISTEN connection) with a
-//! 250 ms polling fallback, as `grove-cli`'s client does.
+//! Submitting commands in-process through `grove_postgres::submit` (route, enqueue, wait
+//! for the ledger row to finish), woken by `NOTIFY grove_command_done` on one shared
+//! LISTEN connection with the 250 ms polling fallback, as `grove serve` does.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
+use futures::future::BoxFuture;
 use grove_core::commands::{Command, CommandResult};
-use grove_postgres::{queue, rows};
+use grove_postgres::queue;
+use grove_postgres::submit::{self, SubmitError, WaitOptions, Wakeup};
 use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::sync::Notify;
@@ -45,23 +47,6 @@ impl Client {
         })
     }
 
-    /// The queue a command belongs on (mirrors grove-cli's `route`).
-    async fn route(&self, command: &Command) -> Result<String> {
-        let mut conn = self.pool.acquire().await?;
-        if let Some(id) = command.workspace_id() {
-            let ws = rows::workspace(&mut conn, id)
-                .await?
-                .ok_or_else(|| anyhow!("workspace {id} not found"))?;
-            return Ok(queue::placement_queue(&ws.node));
-        }
-        if let Command::AcquireWorkspace(c) = command {
-            if let Some(ws) = rows::workspace_by_key(&mut conn, &c.key("")).await? {
-                return Ok(queue::placement_queue(&ws.node));
-            }
-        }
-        Ok(queue::shared_queue())
-    }
-
     /// Enqueues without waiting; returns the command id.
     pub async fn enqueue_to(&self, command: &Command, queue_name: &str) -> Result<Uuid> {
         let id = Uuid::now_v7();
@@ -71,42 +56,43 @@ impl Client {
         Ok(id)
     }
 
-    /// Enqueues `command` and waits for its outcome.
+    /// Enqueues `command` and waits for its outcome, through `grove_postgres::submit`
+    /// exactly as the CLI and the API do; only the wake-up is this client's own.
     pub async fn submit(&self, command: &Command) -> Result<CommandResult> {
         let id = Uuid::now_v7();
-        let queue_name = self.route(command).await?;
         let notify = Arc::new(Notify::new());
         self.waiters.lock().unwrap().insert(id, notify.clone());
-        let res = async {
-            let mut tx = self.pool.begin().await?;
-            queue::enqueue(&mut tx, id, command, &queue_name, None).await?;
-            tx.commit().await?;
-            self.wait(id, &notify).await
-        }
+        let opts = WaitOptions {
+            claim_timeout: Duration::from_secs(300),
+            ..WaitOptions::default()
+        };
+        let res = submit::submit(
+            &self.pool,
+            command,
+            Some(id),
+            None,
+            &mut Waiter(notify),
+            opts,
+        )
         .await;
         self.waiters.lock().unwrap().remove(&id);
-        res
-    }
-
-    async fn wait(&self, id: Uuid, notify: &Notify) -> Result<CommandResult> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(300);
-        loop {
-            let status = {
-                let mut conn = self.pool.acquire().await?;
-                queue::status(&mut conn, id).await?
-            }
-            .ok_or_else(|| anyhow!("command {id} vanished from the ledger"))?;
-            if status.is_finished() {
-                if let Some(err) = status.error.filter(|_| status.status == "failed") {
-                    return Err(anyhow!("{}: {}", err.kind.as_str(), err.message));
-                }
-                return Ok(status.result.unwrap_or(CommandResult::Done));
-            }
-            if std::time::Instant::now() > deadline {
-                return Err(anyhow!("command {id} did not finish within 300 s"));
-            }
-            let _ = tokio::time::timeout(Duration::from_millis(250), notify.notified()).await;
+        match res {
+            Ok(r) => Ok(r),
+            Err(SubmitError::Command(e)) => Err(anyhow!("{}: {}", e.kind.as_str(), e.message)),
+            Err(e) => Err(e.into()),
         }
+    }
+}
+
+/// One command's wake-up: the shared listener notifies it when its outcome is announced
+/// (a notification that comes before the wait is kept as a permit).
+struct Waiter(Arc<Notify>);
+
+impl Wakeup for Waiter {
+    fn wait(&mut self, _command_id: Uuid, max: Duration) -> BoxFuture<'_, ()> {
+        Box::pin(async move {
+            let _ = tokio::time::timeout(max, self.0.notified()).await;
+        })
     }
 }
 

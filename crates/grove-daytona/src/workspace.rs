@@ -152,20 +152,11 @@ impl RemoteWorkspaces for DaytonaRuntimeProvider {
         token: Option<&'a GitToken>,
     ) -> BoxFuture<'a, Result<RemoteCheckout, RuntimeError>> {
         Box::pin(async move {
-            let p = WorkspacePlacement {
-                user: req.user.clone(),
-                project: req.project.clone(),
-                scope: req.scope.clone(),
-                repo_name: req.repo_name.clone(),
-                repo_url: req.repo_url.clone(),
-                base_ref: req.base_ref.clone(),
-                branch: req.branch.clone(),
-                network: RemoteWorkspaces::network(self),
-            };
+            let p = WorkspacePlacement::of_request(req, RemoteWorkspaces::network(self));
             let w = DaytonaRuntimeProvider::ensure_workspace(self, &p, token).await?;
             let client = self.client().clone();
             let sandbox = w.sandbox_id.clone();
-            let base_commit = resolve_head(&w.path, |path| {
+            let head = resolve_head(&w.path, |path| {
                 let (client, sandbox) = (client.clone(), sandbox.clone());
                 async move {
                     match client.download_file(&sandbox, &path).await {
@@ -175,20 +166,8 @@ impl RemoteWorkspaces for DaytonaRuntimeProvider {
                     }
                 }
             })
-            .await?
-            .ok_or_else(|| {
-                RuntimeError::Unavailable(format!(
-                    "the HEAD of the workspace at {} does not resolve to a commit",
-                    w.path
-                ))
-            })?;
-            Ok(RemoteCheckout {
-                sandbox_id: w.sandbox_id,
-                path: w.path,
-                cache_path: w.cache_path,
-                cloned_cache: w.cloned_cache,
-                base_commit,
-            })
+            .await?;
+            w.into_checkout(head)
         })
     }
 

@@ -198,22 +198,13 @@ impl RemoteWorkspaces for E2bRuntimeProvider {
     ) -> BoxFuture<'a, Result<RemoteCheckout, RuntimeError>> {
         Box::pin(async move {
             let network = RemoteWorkspaces::network(self);
-            let p = WorkspacePlacement {
-                user: req.user.clone(),
-                project: req.project.clone(),
-                scope: req.scope.clone(),
-                repo_name: req.repo_name.clone(),
-                repo_url: req.repo_url.clone(),
-                base_ref: req.base_ref.clone(),
-                branch: req.branch.clone(),
-                network,
-            };
+            let p = WorkspacePlacement::of_request(req, network);
             let w = E2bRuntimeProvider::ensure_workspace(self, &p, token).await?;
             let key = SandboxKey {
                 user: req.user.clone(),
                 project: req.project.clone(),
             };
-            let base_commit = resolve_head(&w.path, |path| {
+            let head = resolve_head(&w.path, |path| {
                 let key = key.clone();
                 async move {
                     match self.read_file(&key, network, &path).await {
@@ -223,20 +214,8 @@ impl RemoteWorkspaces for E2bRuntimeProvider {
                     }
                 }
             })
-            .await?
-            .ok_or_else(|| {
-                RuntimeError::Unavailable(format!(
-                    "the HEAD of the workspace at {} does not resolve to a commit",
-                    w.path
-                ))
-            })?;
-            Ok(RemoteCheckout {
-                sandbox_id: w.sandbox_id,
-                path: w.path,
-                cache_path: w.cache_path,
-                cloned_cache: w.cloned_cache,
-                base_commit,
-            })
+            .await?;
+            w.into_checkout(head)
         })
     }
 

@@ -8,6 +8,12 @@
 //! the host, but reports `isolated: false` and refuses mutating ones: a write-capable
 //! request never falls back silently to a host subprocess.
 //!
+//! With the exec agent (`grove-sandboxd`, found via `$GROVE_SANDBOXD` or next to the
+//! running executable) the sandbox is built once per view (workspace, writability,
+//! network) and kept: the agent runs inside it and fork/execs each command on request,
+//! which saves bwrap's namespace setup per exec (ADR 18). Without it, or when it cannot
+//! start, every command gets a sandbox of its own as above.
+//!
 //! Every command starts from an empty environment plus `PATH` (the usual system dirs),
 //! `HOME=/tmp` and `LANG=C.UTF-8`, then the spec's env, then the request's env (the
 //! request wins).
@@ -23,8 +29,11 @@
 //! local runtime has no state outside the workspace) and no preview URLs (the
 //! sandbox's network is either none or the host's own, where a port needs no URL).
 
+mod agent;
 mod process;
 mod sandbox;
+
+pub use agent::{AGENT_ENV, AGENT_FILE};
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -65,6 +74,8 @@ pub struct LocalRuntimeProvider {
     isolation: Isolation,
     hidden: Vec<PathBuf>,
     sessions: SessionHolder,
+    /// The exec agents, when isolation works and the agent binary was found.
+    agents: Option<std::sync::Arc<agent::AgentPool>>,
 }
 
 /// The interactive sessions of a provider (shared by its clones).
@@ -100,11 +111,55 @@ impl LocalRuntimeProvider {
                 "local runtime without OS isolation: only non-mutating commands will run"
             );
         }
+        let agent = match &isolation {
+            Isolation::Bwrap(_) => match agent::find_agent() {
+                Ok(path) => {
+                    tracing::info!(agent = %path.display(), "local runtime: execs go through the in-sandbox exec agent");
+                    Some(path)
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        reason = %why,
+                        "local runtime without its exec agent: every exec builds its own sandbox"
+                    );
+                    None
+                }
+            },
+            Isolation::Unavailable(_) => None,
+        };
         Self {
             isolation,
             hidden,
             sessions: SessionHolder::default(),
+            agents: None,
         }
+        .with_agent(agent)
+    }
+
+    /// Uses the exec agent at `binary` (or none: every exec builds its own sandbox).
+    /// Without isolation there is no sandbox to start it in and this does nothing.
+    pub fn with_agent(mut self, binary: Option<PathBuf>) -> Self {
+        self.agents = match (&self.isolation, binary) {
+            (Isolation::Bwrap(_), Some(b)) => Some(std::sync::Arc::new(agent::AgentPool::new(b))),
+            _ => None,
+        };
+        self
+    }
+
+    /// The exec agent binary in use, if execs go through one.
+    pub fn agent(&self) -> Option<&Path> {
+        self.agents.as_deref().map(agent::AgentPool::binary)
+    }
+
+    /// How many exec agents are running (one per sandbox view in use).
+    pub fn running_agents(&self) -> usize {
+        self.agents.as_deref().map_or(0, agent::AgentPool::len)
+    }
+
+    /// Where `detect` looks for the agent: `$GROVE_SANDBOXD`, else `grove-sandboxd`
+    /// next to the running executable (or one directory up). `Err` says why none.
+    pub fn find_agent() -> Result<PathBuf, String> {
+        agent::find_agent()
     }
 
     /// A provider that never uses bwrap (tests of the refusal path).
@@ -113,6 +168,7 @@ impl LocalRuntimeProvider {
             isolation: Isolation::Unavailable("isolation disabled by configuration".into()),
             hidden,
             sessions: SessionHolder::default(),
+            agents: None,
         }
     }
 
@@ -209,6 +265,31 @@ impl LocalRuntimeProvider {
             },
             Isolation::Unavailable(why) => Mode::Direct { why: why.clone() },
         };
+        let agent = match (&mode, &self.agents) {
+            (Mode::Bwrap { program, prefix }, Some(pool)) => {
+                use std::os::unix::fs::MetadataExt;
+                let mut mount_ids = Vec::with_capacity(mounts.len());
+                for m in &mounts {
+                    let meta = std::fs::metadata(&m.source).map_err(|_| {
+                        RuntimeError::NotFound(format!(
+                            "mount source {} does not exist",
+                            m.source.display()
+                        ))
+                    })?;
+                    mount_ids.push((meta.dev(), meta.ino()));
+                }
+                Some(AgentRoute {
+                    pool: pool.clone(),
+                    key: agent::AgentKey {
+                        prefix: prefix.clone(),
+                        mount_ids,
+                    },
+                    bwrap: program.clone(),
+                    backend_id: self.backend_id(&spec),
+                })
+            }
+            _ => None,
+        };
         let mut env: BTreeMap<String, String> = sandbox::BASE_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -217,6 +298,7 @@ impl LocalRuntimeProvider {
 
         Ok(LocalRuntime {
             mode,
+            agent,
             workdir,
             inside_workdir,
             workdir_writable,
@@ -255,11 +337,17 @@ impl RuntimeProvider for LocalRuntimeProvider {
     /// the runtime ends the sessions started in it.
     fn stop(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         self.sessions.0.kill_all_of(Some(backend_id));
+        if let Some(pool) = &self.agents {
+            pool.remove_backend(backend_id);
+        }
         Box::pin(futures::future::ready(Ok(())))
     }
 
     fn destroy(&self, backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {
         self.sessions.0.kill_all_of(Some(backend_id));
+        if let Some(pool) = &self.agents {
+            pool.remove_backend(backend_id);
+        }
         Box::pin(futures::future::ready(Ok(())))
     }
 
@@ -350,11 +438,24 @@ enum Mode {
     },
 }
 
-/// The runtime of one workspace. Cheap: it is a prepared command line, and every
-/// exec is its own sandbox (nothing survives between commands but the workspace).
+/// How a runtime reaches the exec agent of its sandbox view.
+#[derive(Debug, Clone)]
+struct AgentRoute {
+    pool: std::sync::Arc<agent::AgentPool>,
+    key: agent::AgentKey,
+    bwrap: OsString,
+    backend_id: String,
+}
+
+/// The runtime of one workspace. Cheap: it is a prepared command line. Without an
+/// exec agent every exec is its own sandbox; with one, execs of the same sandbox view
+/// share one sandbox (one agent), and no process of an exec outlives the time no exec
+/// runs there (see `agent.rs`).
 #[derive(Debug, Clone)]
 pub struct LocalRuntime {
     mode: Mode,
+    /// Where execs go first when the provider has an exec agent (isolated mode only).
+    agent: Option<AgentRoute>,
     /// Canonical host path of the workspace root.
     workdir: PathBuf,
     /// The same directory as the command sees it.
@@ -376,24 +477,52 @@ impl LocalRuntime {
         Ok(self.prepare(req.clone())?.args)
     }
 
-    fn prepare(&self, req: ExecRequest) -> Result<process::Launch, RuntimeError> {
+    /// The request checked (argv, env, cwd, and whether this runtime may run it) and
+    /// resolved: its complete env and its cwd on the host and inside.
+    fn validate(&self, req: ExecRequest) -> Result<Validated, RuntimeError> {
         validate_command(&req.argv).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
         let mut env = self.env.clone();
         for (k, v) in &req.env {
             validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
         }
-        env.extend(req.env);
+        env.extend(req.env.clone());
         let (host_cwd, inside_cwd) = self.resolve_cwd(req.cwd.as_deref())?;
         let max_output = req.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES);
+        match &self.mode {
+            Mode::Bwrap { .. } if req.mutating && !self.workdir_writable => {
+                return Err(RuntimeError::CommandRejected(
+                    "the workspace is mounted read-only; mutating commands are refused".into(),
+                ));
+            }
+            Mode::Direct { why } if req.mutating => {
+                return Err(RuntimeError::CommandRejected(format!(
+                    "OS isolation is unavailable on this host ({why}); the local runtime \
+                     refuses mutating commands rather than run them unsandboxed"
+                )));
+            }
+            _ => {}
+        }
+        Ok(Validated {
+            req,
+            env,
+            host_cwd,
+            inside_cwd,
+            max_output,
+        })
+    }
+
+    fn prepare(&self, req: ExecRequest) -> Result<process::Launch, RuntimeError> {
+        let Validated {
+            req,
+            env,
+            host_cwd,
+            inside_cwd,
+            max_output,
+        } = self.validate(req)?;
         let shown_name = req.argv[0].clone();
 
         match &self.mode {
             Mode::Bwrap { program, prefix } => {
-                if req.mutating && !self.workdir_writable {
-                    return Err(RuntimeError::CommandRejected(
-                        "the workspace is mounted read-only; mutating commands are refused".into(),
-                    ));
-                }
                 let mut args = prefix.clone();
                 sandbox::push_env(&mut args, env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                 args.push("--chdir".into());
@@ -416,13 +545,7 @@ impl LocalRuntime {
                     shown_name,
                 })
             }
-            Mode::Direct { why } => {
-                if req.mutating {
-                    return Err(RuntimeError::CommandRejected(format!(
-                        "OS isolation is unavailable on this host ({why}); the local runtime \
-                         refuses mutating commands rather than run them unsandboxed"
-                    )));
-                }
+            Mode::Direct { .. } => {
                 let mut argv = req.argv.into_iter();
                 let program = argv.next().expect("validated non-empty").into();
                 Ok(process::Launch {
@@ -486,12 +609,54 @@ impl LocalRuntime {
     }
 }
 
+impl LocalRuntime {
+    /// The exec agent first (when there is one), else a sandbox of the exec's own.
+    async fn start(
+        &self,
+        req: ExecRequest,
+    ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
+        let Some(route) = &self.agent else {
+            return process::start(self.prepare(req)?);
+        };
+        let v = self.validate(req.clone())?;
+        let exec = agent::AgentExec {
+            argv: v.req.argv,
+            cwd: v.inside_cwd.to_string_lossy().into_owned(),
+            env: v.env.into_iter().collect(),
+            stdin: v.req.stdin,
+            timeout: v.req.timeout,
+            max_output: v.max_output,
+        };
+        match route
+            .pool
+            .exec(&route.key, &route.bwrap, &route.backend_id, exec)
+            .await
+        {
+            Ok(stream) => Ok(stream),
+            Err(agent::NotTaken(why)) => {
+                tracing::warn!(
+                    reason = %why,
+                    backend_id = %route.backend_id,
+                    "exec agent unavailable; this exec builds its own sandbox"
+                );
+                process::start(self.prepare(req)?)
+            }
+        }
+    }
+}
+
+/// A request that passed [`LocalRuntime::validate`].
+struct Validated {
+    req: ExecRequest,
+    env: BTreeMap<String, String>,
+    host_cwd: PathBuf,
+    inside_cwd: PathBuf,
+    max_output: usize,
+}
+
 impl Runtime for LocalRuntime {
     fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
-        Box::pin(async move {
-            let launch = self.prepare(req)?;
-            grove_core::ports::collect_exec(process::start(launch)?).await
-        })
+        Box::pin(async move { grove_core::ports::collect_exec(self.start(req).await?).await })
     }
 
     fn exec_stream(
@@ -499,10 +664,7 @@ impl Runtime for LocalRuntime {
         req: ExecRequest,
     ) -> BoxFuture<'_, Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError>>
     {
-        Box::pin(async move {
-            let launch = self.prepare(req)?;
-            process::start(launch)
-        })
+        Box::pin(self.start(req))
     }
 }
 

@@ -7,11 +7,13 @@
 
 use std::time::Duration;
 
+use grove_core::model::WorkspaceRow;
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres};
+use uuid::Uuid;
 
-use crate::{trusted, StoreError};
+use crate::{rows, trusted, StoreError};
 
 /// What a lock protects; part of the key so namespaces never collide.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -102,8 +104,70 @@ impl AdvisoryLock {
         }
     }
 
+    /// Takes the command lock of workspace `id` (as [`Self::acquire`] with
+    /// [`LockScope::WorkspaceCommands`]) and reads the workspace's row once it is held,
+    /// in one statement (`grove.lock_workspace`). The row is `None` when the workspace
+    /// is gone; the lock is held either way.
+    pub async fn acquire_workspace(
+        pool: &PgPool,
+        id: Uuid,
+        shared: bool,
+        timeout: Duration,
+    ) -> Result<(Self, Option<WorkspaceRow>), StoreError> {
+        let scope = LockScope::WorkspaceCommands;
+        let key = lock_key(scope, &id.to_string());
+        let conn = pool.acquire().await?;
+        // As in `acquire`: from here an early return closes the connection.
+        let mut guard = Self {
+            conn: Some(conn),
+            key,
+            shared,
+        };
+        let conn = guard.conn.as_mut().expect("connection present");
+        let row = sqlx::query("SELECT * FROM grove.lock_workspace($1, $2, $3, $4)")
+            .bind(key)
+            .bind(shared)
+            .bind(i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX))
+            .bind(id)
+            .fetch_optional(&mut **conn)
+            .await;
+        match row {
+            Ok(row) => {
+                let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
+                Ok((guard, row))
+            }
+            Err(e) => match StoreError::from(e) {
+                StoreError::Locked(_) => Err(StoreError::Locked(format!(
+                    "{} is busy (waited {} ms)",
+                    scope.tag(),
+                    timeout.as_millis()
+                ))),
+                other => Err(other),
+            },
+        }
+    }
+
+    /// The connection that holds the lock, for reads and writes made while holding it
+    /// (no second pool checkout). It must be left outside a transaction.
+    pub fn conn(&mut self) -> &mut PgConnection {
+        self.conn
+            .as_deref_mut()
+            .expect("a held lock has its connection")
+    }
+
     /// Frees the lock and returns the connection to the pool.
-    pub async fn release(mut self) -> Result<(), StoreError> {
+    pub async fn release(self) -> Result<(), StoreError> {
+        self.release_inner(None).await
+    }
+
+    /// Frees the lock and, in the same round trip, announces that `command_id`'s outcome
+    /// is recorded (`NOTIFY grove_command_done`; see `queue::announce`). Only after the
+    /// outcome committed.
+    pub async fn release_announcing(self, command_id: Uuid) -> Result<(), StoreError> {
+        self.release_inner(Some(command_id)).await
+    }
+
+    async fn release_inner(mut self, announce: Option<Uuid>) -> Result<(), StoreError> {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
@@ -112,9 +176,17 @@ impl AdvisoryLock {
         } else {
             "pg_advisory_unlock"
         };
-        // One round trip, as in `acquire`.
+        // One round trip, as in `acquire`. A UUID's text form is hex digits and dashes.
+        let announce = announce
+            .map(|id| {
+                format!(
+                    "SELECT pg_notify('{}', '{id}'); ",
+                    crate::queue::DONE_CHANNEL
+                )
+            })
+            .unwrap_or_default();
         let sql = trusted(format!(
-            "SELECT {function}({}); RESET lock_timeout",
+            "{announce}SELECT {function}({}); RESET lock_timeout",
             self.key
         ));
         let unlocked = sqlx::raw_sql(sql)

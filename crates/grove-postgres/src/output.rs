@@ -35,11 +35,14 @@ pub async fn request_relay(conn: &mut PgConnection, exec_id: Uuid) -> Result<(),
 }
 
 /// Whether a caller asked for the output of `exec_id` to be relayed.
-pub async fn relay_requested(pool: &PgPool, exec_id: Uuid) -> Result<bool, StoreError> {
+pub async fn relay_requested<'c>(
+    conn: impl sqlx::PgExecutor<'c>,
+    exec_id: Uuid,
+) -> Result<bool, StoreError> {
     Ok(
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM grove.exec_relays WHERE exec_id = $1)")
             .bind(exec_id)
-            .fetch_one(pool)
+            .fetch_one(conn)
             .await?,
     )
 }

@@ -269,32 +269,65 @@ pub struct ClaimedJob {
     pub command_id: Uuid,
 }
 
-/// Claims up to `limit` due jobs of `queue` for `worker_id`.
-pub async fn claim(
+/// Claims up to `limit` due jobs of `queue` for `worker_id` and starts each, in one
+/// statement and one transaction (`grove.claim_jobs`): apalis' claim, then, per job, what
+/// starting means: the ledger row locked, marked `running` with `attempts + 1` and this
+/// worker, the job `Running`, the token (if any) read. A job whose command already has its outcome (a duplicate delivery) or
+/// that has no ledger row comes back closed, as [`Start::AlreadyFinished`].
+pub async fn claim_and_start(
     pool: &PgPool,
     worker_id: &str,
     queue: &str,
     limit: i32,
-) -> Result<Vec<ClaimedJob>, StoreError> {
-    let rows = sqlx::query("SELECT id, job_type, job FROM apalis.get_jobs($1, $2, $3)")
-        .bind(worker_id)
-        .bind(queue)
-        .bind(limit)
-        .fetch_all(pool)
-        .await?;
+) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT job_id, queue, command_id, action, payload, prior_status, attempt, max_attempts, token
+         FROM grove.claim_jobs($1, $2, $3)",
+    )
+    .bind(worker_id)
+    .bind(queue)
+    .bind(limit)
+    .fetch_all(pool)
+    .await?;
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
-        let body: Vec<u8> = row.try_get("job")?;
-        #[derive(Deserialize)]
-        struct Body {
-            command_id: Uuid,
+        let command_id: Option<Uuid> = row.try_get("command_id")?;
+        let job = ClaimedJob {
+            job_id: row.try_get("job_id")?,
+            queue: row.try_get("queue")?,
+            command_id: command_id.unwrap_or_default(),
+        };
+        let action: String = row.try_get("action")?;
+        if action != "run" {
+            jobs.push((job, Start::AlreadyFinished));
+            continue;
         }
-        let body: Body = serde_json::from_slice(&body)?;
-        jobs.push(ClaimedJob {
-            job_id: row.try_get("id")?,
-            queue: row.try_get("job_type")?,
-            command_id: body.command_id,
-        });
+        let command: Command = match serde_json::from_value(row.try_get("payload")?) {
+            Ok(c) => c,
+            Err(e) => {
+                // A payload this worker cannot read will never become readable by
+                // retrying: fail it for good instead of redelivering it forever.
+                let error = CommandError::new(
+                    ErrorKind::InvalidInput,
+                    format!("undecodable command payload: {e}"),
+                );
+                let mut tx = pool.begin().await?;
+                finish_ledger(&mut tx, job.command_id, None, Some(&error)).await?;
+                close_job(&mut tx, &job.job_id, false).await?;
+                tx.commit().await?;
+                jobs.push((job, Start::AlreadyFinished));
+                continue;
+            }
+        };
+        let prior: String = row.try_get("prior_status")?;
+        let start = Start::Run {
+            command,
+            attempt: row.try_get("attempt")?,
+            max_attempts: row.try_get("max_attempts")?,
+            resumed: prior == "running",
+            token: row.try_get("token")?,
+        };
+        jobs.push((job, start));
     }
     Ok(jobs)
 }
@@ -316,74 +349,6 @@ pub enum Start {
     },
     /// The command already has its outcome (a duplicate delivery): just close the job.
     AlreadyFinished,
-}
-
-/// Marks a claimed command running (and its job `Running`) in one short transaction.
-pub async fn start(pool: &PgPool, job: &ClaimedJob, worker_id: &str) -> Result<Start, StoreError> {
-    let mut tx = pool.begin().await?;
-    let row = sqlx::query(
-        "SELECT payload, status, attempts, max_attempts FROM grove.commands WHERE command_id = $1 FOR UPDATE",
-    )
-    .bind(job.command_id)
-    .fetch_optional(&mut *tx)
-    .await?;
-    let Some(row) = row else {
-        sqlx::query("UPDATE apalis.jobs SET status = 'Killed', done_at = now(), last_result = '{\"Err\": \"no ledger row\"}'::jsonb WHERE id = $1")
-            .bind(&job.job_id)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        return Ok(Start::AlreadyFinished);
-    };
-    let status: String = row.try_get("status")?;
-    if status == "succeeded" || status == "failed" {
-        close_job(&mut tx, &job.job_id, status == "succeeded").await?;
-        tx.commit().await?;
-        return Ok(Start::AlreadyFinished);
-    }
-    let command: Command = match serde_json::from_value(row.try_get("payload")?) {
-        Ok(c) => c,
-        Err(e) => {
-            // A payload this worker cannot read will never become readable by retrying:
-            // fail it for good instead of redelivering it forever.
-            let error = CommandError::new(
-                ErrorKind::InvalidInput,
-                format!("undecodable command payload: {e}"),
-            );
-            finish_ledger(&mut tx, job.command_id, None, Some(&error)).await?;
-            close_job(&mut tx, &job.job_id, false).await?;
-            tx.commit().await?;
-            return Ok(Start::AlreadyFinished);
-        }
-    };
-    let attempts: i32 = row.try_get("attempts")?;
-    let max_attempts: i32 = row.try_get("max_attempts")?;
-    let resumed = status == "running";
-    // The ledger, the job and the secret in one statement (one round trip): the
-    // data-modifying CTEs run whether or not the final SELECT reads them.
-    let token: Option<String> = sqlx::query_scalar(
-        "WITH ledger AS (
-             UPDATE grove.commands SET status = 'running', attempts = attempts + 1, worker_id = $2, started_at = now()
-             WHERE command_id = $1
-         ), job AS (
-             UPDATE apalis.jobs SET status = 'Running', attempts = $4 WHERE id = $3
-         )
-         SELECT (SELECT token FROM grove.command_secrets WHERE command_id = $1)",
-    )
-    .bind(job.command_id)
-    .bind(worker_id)
-    .bind(&job.job_id)
-    .bind(attempts + 1)
-    .fetch_one(&mut *tx)
-    .await?;
-    tx.commit().await?;
-    Ok(Start::Run {
-        command,
-        attempt: attempts + 1,
-        max_attempts,
-        resumed,
-        token,
-    })
 }
 
 async fn close_job(
@@ -432,8 +397,65 @@ async fn finish_ledger(
     Ok(())
 }
 
+/// The outcome, the job's close and the secret's deletion, in one statement, only if
+/// `worker_id` still holds the attempt (the ledger row is `running` and names it).
+/// Returns whether it did. The notification is sent after the commit ([`announce`]).
+async fn record_outcome<'c>(
+    conn: impl sqlx::PgExecutor<'c>,
+    job: &ClaimedJob,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+) -> Result<bool, StoreError> {
+    let recorded = sqlx::query(
+        "WITH ledger AS (
+             UPDATE grove.commands SET status = $2, result = $3, error = $4, finished_at = now()
+             WHERE command_id = $1 AND status = 'running' AND worker_id = $5
+             RETURNING command_id
+         ), job AS (
+             UPDATE apalis.jobs SET status = $6, done_at = now(), lock_by = NULL
+             WHERE id = $7 AND EXISTS (SELECT 1 FROM ledger)
+         ), secret AS (
+             DELETE FROM grove.command_secrets
+             WHERE command_id = $1 AND EXISTS (SELECT 1 FROM ledger)
+         )
+         SELECT ledger.command_id FROM ledger",
+    )
+    .bind(job.command_id)
+    .bind(if outcome.is_ok() {
+        "succeeded"
+    } else {
+        "failed"
+    })
+    .bind(
+        outcome
+            .as_ref()
+            .ok()
+            .map(serde_json::to_value)
+            .transpose()?,
+    )
+    .bind(
+        outcome
+            .as_ref()
+            .err()
+            .map(serde_json::to_value)
+            .transpose()?,
+    )
+    .bind(worker_id)
+    .bind(if outcome.is_ok() { "Done" } else { "Killed" })
+    .bind(&job.job_id)
+    .fetch_optional(conn)
+    .await?;
+    Ok(recorded.is_some())
+}
+
 /// Records a command's outcome: its events, projections, ledger row and job, in one
-/// transaction. Retries the transaction once on a stream-version conflict.
+/// transaction. Retries the transaction on a stream-version conflict (three tries).
+///
+/// Only the worker that holds the attempt records it: one declared lost by mistake must
+/// not overwrite the outcome of the attempt that replaced it. The ledger row is updated
+/// first, under that condition, so the row lock is taken before the projection rows (as
+/// before) and an outcome that is not ours appends nothing. Without events the whole
+/// outcome is that one statement, its own transaction.
 pub async fn finish(
     pool: &PgPool,
     job: &ClaimedJob,
@@ -443,50 +465,70 @@ pub async fn finish(
     metadata: &Metadata,
     at: DateTime<Utc>,
 ) -> Result<(), StoreError> {
+    let mut conn = pool.acquire().await?;
+    if finish_on(&mut conn, job, worker_id, outcome, events, metadata, at).await? {
+        announce(&mut conn, job.command_id).await;
+    }
+    Ok(())
+}
+
+/// [`finish`] on a connection the caller holds (outside a transaction), without the
+/// announcement: returns whether the outcome was recorded (false: another attempt owns
+/// the command), and the caller must then [`announce`] it. The worker records an
+/// outcome on the connection of the job's first lock and announces it in the round
+/// trip that frees that lock (`AdvisoryLock::release_announcing`), so a job costs one
+/// pool checkout for its lock, its reads and its outcome.
+pub async fn finish_on(
+    conn: &mut PgConnection,
+    job: &ClaimedJob,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+    events: &[Event],
+    metadata: &Metadata,
+    at: DateTime<Utc>,
+) -> Result<bool, StoreError> {
+    let superseded = || {
+        tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
+        Ok(false)
+    };
+    if events.is_empty() {
+        if !record_outcome(&mut *conn, job, worker_id, outcome).await? {
+            return superseded();
+        }
+        return Ok(true);
+    }
     let mut tries = 0;
     loop {
         tries += 1;
-        let mut tx = pool.begin().await?;
-        let attempt = async {
-            // Only the worker that holds the attempt records it: one declared lost by
-            // mistake must not overwrite the outcome of the attempt that replaced it.
-            let owner: Option<String> = sqlx::query_scalar(
-                "SELECT worker_id FROM grove.commands WHERE command_id = $1 AND status = 'running' FOR UPDATE",
-            )
-            .bind(job.command_id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .flatten();
-            if owner.as_deref() != Some(worker_id) {
-                return Err(StoreError::Superseded(format!(
-                    "command {} is no longer held by this worker",
-                    job.command_id
-                )));
-            }
-            store::append(&mut tx, events, metadata, at).await?;
-            finish_ledger(
-                &mut tx,
-                job.command_id,
-                outcome.as_ref().ok(),
-                outcome.as_ref().err(),
-            )
-            .await?;
-            close_job(&mut tx, &job.job_id, outcome.is_ok()).await?;
-            Ok::<_, StoreError>(())
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        if !record_outcome(&mut *tx, job, worker_id, outcome).await? {
+            return superseded();
         }
-        .await;
-        match attempt {
+        match store::append(&mut tx, events, metadata, at).await {
             Ok(()) => {
                 tx.commit().await?;
-                return Ok(());
-            }
-            Err(StoreError::Superseded(_)) => {
-                tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
-                return Ok(());
+                return Ok(true);
             }
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
             Err(e) => return Err(e),
         }
+    }
+}
+
+/// Announces a recorded outcome on [`DONE_CHANNEL`], in a statement of its own after the
+/// outcome committed. A NOTIFY inside the outcome's transaction would take Postgres'
+/// database-wide notification lock at commit and hold it through the WAL flush, so the
+/// commits of all finishing workers would queue behind each other; alone, the NOTIFY
+/// writes no WAL and is not flushed. A notification lost here (the worker died between
+/// the two) only delays the caller until its next poll of the ledger.
+pub async fn announce(conn: &mut PgConnection, command_id: Uuid) {
+    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
+        .bind(DONE_CHANNEL)
+        .bind(command_id.to_string())
+        .execute(conn)
+        .await
+    {
+        tracing::warn!(command = %command_id, error = %e, "announcing an outcome failed; waiting callers poll");
     }
 }
 

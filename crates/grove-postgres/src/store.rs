@@ -1,7 +1,5 @@
 //! Appending events and updating the projections they change, in the caller's transaction.
 
-use std::collections::HashMap;
-
 use chrono::{DateTime, Utc};
 use grove_core::events::{Event, Metadata};
 use grove_core::projection::Reads;
@@ -35,38 +33,39 @@ pub async fn append(
     let touched = projections.take_touched();
     rows::write_touched(conn, LIVE, &projections, &touched).await?;
 
+    // Every event in one statement: each stream's next versions follow its current
+    // maximum (read under the row locks taken above) in the order of `events`, and the
+    // rows are inserted in that order, so positions follow it too.
     let metadata_json = serde_json::to_value(metadata)?;
-    let mut versions: HashMap<String, i64> = HashMap::new();
+    let mut streams = Vec::with_capacity(events.len());
+    let mut types = Vec::with_capacity(events.len());
+    let mut versions = Vec::with_capacity(events.len());
+    let mut payloads = Vec::with_capacity(events.len());
     for event in events {
-        let stream = event.stream_id();
-        let next = match versions.get(&stream) {
-            Some(v) => v + 1,
-            None => {
-                let current: Option<i64> = sqlx::query_scalar(
-                    "SELECT max(stream_version) FROM grove.events WHERE stream_id = $1",
-                )
-                .bind(&stream)
-                .fetch_one(&mut *conn)
-                .await?;
-                current.unwrap_or(0) + 1
-            }
-        };
         let (event_type, payload) = event.to_stored();
-        sqlx::query(
-            "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(&stream)
-        .bind(next)
-        .bind(event_type)
-        .bind(event.version())
-        .bind(payload)
-        .bind(&metadata_json)
-        .bind(metadata.command_id)
-        .bind(at)
-        .execute(&mut *conn)
-        .await?;
-        versions.insert(stream, next);
+        streams.push(event.stream_id());
+        types.push(event_type.to_string());
+        versions.push(event.version());
+        payloads.push(payload);
     }
+    sqlx::query(
+        "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
+         SELECT e.stream_id,
+                coalesce((SELECT max(x.stream_version) FROM grove.events x WHERE x.stream_id = e.stream_id), 0)
+                    + row_number() OVER (PARTITION BY e.stream_id ORDER BY e.ord),
+                e.event_type, e.event_version, e.payload, $5, $6, $7
+         FROM unnest($1::text[], $2::text[], $3::integer[], $4::jsonb[])
+              WITH ORDINALITY AS e(stream_id, event_type, event_version, payload, ord)
+         ORDER BY e.ord",
+    )
+    .bind(&streams)
+    .bind(&types)
+    .bind(&versions)
+    .bind(&payloads)
+    .bind(&metadata_json)
+    .bind(metadata.command_id)
+    .bind(at)
+    .execute(&mut *conn)
+    .await?;
     Ok(())
 }

@@ -11,7 +11,7 @@ use futures::future::BoxFuture;
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
 use sqlx::postgres::PgListener;
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
 use crate::{queue, rows, StoreError};
@@ -78,10 +78,24 @@ pub trait Wakeup: Send {
 }
 
 /// A listener of one's own, LISTENing on [`queue::DONE_CHANNEL`] (the CLI's form).
+/// Notifications of other commands are skipped: only this command's outcome (or `max`)
+/// ends the wait, so a busy system does not make the caller re-read its row for every
+/// command that finishes.
 impl Wakeup for PgListener {
-    fn wait(&mut self, _command_id: Uuid, max: Duration) -> BoxFuture<'_, ()> {
+    fn wait(&mut self, command_id: Uuid, max: Duration) -> BoxFuture<'_, ()> {
         Box::pin(async move {
-            let _ = tokio::time::timeout(max, self.try_recv()).await;
+            let ours = command_id.to_string();
+            let _ = tokio::time::timeout(max, async {
+                loop {
+                    match self.try_recv().await {
+                        Ok(Some(n)) if n.payload() != ours => continue,
+                        // Ours, or the connection dropped (a notification may have been
+                        // lost with it): read the row.
+                        _ => return,
+                    }
+                }
+            })
+            .await;
         })
     }
 }
@@ -92,8 +106,13 @@ impl Wakeup for PgListener {
 /// ADR 06 and ADR 15.
 pub async fn route(pool: &PgPool, command: &Command) -> Result<String, SubmitError> {
     let mut conn = pool.acquire().await?;
+    route_on(&mut conn, command).await
+}
+
+/// [`route`] on a connection the caller holds.
+async fn route_on(conn: &mut PgConnection, command: &Command) -> Result<String, SubmitError> {
     if let Some(id) = command.workspace_id() {
-        let ws = rows::workspace(&mut conn, id).await?.ok_or_else(|| {
+        let ws = rows::workspace(&mut *conn, id).await?.ok_or_else(|| {
             CommandError::new(ErrorKind::NotFound, format!("workspace {id} not found"))
         })?;
         return Ok(queue::placement_queue(&ws.node));
@@ -102,7 +121,7 @@ pub async fn route(pool: &PgPool, command: &Command) -> Result<String, SubmitErr
         return Ok(queue::node_queue(&c.node));
     }
     if let Command::AcquireWorkspace(c) = command {
-        if let Some(ws) = rows::workspace_by_key(&mut conn, &c.key("")).await? {
+        if let Some(ws) = rows::workspace_by_key(&mut *conn, &c.key("")).await? {
             return Ok(queue::placement_queue(&ws.node));
         }
         if let Some(provider) = c.remote_placement() {
@@ -122,29 +141,48 @@ pub async fn enqueue(
     command_id: Uuid,
     token: Option<&str>,
 ) -> Result<(), SubmitError> {
-    enqueue_with(pool, command, command_id, token, false).await
+    enqueue_with(pool, command, command_id, token, false)
+        .await
+        .map(|_| ())
 }
 
 /// [`enqueue`], asking in the same transaction, when `relay_output`, for the exec's
-/// output to be relayed while it runs ([`crate::output`]).
+/// output to be relayed while it runs ([`crate::output`]). Returns whether this call
+/// enqueued the command (false: the id was known, its outcome may already be there).
+///
+/// One pool checkout for the routing read and the enqueue. Without a token or a relay
+/// the enqueue is a single call of `grove.enqueue`, atomic on its own, so it needs no
+/// explicit transaction (two round trips fewer).
 pub async fn enqueue_with(
     pool: &PgPool,
     command: &Command,
     command_id: Uuid,
     token: Option<&str>,
     relay_output: bool,
-) -> Result<(), SubmitError> {
-    let queue_name = route(pool, command).await?;
-    let mut tx = pool.begin().await?;
-    if relay_output {
-        crate::output::request_relay(&mut tx, command_id).await?;
-    }
-    let (_, inserted) = queue::enqueue(&mut tx, command_id, command, &queue_name, token).await?;
+) -> Result<bool, SubmitError> {
+    let mut conn = pool.acquire().await?;
+    let queue_name = route_on(&mut conn, command).await?;
+    let inserted = if token.is_none() && !relay_output {
+        queue::enqueue(&mut conn, command_id, command, &queue_name, None)
+            .await?
+            .1
+    } else {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        if relay_output {
+            crate::output::request_relay(&mut tx, command_id).await?;
+        }
+        let (_, inserted) =
+            queue::enqueue(&mut tx, command_id, command, &queue_name, token).await?;
+        tx.commit().await?;
+        inserted
+    };
     if !inserted {
+        // Ledger payloads never change, so this read needs no transaction with the
+        // enqueue that found the id taken.
         let stored: Option<serde_json::Value> =
             sqlx::query_scalar("SELECT payload FROM grove.commands WHERE command_id = $1")
                 .bind(command_id)
-                .fetch_optional(&mut *tx)
+                .fetch_optional(&mut *conn)
                 .await?;
         let ours = serde_json::to_value(command).map_err(StoreError::from)?;
         if stored.is_some_and(|s| s != ours) {
@@ -155,8 +193,7 @@ pub async fn enqueue_with(
             .into());
         }
     }
-    tx.commit().await?;
-    Ok(())
+    Ok(inserted)
 }
 
 /// Waits for the outcome of an enqueued command.
@@ -240,6 +277,12 @@ pub async fn submit(
     opts: WaitOptions,
 ) -> Result<CommandResult, SubmitError> {
     let command_id = command_id.unwrap_or_else(Uuid::now_v7);
-    enqueue(pool, command, command_id, token).await?;
+    let inserted = enqueue_with(pool, command, command_id, token, false).await?;
+    if inserted {
+        // Just enqueued: its row cannot be finished yet, so the first read waits for
+        // the outcome's notification (or the polling interval) instead of being made
+        // at once for nothing.
+        wake.wait(command_id, opts.poll_every).await;
+    }
     wait(pool, command_id, wake, opts).await
 }

@@ -4,7 +4,7 @@
 
 use grove_core::error::RuntimeError;
 use grove_core::layout::segment;
-use grove_core::ports::NetworkPolicy;
+use grove_core::ports::{NetworkPolicy, RemoteCheckout, RemoteWorkspaceRequest};
 
 use crate::spec::SandboxKey;
 
@@ -39,6 +39,26 @@ pub struct RemoteWorkspace {
     pub cloned_cache: bool,
 }
 
+impl RemoteWorkspace {
+    /// What the port answers for this workspace, given the commit its HEAD resolved to
+    /// (`None`: it resolved to none, which a finished checkout never does).
+    pub fn into_checkout(self, head: Option<String>) -> Result<RemoteCheckout, RuntimeError> {
+        let base_commit = head.ok_or_else(|| {
+            RuntimeError::Unavailable(format!(
+                "the HEAD of the workspace at {} does not resolve to a commit",
+                self.path
+            ))
+        })?;
+        Ok(RemoteCheckout {
+            sandbox_id: self.sandbox_id,
+            path: self.path,
+            cache_path: self.cache_path,
+            cloned_cache: self.cloned_cache,
+            base_commit,
+        })
+    }
+}
+
 /// `<user>_<scope>_<branch>`, each part reduced to a safe prefix plus a hash.
 pub fn worktree_name(user: &str, scope: &str, branch: &str) -> String {
     format!("{}_{}_{}", segment(user), segment(scope), segment(branch))
@@ -49,6 +69,20 @@ fn invalid(e: impl std::fmt::Display) -> RuntimeError {
 }
 
 impl WorkspacePlacement {
+    /// The placement of the port's request in a sandbox on `network`.
+    pub fn of_request(req: &RemoteWorkspaceRequest, network: NetworkPolicy) -> Self {
+        Self {
+            user: req.user.clone(),
+            project: req.project.clone(),
+            scope: req.scope.clone(),
+            repo_name: req.repo_name.clone(),
+            repo_url: req.repo_url.clone(),
+            base_ref: req.base_ref.clone(),
+            branch: req.branch.clone(),
+            network,
+        }
+    }
+
     /// Checks the refs and the URL before anything happens; the key of the sandbox
     /// the workspace goes into.
     pub fn validate(&self) -> Result<SandboxKey, RuntimeError> {

@@ -47,6 +47,13 @@ fn detected() -> Local {
     Local { provider, root }
 }
 
+/// bwrap as `detect` finds it, but no exec agent: every exec builds its own sandbox.
+fn detected_without_agent() -> Local {
+    let mut h = detected();
+    h.provider = h.provider.with_agent(None);
+    h
+}
+
 fn unisolated() -> Local {
     let root = scratch_root();
     let provider = LocalRuntimeProvider::without_isolation(vec![root.path().to_path_buf()]);
@@ -106,6 +113,11 @@ macro_rules! all_contract_tests {
 /// The contract with whatever `detect` found (bwrap on this machine and in CI).
 mod with_bubblewrap {
     all_contract_tests!(detected);
+}
+
+/// The contract with bwrap but without the exec agent (the fallback path).
+mod with_bubblewrap_without_agent {
+    all_contract_tests!(detected_without_agent);
 }
 
 /// The contract with isolation forced off: the checks that need isolation or writes
@@ -272,10 +284,16 @@ async fn host_run_home_and_root_are_empty_inside_the_sandbox() {
             "ls {dir}: {}",
             String::from_utf8_lossy(&r.stderr)
         );
-        assert!(
-            r.stdout.is_empty(),
-            "{dir} is not empty inside: {}",
-            String::from_utf8_lossy(&r.stdout)
+        // The exec agent's binary is bind-mounted into /run (read-only), and only it.
+        let allowed = if dir == "/run" && h.provider.agent().is_some() {
+            ".grove-sandboxd\n"
+        } else {
+            ""
+        };
+        assert_eq!(
+            String::from_utf8_lossy(&r.stdout),
+            allowed,
+            "{dir} holds more than it should inside"
         );
     }
 }
@@ -341,9 +359,14 @@ async fn a_bwrap_setup_failure_is_unavailable_not_a_command_failure() {
             "echo 'bwrap: lookalike' >&2; exit 1",
         ]))
         .await;
-    // Documented limit of the heuristic: this exact shape is misread as a setup
-    // failure; anything with stdout output is not.
-    assert!(matches!(r, Err(RuntimeError::Unavailable(_))), "{r:?}");
+    if h.provider.agent().is_some() {
+        // Through the exec agent bwrap's errors never mix with a command's stderr.
+        assert_eq!(r.map(|r| r.exit_code).ok(), Some(1));
+    } else {
+        // Documented limit of the heuristic: this exact shape is misread as a setup
+        // failure; anything with stdout output is not.
+        assert!(matches!(r, Err(RuntimeError::Unavailable(_))), "{r:?}");
+    }
     let r = rt
         .exec(request(&[
             "sh",
@@ -497,4 +520,182 @@ async fn hibernating_a_runtime_ends_its_interactive_sessions() {
         );
     };
     assert!(exit.killed, "{exit:?}");
+}
+
+/// The provider with bwrap and the exec agent, or the printed reason to skip `test`.
+fn with_agent(test: &str) -> Option<Local> {
+    let h = detected();
+    if no_bwrap(&h, test) {
+        return None;
+    }
+    if h.provider.agent().is_none() {
+        let why = LocalRuntimeProvider::find_agent().err().unwrap_or_default();
+        eprintln!("skipped: {test}: no exec agent ({why}; `cargo build -p grove-sandboxd`)");
+        return None;
+    }
+    Some(h)
+}
+
+fn new_workspace(h: &Local) -> PathBuf {
+    tempfile::Builder::new()
+        .prefix("ws-")
+        .tempdir_in(h.root.path())
+        .unwrap()
+        .keep()
+}
+
+#[tokio::test]
+async fn execs_of_one_sandbox_view_share_an_agent_and_a_read_view_stays_read_only() {
+    let test = "execs_of_one_sandbox_view_share_an_agent_and_a_read_view_stays_read_only";
+    let Some(h) = with_agent(test) else { return };
+    let ws = new_workspace(&h);
+    let writer = h
+        .provider
+        .create(default_spec(&ws, true, NetworkPolicy::None))
+        .await
+        .unwrap();
+    let reader = h
+        .provider
+        .create(default_spec(&ws, false, NetworkPolicy::None))
+        .await
+        .unwrap();
+    for i in 0..3 {
+        let mut req = request(&["sh", "-c", &format!("echo {i} >> log")]);
+        req.mutating = true;
+        assert_eq!(writer.exec(req).await.unwrap().exit_code, 0);
+    }
+    let r = reader
+        .exec(request(&["sh", "-c", "cat log; echo no > log"]))
+        .await
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&r.stdout), "0\n1\n2\n");
+    assert_ne!(r.exit_code, 0, "the read view let a command write");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("log")).unwrap(),
+        "0\n1\n2\n"
+    );
+    assert_eq!(
+        h.provider.running_agents(),
+        2,
+        "one agent per view: writable and read-only"
+    );
+    h.provider
+        .destroy(
+            &h.provider
+                .backend_id(&default_spec(&ws, true, NetworkPolicy::None)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        h.provider.running_agents(),
+        0,
+        "destroy stops the runtime's agents"
+    );
+}
+
+#[tokio::test]
+async fn an_agent_killed_mid_exec_fails_that_exec_once_and_the_next_exec_gets_a_new_one() {
+    let test = "an_agent_killed_mid_exec_fails_that_exec_once_and_the_next_exec_gets_a_new_one";
+    let Some(h) = with_agent(test) else { return };
+    let ws = new_workspace(&h);
+    let rt = h
+        .provider
+        .create(default_spec(&ws, true, NetworkPolicy::None))
+        .await
+        .unwrap();
+    // The command's parent is the agent.
+    let mut req = request(&["sh", "-c", "echo ran >> runs; kill -9 $PPID; sleep 5"]);
+    req.mutating = true;
+    match rt.exec(req).await {
+        Err(RuntimeError::Unavailable(msg)) => assert!(msg.contains("agent"), "{msg}"),
+        other => panic!("expected Unavailable, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read_to_string(ws.join("runs")).unwrap(),
+        "ran\n",
+        "the exec ran once and was not retried"
+    );
+    let r = rt.exec(request(&["echo", "again"])).await.unwrap();
+    assert_eq!((r.exit_code, r.stdout.as_slice()), (0, &b"again\n"[..]));
+}
+
+#[tokio::test]
+async fn processes_that_leave_their_group_do_not_outlive_the_exec() {
+    let test = "processes_that_leave_their_group_do_not_outlive_the_exec";
+    let Some(h) = with_agent(test) else { return };
+    let ws = new_workspace(&h);
+    let rt = h
+        .provider
+        .create(default_spec(&ws, false, NetworkPolicy::None))
+        .await
+        .unwrap();
+    let nap = format!("3600.{}", contract::unique_token());
+    let r = rt
+        .exec(request(&[
+            "sh",
+            "-c",
+            &format!("setsid sleep {nap} >/dev/null 2>&1 </dev/null & echo left"),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, b"left\n");
+    let t0 = Instant::now();
+    while !contract::host_processes_matching(&nap).is_empty() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(3),
+            "a process that left its group survived the exec"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn env_and_cwd_do_not_carry_over_between_execs_of_one_agent() {
+    let test = "env_and_cwd_do_not_carry_over_between_execs_of_one_agent";
+    let Some(h) = with_agent(test) else { return };
+    let ws = new_workspace(&h);
+    std::fs::create_dir(ws.join("sub")).unwrap();
+    let rt = h
+        .provider
+        .create(default_spec(&ws, false, NetworkPolicy::None))
+        .await
+        .unwrap();
+    let mut first = request(&["sh", "-c", "pwd; echo $ONCE"]);
+    first.env.insert("ONCE".into(), "set".into());
+    first.cwd = Some("sub".into());
+    let r = rt.exec(first).await.unwrap();
+    assert!(
+        String::from_utf8_lossy(&r.stdout).ends_with("/sub\nset\n"),
+        "{r:?}"
+    );
+    let r = rt
+        .exec(request(&["sh", "-c", "pwd; echo \"[$ONCE]\""]))
+        .await
+        .unwrap();
+    let out = String::from_utf8_lossy(&r.stdout).into_owned();
+    assert!(!out.contains("/sub") && out.ends_with("[]\n"), "{out}");
+}
+
+#[tokio::test]
+async fn an_unusable_agent_binary_falls_back_to_a_sandbox_per_exec() {
+    let test = "an_unusable_agent_binary_falls_back_to_a_sandbox_per_exec";
+    let h = detected();
+    if no_bwrap(&h, test) {
+        return;
+    }
+    // A file that is no agent: it says no hello.
+    let fake = h.root.path().join("not-an-agent");
+    std::fs::write(&fake, "#!/bin/sh\nexit 3\n").unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let h = Local {
+        provider: h.provider.with_agent(Some(fake)),
+        root: h.root,
+    };
+    let rt = create(&h, false).await;
+    let r = rt.exec(request(&["echo", "fallback"])).await.unwrap();
+    assert_eq!((r.exit_code, r.stdout.as_slice()), (0, &b"fallback\n"[..]));
+    assert_eq!(h.provider.running_agents(), 0);
 }
