@@ -23,8 +23,9 @@
 //! - `Env`: `PATH`, `HOME=/tmp`, `LANG=C.UTF-8`, then the spec's env. Nothing from the
 //!   worker's environment. Each exec adds its request's env;
 //! - `HostConfig.Mounts`: exactly the spec's mounts as bind mounts, read-only unless
-//!   `Mount.writable` (plus the workdir read-only if no mount covers it). No other
-//!   host path;
+//!   `Mount.writable` (plus the workdir read-only if no mount covers it), and, when an
+//!   exec agent is configured, its binary read-only at [`agent::INSIDE_PATH`]. No
+//!   other host path;
 //! - `HostConfig`: `CapDrop ["ALL"]`, `SecurityOpt ["no-new-privileges"]`,
 //!   `Privileged false`, `PidsLimit` (default [`DEFAULT_PIDS`]), `Memory` =
 //!   `MemorySwap` (no swap; default [`DEFAULT_MEMORY_MB`] MiB), `NanoCpus` (default
@@ -32,6 +33,18 @@
 //!   the spec asks for `Default` (`bridge`); `Limited` is refused with
 //!   `CommandRejected`, never widened; `IpcMode "private"`, `RestartPolicy no`, log
 //!   driver `none` (exec output never reaches container logs).
+//!
+//! # The exec agent
+//!
+//! With [`agent::AGENT_ENV`] naming a statically linked `grove-sandboxd`
+//! ([`DockerRuntimeProvider::with_exec_agent`]), each container's first command starts
+//! the agent as one attached engine exec, and every command but a session is then a
+//! frame on its stdin: no engine exec per command (ADR 18). The agent gives a command
+//! the container's env (with the engine's `HOSTNAME`) plus the request's, its own
+//! session, the cap, and kills its group on timeout, on drop and after it ends. The
+//! counters below are read around agent commands too (inside: through the agent).
+//! Unset (the default), or an agent that does not start: engine execs, as described
+//! below.
 //!
 //! # Timeouts, drops and stragglers
 //!
