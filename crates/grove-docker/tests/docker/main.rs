@@ -226,6 +226,25 @@ mod contract_with_agent {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_cannot_write_into_the_agents_stream() {
+        let Some(mut env) = env_or_skip("a_command_cannot_write_into_the_agents_stream").await
+        else {
+            return;
+        };
+        let (rt, _ws) = agent_runtime(&mut env, "forge").await;
+        // The agent's stdout is the host's stream: a command of the same user writing
+        // through /proc into it could forge other execs' results.
+        let r = run(
+            rt.as_ref(),
+            sh("printf 'garbage' > /proc/$PPID/fd/1 && echo wrote; echo done"),
+        )
+        .await;
+        assert_eq!(text(&r.stdout), "done\n", "{}", text(&r.stderr));
+        let after = run(rt.as_ref(), request(&["echo", "alive"])).await;
+        assert_eq!(text(&after.stdout), "alive\n");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_dead_agent_fails_its_exec_once_and_the_next_exec_gets_a_new_one() {
         let Some(mut env) = env_or_skip("a_dead_agent_fails_its_exec_once").await else {
             return;
