@@ -314,10 +314,17 @@ impl Agent {
         lock(&self.routes).dead
     }
 
-    /// Writes a frame; `false` when the stream to the agent is broken.
+    /// Writes a frame; `false` when it was not written whole (the stream to the agent
+    /// is broken, and the agent refuses a frame cut short). A failed flush after a
+    /// whole write counts as written: the agent may have it, and the reader reports
+    /// the agent's end.
     async fn send(&self, bytes: &[u8]) -> bool {
         let mut input = self.input.lock().await;
-        input.write_all(bytes).await.is_ok() && input.flush().await.is_ok()
+        if input.write_all(bytes).await.is_err() {
+            return false;
+        }
+        let _ = input.flush().await;
+        true
     }
 
     /// Sends the exec; `Err` only when it certainly did not reach the agent (a frame
