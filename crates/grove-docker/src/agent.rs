@@ -203,12 +203,15 @@ struct Routes {
     dead: bool,
 }
 
-type Input = tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>;
+type Input = Arc<tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
 
 /// One running agent. Dropping the last handle (the pool's and those of execs in
 /// flight) closes its stdin, which ends it and its commands.
 pub(crate) struct Agent {
     input: Input,
+    /// Frames for the writer task (stdin data, kills): sendable without awaiting and
+    /// outside a runtime (a stream dropped anywhere still kills its command).
+    queue: mpsc::UnboundedSender<Vec<u8>>,
     routes: Arc<Mutex<Routes>>,
     next_id: AtomicU64,
     name: String,
@@ -301,8 +304,22 @@ impl Agent {
         }
         let routes = Arc::new(Mutex::new(Routes::default()));
         let reader = tokio::spawn(read_events(output, buf, routes.clone(), inner.name.clone()));
+        let input: Input = Arc::new(tokio::sync::Mutex::new(input));
+        let (queue, mut queued) = mpsc::unbounded_channel::<Vec<u8>>();
+        {
+            // Ends when the agent's last handle goes (the channel closes).
+            let input = input.clone();
+            tokio::spawn(async move {
+                while let Some(bytes) = queued.recv().await {
+                    if !write_frame(&input, &bytes).await {
+                        return;
+                    }
+                }
+            });
+        }
         Ok(Arc::new(Agent {
-            input: tokio::sync::Mutex::new(input),
+            input,
+            queue,
             routes,
             next_id: AtomicU64::new(1),
             name: inner.name.clone(),
@@ -314,17 +331,9 @@ impl Agent {
         lock(&self.routes).dead
     }
 
-    /// Writes a frame; `false` when it was not written whole (the stream to the agent
-    /// is broken, and the agent refuses a frame cut short). A failed flush after a
-    /// whole write counts as written: the agent may have it, and the reader reports
-    /// the agent's end.
+    /// Writes a frame now ([`write_frame`]).
     async fn send(&self, bytes: &[u8]) -> bool {
-        let mut input = self.input.lock().await;
-        if input.write_all(bytes).await.is_err() {
-            return false;
-        }
-        let _ = input.flush().await;
-        true
+        write_frame(&self.input, bytes).await
     }
 
     /// Sends the exec; `Err` only when it certainly did not reach the agent (a frame
@@ -364,29 +373,20 @@ impl Agent {
             lock(&self.routes).by_id.remove(&id);
             return Err("the exec request could not be written to the agent".into());
         }
-        if exec.stdin.is_some() {
-            let (agent, exec) = (self.clone(), exec.clone());
-            tokio::spawn(async move {
-                let data = exec.stdin.as_deref().unwrap_or_default();
-                for chunk in data.chunks(STDIN_CHUNK) {
-                    if !agent.send(&frame(&Request::Stdin { id }, chunk)).await {
-                        return;
-                    }
-                }
-                agent.send(&frame(&Request::CloseStdin { id }, b"")).await;
-            });
+        if let Some(data) = &exec.stdin {
+            for chunk in data.chunks(STDIN_CHUNK) {
+                let _ = self.queue.send(frame(&Request::Stdin { id }, chunk));
+            }
+            let _ = self.queue.send(frame(&Request::CloseStdin { id }, b""));
         }
         if let Some(t) = exec.timeout {
-            // The timer holds the agent only while it waits; the reader aborts it when
-            // the exec ends.
-            let agent = Arc::downgrade(self);
+            // The timer holds only the queue; the reader aborts it when the exec ends.
+            let queue = self.queue.clone();
             let flag = timed_out.clone();
             let timer = tokio::spawn(async move {
                 tokio::time::sleep(t).await;
                 flag.store(true, Ordering::SeqCst);
-                if let Some(agent) = agent.upgrade() {
-                    agent.send(&frame(&Request::Kill { id }, b"")).await;
-                }
+                let _ = queue.send(frame(&Request::Kill { id }, b""));
             });
             match lock(&self.routes).by_id.get_mut(&id) {
                 Some(route) => route.timer = Some(timer.abort_handle()),
@@ -415,14 +415,11 @@ struct KillOnDrop {
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        if self.finished.load(Ordering::SeqCst) {
-            return;
-        }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let (agent, id) = (self.agent.clone(), self.id);
-            handle.spawn(async move {
-                agent.send(&frame(&Request::Kill { id }, b"")).await;
-            });
+        if !self.finished.load(Ordering::SeqCst) {
+            let _ = self
+                .agent
+                .queue
+                .send(frame(&Request::Kill { id: self.id }, b""));
         }
     }
 }
@@ -438,6 +435,18 @@ impl Stream for ExecStream {
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
         self.rx.poll_recv(cx)
     }
+}
+
+/// Writes one frame whole; `false` when it was not (the stream to the agent is broken,
+/// and the agent refuses a frame cut short). A failed flush after a whole write counts
+/// as written: the agent may have it, and the reader reports the agent's end.
+async fn write_frame(input: &Input, bytes: &[u8]) -> bool {
+    let mut input = input.lock().await;
+    if input.write_all(bytes).await.is_err() {
+        return false;
+    }
+    let _ = input.flush().await;
+    true
 }
 
 /// Routes the agent's frames until its output ends, then fails every exec still
