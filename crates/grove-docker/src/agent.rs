@@ -8,7 +8,9 @@
 //! agent is started on the first exec and lives as long as its engine exec: stopping,
 //! restarting or removing the container ends it, and so does the worker's death (the
 //! attached connection closes, the agent reads the end of its stdin and kills its
-//! commands). A reader task routes the agent's frames into each exec's stream.
+//! commands). The caller writes its exec request itself (whether it was written decides
+//! between a retry and an error); a writer task sends queued stdin data and kills; a
+//! reader task routes the agent's frames into each exec's stream.
 //!
 //! Nothing runs twice: an exec is retried on a fresh agent only when its request could
 //! not be written at all; once written, the agent's end fails the exec with
