@@ -169,6 +169,11 @@ impl TestEnv {
             // ledger rows and events to tests that count them).
             .env("GROVE_EVICT_SCHEDULE", "off")
             .kill_on_drop(true);
+        // The Docker exec agent is opt-in: a run that sets it (to try the suites with
+        // the agent) passes it on.
+        if let Some(agent) = std::env::var_os("GROVE_DOCKER_SANDBOXD") {
+            cmd.env("GROVE_DOCKER_SANDBOXD", agent);
+        }
         cmd
     }
 

@@ -59,6 +59,11 @@ pub(crate) struct Inner {
     pub host_access: bool,
     /// The container's counter files on the host, when visible.
     pub cgroups: Mutex<Option<Cgroups>>,
+    /// The exec agents, when the container has the agent binary mounted.
+    pub agents: Option<Arc<crate::agent::Pool>>,
+    /// The container's environment (what an engine exec starts from; an agent's
+    /// command gets exactly this plus the request's env).
+    pub env: Vec<(String, String)>,
 }
 
 impl Inner {
@@ -79,12 +84,14 @@ impl Inner {
                 .is_some()
     }
 
-    /// Reads the counters by running a command inside the container.
+    /// Reads the counters by running a command inside the container (through the
+    /// agent when there is one).
     async fn counters_inside(&self) -> Option<Counters> {
-        let (code, out) = self
-            .capture(vec!["sh".into(), "-c".into(), COUNTERS_SCRIPT.into()])
-            .await
-            .ok()?;
+        let argv = vec!["sh".to_string(), "-c".into(), COUNTERS_SCRIPT.into()];
+        let (code, out) = match self.capture_by_agent(argv.clone()).await {
+            Some(r) => r,
+            None => self.capture(argv).await.ok()?,
+        };
         if code != 0 {
             return None;
         }
@@ -105,6 +112,22 @@ impl Inner {
             }
         }
         Some(c)
+    }
+
+    /// [`Self::capture`] through the agent; `None` when there is none or it failed.
+    async fn capture_by_agent(&self, argv: Vec<String>) -> Option<(i64, Vec<u8>)> {
+        let pool = self.agents.as_ref()?;
+        let exec = crate::agent::AgentExec {
+            argv,
+            cwd: "/".into(),
+            env: self.env.clone(),
+            stdin: None,
+            timeout: Some(Duration::from_secs(10)),
+            max_output: 1024 * 1024,
+        };
+        let stream = pool.exec(self, exec).await.ok()?;
+        let r = grove_core::ports::collect_exec(stream).await.ok()?;
+        Some((i64::from(r.exit_code), r.stdout))
     }
 
     /// Runs a short helper command to completion: (exit code, stdout).
@@ -138,7 +161,7 @@ impl Inner {
     }
 
     /// Creates an exec, starting the container first if it is not running.
-    async fn create_exec(
+    pub(crate) async fn create_exec(
         &self,
         argv: Vec<String>,
         env: Vec<String>,
@@ -262,6 +285,35 @@ pub(crate) async fn start(
     } else {
         inner.counters_inside().await.map(Before::Inside)
     };
+    if let Some(pool) = inner.agents.clone() {
+        if !matches!(plan.stdin, Stdin::Channel(_)) {
+            let mut env = inner.env.clone();
+            for kv in &plan.env {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                env.retain(|(key, _)| key != k);
+                env.push((k.to_string(), v.to_string()));
+            }
+            let exec = crate::agent::AgentExec {
+                argv: plan.argv.clone(),
+                cwd: plan.working_dir.clone(),
+                env,
+                stdin: match &plan.stdin {
+                    Stdin::Bytes(b) => Some(b.clone()),
+                    _ => None,
+                },
+                timeout: plan.timeout,
+                max_output: plan.max_output,
+            };
+            match pool.exec(&inner, exec).await {
+                Ok(stream) => return Ok(with_limits(inner, before, stream)),
+                Err(crate::agent::Start::Engine(e)) => return Err(e),
+                Err(crate::agent::Start::Failed(why)) => {
+                    tracing::warn!(container = %inner.name, reason = %why,
+                        "exec agent unavailable; running the command as an engine exec");
+                }
+            }
+        }
+    }
     let shown = plan.argv[0].clone();
     let shown_name = shown.clone();
     let exec_id = inner
@@ -358,7 +410,7 @@ pub(crate) async fn start(
                     }
                     result.truncated = budget.truncated.load(Ordering::SeqCst);
                 }
-                match limit_hit(&inner, before, &result).await {
+                match limit_hit(&inner, before, Some(result.exit_code)).await {
                     Some(e) => {
                         if let Err(why) = inner.ensure_running().await {
                             tracing::warn!(container = %inner.name, error = %why,
@@ -386,9 +438,44 @@ enum Before {
     Inside(Counters),
 }
 
+/// An agent's exec stream with the limit check at its end: a result (or the agent's
+/// death) during which a limit was hit becomes [`RuntimeError::ResourceLimit`].
+fn with_limits(
+    inner: Arc<Inner>,
+    before: Option<Before>,
+    stream: BoxStream<'static, Item>,
+) -> BoxStream<'static, Item> {
+    futures::stream::unfold(Some((stream, inner, before)), |state| async move {
+        let (mut stream, inner, before) = state?;
+        let item = stream.next().await?;
+        let code = match &item {
+            Ok(ExecChunk::Finished(r)) => Some(r.exit_code),
+            Err(RuntimeError::Unavailable(_)) => None,
+            _ => return Some((item, Some((stream, inner, before)))),
+        };
+        let item = match limit_hit(&inner, before, code).await {
+            Some(e) => {
+                if let Err(why) = inner.ensure_running().await {
+                    tracing::warn!(container = %inner.name, error = %why,
+                        "container not running after a resource limit was hit");
+                }
+                Err(e)
+            }
+            None => item,
+        };
+        Some((item, None))
+    })
+    .boxed()
+}
+
 /// A [`RuntimeError::ResourceLimit`] if the command's run saw the OOM killer or a
-/// refused fork.
-async fn limit_hit(inner: &Inner, before: Option<Before>, r: &ExecResult) -> Option<RuntimeError> {
+/// refused fork. `code`: the command's exit code, when it has one.
+async fn limit_hit(
+    inner: &Inner,
+    before: Option<Before>,
+    code: Option<i32>,
+) -> Option<RuntimeError> {
+    let code = code.map_or_else(|| "none".to_string(), |c| c.to_string());
     let (before, after) = match before? {
         Before::Host(b) => (b, inner.host_counters()?),
         // A command that hit the pids limit may still exit 0 (its shell shrugs off
@@ -398,14 +485,14 @@ async fn limit_hit(inner: &Inner, before: Option<Before>, r: &ExecResult) -> Opt
     if after.oom_kills > before.oom_kills {
         return Some(RuntimeError::ResourceLimit(format!(
             "out of memory: the OOM killer ended the command (memory limit {} MiB, exit code {})",
-            inner.memory_mb, r.exit_code
+            inner.memory_mb, code
         )));
     }
     if after.pids_max > before.pids_max {
         return Some(RuntimeError::ResourceLimit(format!(
             "process limit reached: the command could not fork beyond the limit of {} \
              processes (exit code {})",
-            inner.pids, r.exit_code
+            inner.pids, code
         )));
     }
     None

@@ -515,7 +515,7 @@ fn find_busybox() -> Result<PathBuf, ImageError> {
 
 /// Whether an ELF64 file has no program interpreter (`PT_INTERP`); `None` if it is not
 /// a little-endian ELF64.
-fn is_static_elf(b: &[u8]) -> Option<bool> {
+pub(crate) fn is_static_elf(b: &[u8]) -> Option<bool> {
     if b.len() < 64 || &b[..4] != b"\x7fELF" || b[4] != 2 || b[5] != 1 {
         return None;
     }

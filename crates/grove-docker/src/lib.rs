@@ -23,8 +23,9 @@
 //! - `Env`: `PATH`, `HOME=/tmp`, `LANG=C.UTF-8`, then the spec's env. Nothing from the
 //!   worker's environment. Each exec adds its request's env;
 //! - `HostConfig.Mounts`: exactly the spec's mounts as bind mounts, read-only unless
-//!   `Mount.writable` (plus the workdir read-only if no mount covers it). No other
-//!   host path;
+//!   `Mount.writable` (plus the workdir read-only if no mount covers it), and, when an
+//!   exec agent is configured, its binary read-only at [`agent::INSIDE_PATH`]. No
+//!   other host path;
 //! - `HostConfig`: `CapDrop ["ALL"]`, `SecurityOpt ["no-new-privileges"]`,
 //!   `Privileged false`, `PidsLimit` (default [`DEFAULT_PIDS`]), `Memory` =
 //!   `MemorySwap` (no swap; default [`DEFAULT_MEMORY_MB`] MiB), `NanoCpus` (default
@@ -32,6 +33,18 @@
 //!   the spec asks for `Default` (`bridge`); `Limited` is refused with
 //!   `CommandRejected`, never widened; `IpcMode "private"`, `RestartPolicy no`, log
 //!   driver `none` (exec output never reaches container logs).
+//!
+//! # The exec agent
+//!
+//! With [`agent::AGENT_ENV`] naming a statically linked `grove-sandboxd`
+//! ([`DockerRuntimeProvider::with_exec_agent`]), each container's first command starts
+//! the agent as one attached engine exec, and every command but a session is then a
+//! frame on its stdin: no engine exec per command (ADR 18). The agent gives a command
+//! the container's env (with the engine's `HOSTNAME`) plus the request's, its own
+//! session, the cap, and kills its group on timeout, on drop and after it ends. The
+//! counters below are read around agent commands too (inside: through the agent).
+//! Unset (the default), or an agent that does not start: engine execs, as described
+//! below.
 //!
 //! # Timeouts, drops and stragglers
 //!
@@ -85,6 +98,7 @@
 //! ([`DockerRuntimeProvider::with_scope_label`]) keep several workers, nodes or test
 //! runs on one engine from sweeping each other's containers.
 
+pub mod agent;
 mod exec;
 mod host;
 pub mod image;
@@ -181,6 +195,8 @@ pub struct DockerRuntimeProvider {
     sessions: Arc<SessionTable>,
     /// Ports published on loopback by [`preview`] (shared by its clones).
     previews: Arc<preview::Relays>,
+    /// The exec agents (module [`agent`]), when an agent binary is configured.
+    agents: Option<Arc<agent::Pool>>,
 }
 
 impl std::fmt::Debug for DockerRuntimeProvider {
@@ -190,6 +206,7 @@ impl std::fmt::Debug for DockerRuntimeProvider {
             .field("user", &self.user)
             .field("scope", &self.scope)
             .field("host_access", &self.host_access)
+            .field("exec_agent", &self.agents.as_ref().map(|p| p.binary()))
             .finish()
     }
 }
@@ -238,9 +255,36 @@ impl DockerRuntimeProvider {
             host_access: true,
             sessions: Arc::default(),
             previews: Arc::default(),
+            agents: None,
         };
         provider.ping().await?;
-        Ok(provider)
+        let agent = match agent::from_env() {
+            Ok(found) => found,
+            Err(why) => {
+                tracing::warn!(reason = %why, "no exec agent for Docker containers; every \
+                    command is an engine exec");
+                None
+            }
+        };
+        if let Some(binary) = &agent {
+            tracing::info!(binary = %binary.display(), "exec agent for Docker containers");
+        }
+        Ok(provider.with_exec_agent(agent))
+    }
+
+    /// The exec agent (a statically linked `grove-sandboxd`, see [`agent`]) to mount
+    /// into every container this provider creates, or `None` for none: every command
+    /// is then an engine exec. [`Self::connect`] takes it from
+    /// [`agent::AGENT_ENV`]. A binary that cannot run in containers
+    /// ([`agent::check_binary`]) is refused by the caller, not here.
+    pub fn with_exec_agent(mut self, binary: Option<PathBuf>) -> Self {
+        self.agents = binary.map(|b| Arc::new(agent::Pool::new(b)));
+        self
+    }
+
+    /// How many container agents the provider knows (tests).
+    pub fn exec_agents(&self) -> usize {
+        self.agents.as_ref().map_or(0, |p| p.len())
     }
 
     /// The image used when a spec names none.
@@ -398,6 +442,8 @@ impl DockerRuntimeProvider {
                 pids: plan.pids,
                 host_access: self.host_access,
                 cgroups: std::sync::Mutex::new(cgroups),
+                agents: self.agents.clone(),
+                env: plan.env,
             }),
         })
     }
@@ -417,6 +463,9 @@ impl DockerRuntimeProvider {
     /// Stops (hibernates) a container: its processes end, the container and the
     /// workspace stay. Stopping a stopped container is fine.
     pub async fn stop(&self, name: &str) -> Result<(), RuntimeError> {
+        if let Some(pool) = &self.agents {
+            pool.forget(name);
+        }
         let options = StopContainerOptionsBuilder::default()
             .t(STOP_TIMEOUT_SECS)
             .build();
@@ -437,6 +486,9 @@ impl DockerRuntimeProvider {
     }
 
     async fn remove(&self, name: &str) -> Result<bool, RuntimeError> {
+        if let Some(pool) = &self.agents {
+            pool.forget(name);
+        }
         let options = RemoveContainerOptionsBuilder::default()
             .force(true)
             .v(true)
@@ -669,7 +721,7 @@ impl DockerRuntimeProvider {
             NetworkPolicy::Default => "bridge",
             NetworkPolicy::Limited => unreachable!("refused above"),
         };
-        let docker_mounts = mounts
+        let mut docker_mounts: Vec<DockerMount> = mounts
             .iter()
             .map(|(source, target, writable)| DockerMount {
                 target: Some(target.to_string_lossy().into_owned()),
@@ -679,6 +731,15 @@ impl DockerRuntimeProvider {
                 ..Default::default()
             })
             .collect();
+        if let Some(pool) = &self.agents {
+            docker_mounts.push(DockerMount {
+                target: Some(agent::INSIDE_PATH.into()),
+                source: Some(pool.binary().to_string_lossy().into_owned()),
+                typ: Some(MountType::BIND),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        }
         let memory = (memory_mb * 1024 * 1024) as i64;
         let host_config = HostConfig {
             mounts: Some(docker_mounts),
@@ -702,6 +763,17 @@ impl DockerRuntimeProvider {
             }),
             ..Default::default()
         };
+        // What an engine exec's process starts with: the engine adds HOSTNAME (the
+        // container's env wins).
+        let own_hostname = env.iter().any(|kv| kv.starts_with("HOSTNAME="));
+        let exec_env = (!own_hostname)
+            .then(|| ("HOSTNAME".to_string(), "grove".to_string()))
+            .into_iter()
+            .chain(env.iter().map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                (k.to_string(), v.to_string())
+            }))
+            .collect();
         let mut body = ContainerCreateBody {
             image: Some(image.clone()),
             user: Some(user),
@@ -737,6 +809,7 @@ impl DockerRuntimeProvider {
             workdir_writable,
             memory_mb,
             pids,
+            env: exec_env,
         })
     }
 
@@ -780,6 +853,7 @@ struct Plan {
     workdir_writable: bool,
     memory_mb: u64,
     pids: u64,
+    env: Vec<(String, String)>,
 }
 
 fn validate_runtime_id(id: &str) -> Result<(), RuntimeError> {

@@ -71,6 +71,17 @@ pub fn run_stdio() -> i32 {
         );
         opts.sweep_namespace = false;
     }
+    // Not dumpable: a command of the same user must not open the agent's pipes to the
+    // host through /proc/<pid>/fd (forging or corrupting other execs' frames). The
+    // flag is reset at each command's execve, so commands are unaffected.
+    // SAFETY: prctl with these arguments touches no memory.
+    if unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) } != 0 {
+        eprintln!(
+            "grove-sandboxd: cannot make the agent undumpable: {}",
+            std::io::Error::last_os_error()
+        );
+        return 2;
+    }
     // SAFETY: fds 0 and 1 are open for the life of the process and owned by nothing
     // else here (std's Stdin/Stdout handles are never used by the agent).
     let (input, output) = unsafe { (File::from_raw_fd(0), File::from_raw_fd(1)) };

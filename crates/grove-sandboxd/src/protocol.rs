@@ -123,6 +123,32 @@ pub fn read_frame<R: Read, T: DeserializeOwned>(r: &mut R) -> io::Result<Option<
     Ok(Some((header, payload)))
 }
 
+/// Takes one whole frame off the front of `buf`, for a host that receives the
+/// agent's stdout in arbitrary chunks (an engine's attached stream). `Ok(None)` when
+/// `buf` holds no whole frame yet.
+pub fn take_frame<T: DeserializeOwned>(buf: &mut Vec<u8>) -> io::Result<Option<(T, Vec<u8>)>> {
+    if buf.len() < 8 {
+        return Ok(None);
+    }
+    let hl = u32::from_be_bytes(buf[..4].try_into().expect("4 bytes"));
+    let pl = u32::from_be_bytes(buf[4..8].try_into().expect("4 bytes"));
+    if hl > MAX_HEADER || pl > MAX_PAYLOAD {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            "frame larger than the protocol allows",
+        ));
+    }
+    let end = 8 + hl as usize + pl as usize;
+    if buf.len() < end {
+        return Ok(None);
+    }
+    let header = serde_json::from_slice(&buf[8..8 + hl as usize])
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+    let payload = buf[8 + hl as usize..end].to_vec();
+    buf.drain(..end);
+    Ok(Some((header, payload)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -159,5 +185,44 @@ mod tests {
         assert!(read_frame::<_, Request>(&mut cut).is_err());
         let huge = [0xffu8; 8];
         assert!(read_frame::<_, Request>(&mut &huge[..]).is_err());
+    }
+    #[test]
+    fn frames_are_taken_from_a_buffer_only_when_whole() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &Event::Started { id: 3 }, b"").unwrap();
+        write_frame(
+            &mut wire,
+            &Event::Output {
+                id: 3,
+                stream: Stream::Stderr,
+            },
+            b"err",
+        )
+        .unwrap();
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        // One byte at a time, as a stream may cut it.
+        for b in &wire {
+            buf.push(*b);
+            while let Some(frame) = take_frame::<Event>(&mut buf).unwrap() {
+                got.push(frame);
+            }
+        }
+        assert!(buf.is_empty());
+        assert_eq!(
+            got,
+            vec![
+                (Event::Started { id: 3 }, vec![]),
+                (
+                    Event::Output {
+                        id: 3,
+                        stream: Stream::Stderr
+                    },
+                    b"err".to_vec()
+                ),
+            ]
+        );
+        let mut huge = vec![0xffu8; 8];
+        assert!(take_frame::<Event>(&mut huge).is_err());
     }
 }

@@ -103,6 +103,218 @@ mod contract_without_host_access {
     );
 }
 
+/// The contract again with the exec agent (ADR 18) in every container: commands go
+/// through it instead of engine execs (sessions stay engine execs).
+mod contract_with_agent {
+    use super::*;
+
+    macro_rules! agent_tests {
+        ($($check:ident),* $(,)?) => {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $check() {
+                    let Some(mut env) = env_or_skip(stringify!($check)).await else { return };
+                    let agent = support::static_agent().await;
+                    env.provider = env.provider.clone().with_exec_agent(Some(agent));
+                    let outcome = grove_runtime_contract::$check(&env).await;
+                    assert_eq!(outcome, grove_runtime_contract::Outcome::Passed);
+                }
+            )*
+        };
+    }
+
+    agent_tests!(
+        echo_and_exit_codes_pass_through,
+        a_missing_program_is_a_failed_command,
+        stdin_reaches_the_command,
+        only_the_given_env_is_visible,
+        cwd_inside_the_workspace_works,
+        cwd_escaping_the_workspace_is_rejected,
+        a_read_only_workspace_refuses_writes,
+        a_writable_workspace_keeps_writes_on_the_host,
+        network_none_leaves_only_loopback,
+        a_timeout_kills_the_whole_process_tree,
+        output_over_the_cap_is_truncated,
+        exec_stream_delivers_output_as_it_is_produced,
+        dropping_an_exec_stream_kills_the_command,
+        other_workspaces_are_not_visible,
+        a_snapshot_restores_state_outside_the_workspace,
+        a_cat_session_echoes_each_write_and_ends_when_stdin_closes,
+        killing_a_session_ends_it_and_a_poll_reports_the_exit,
+    );
+
+    /// The provider of `env` with the static agent.
+    async fn with_agent(env: &mut TestEnv) {
+        let agent = support::static_agent().await;
+        env.provider = env.provider.clone().with_exec_agent(Some(agent));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn limits_come_back_typed_through_the_agent() {
+        let Some(mut env) = env_or_skip("limits_through_the_agent").await else {
+            return;
+        };
+        with_agent(&mut env).await;
+        limits_on(&env, "agent").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn limits_come_back_typed_through_the_agent_without_host_access() {
+        let Some(mut env) = env_or_skip("limits_through_the_agent_inside").await else {
+            return;
+        };
+        with_agent(&mut env).await;
+        env.provider = env.provider.clone().with_host_access(false);
+        limits_on(&env, "agent-inside").await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn background_processes_do_not_outlive_their_command_under_the_agent() {
+        let Some(mut env) = env_or_skip("background_processes_agent").await else {
+            return;
+        };
+        with_agent(&mut env).await;
+        background_on(&env).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_execs_through_one_agent_do_not_disturb_each_other() {
+        let Some(mut env) = env_or_skip("concurrent_execs_agent").await else {
+            return;
+        };
+        with_agent(&mut env).await;
+        concurrent_on(&env).await;
+    }
+
+    /// A runtime with the agent on a fresh writable workspace.
+    async fn agent_runtime(env: &mut TestEnv, tag: &str) -> (Box<dyn Runtime>, std::path::PathBuf) {
+        with_agent(env).await;
+        let ws = env.workspace(tag);
+        let spec = env.spec_for(&ws, true, NetworkPolicy::None, tag);
+        (env.provider.create(spec).await.unwrap(), ws)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn commands_run_under_one_agent_per_container() {
+        let Some(mut env) = env_or_skip("commands_run_under_one_agent_per_container").await else {
+            return;
+        };
+        let (rt, _ws) = agent_runtime(&mut env, "one").await;
+        let a = run(rt.as_ref(), sh("echo $PPID; cat /proc/$PPID/comm")).await;
+        let b = run(rt.as_ref(), sh("echo $PPID; cat /proc/$PPID/comm")).await;
+        assert_eq!(a.exit_code, 0, "{}", text(&a.stderr));
+        assert_eq!(text(&a.stdout), text(&b.stdout), "the same parent for both");
+        assert!(
+            text(&a.stdout).ends_with(".grove-sandboxd\n"),
+            "the parent is the agent: {}",
+            text(&a.stdout)
+        );
+        assert_eq!(env.provider.exec_agents(), 1);
+        // The engine's exec environment, and nothing of the agent's own.
+        let e = run(rt.as_ref(), request(&["env"])).await;
+        let mut vars: Vec<_> = text(&e.stdout).lines().map(str::to_string).collect();
+        vars.sort();
+        assert_eq!(
+            vars,
+            vec![
+                "HOME=/tmp",
+                "HOSTNAME=grove",
+                "LANG=C.UTF-8",
+                &format!("PATH={}", grove_docker::BASE_PATH),
+            ]
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_command_cannot_write_into_the_agents_stream() {
+        let Some(mut env) = env_or_skip("a_command_cannot_write_into_the_agents_stream").await
+        else {
+            return;
+        };
+        let (rt, _ws) = agent_runtime(&mut env, "forge").await;
+        // The agent's stdout is the host's stream: a command of the same user writing
+        // through /proc into it could forge other execs' results.
+        let r = run(
+            rt.as_ref(),
+            sh("printf 'garbage' > /proc/$PPID/fd/1 && echo wrote; echo done"),
+        )
+        .await;
+        assert_eq!(text(&r.stdout), "done\n", "{}", text(&r.stderr));
+        let after = run(rt.as_ref(), request(&["echo", "alive"])).await;
+        assert_eq!(text(&after.stdout), "alive\n");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_dead_agent_fails_its_exec_once_and_the_next_exec_gets_a_new_one() {
+        let Some(mut env) = env_or_skip("a_dead_agent_fails_its_exec_once").await else {
+            return;
+        };
+        let (rt, ws) = agent_runtime(&mut env, "dead").await;
+        let first = run(rt.as_ref(), sh("echo $PPID")).await;
+        let mut req = sh("echo ran >> runs; kill -9 $PPID; sleep 5");
+        req.mutating = true;
+        let r = rt.exec(req).await;
+        assert!(
+            matches!(r, Err(RuntimeError::Unavailable(_))),
+            "the agent's death is Unavailable: {}",
+            brief(&r)
+        );
+        assert_eq!(
+            std::fs::read_to_string(ws.join("runs")).unwrap(),
+            "ran\n",
+            "the command ran once and was not retried"
+        );
+        let next = run(rt.as_ref(), sh("echo $PPID")).await;
+        assert_eq!(next.exit_code, 0);
+        assert_ne!(text(&first.stdout), text(&next.stdout), "a new agent");
+        assert_eq!(env.provider.exec_agents(), 1);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn stopping_the_container_ends_its_agent_and_the_next_exec_starts_both() {
+        let Some(mut env) = env_or_skip("stopping_the_container_ends_its_agent").await else {
+            return;
+        };
+        let (rt, _ws) = agent_runtime(&mut env, "stop").await;
+        let first = run(rt.as_ref(), sh("echo $PPID")).await;
+        let name = format!("grove-rt-{}-stop", env.scope());
+        env.provider.stop(&name).await.unwrap();
+        assert_eq!(env.provider.exec_agents(), 0);
+        let next = run(rt.as_ref(), sh("echo $PPID; cat /proc/$PPID/comm")).await;
+        assert_eq!(next.exit_code, 0, "{}", text(&next.stderr));
+        assert!(text(&next.stdout).ends_with(".grove-sandboxd\n"));
+        assert_eq!(env.state_of(&name).await, "running");
+        let _ = first;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_agent_that_does_not_start_leaves_commands_to_engine_execs() {
+        let Some(mut env) = env_or_skip("an_agent_that_does_not_start").await else {
+            return;
+        };
+        // A static program that is not the agent: busybox, called `.grove-sandboxd`,
+        // knows no such applet and exits.
+        let not_agent = support::static_busybox();
+        env.provider = env.provider.clone().with_exec_agent(Some(not_agent));
+        let ws = env.workspace("fallback");
+        let spec = env.spec_for(&ws, false, NetworkPolicy::None, "fallback");
+        let rt = env.provider.create(spec).await.unwrap();
+        let r = run(rt.as_ref(), sh("echo fine; exit 3")).await;
+        assert_eq!((r.exit_code, text(&r.stdout).as_str()), (3, "fine\n"));
+        assert_eq!(env.provider.exec_agents(), 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn only_a_static_binary_is_accepted_for_containers() {
+        // This test binary links the host's C library dynamically.
+        let dynamic = std::env::current_exe().unwrap();
+        let refused = grove_docker::agent::check_binary(&dynamic).unwrap_err();
+        assert!(refused.contains("dynamically"), "{refused}");
+        let built = support::static_agent().await;
+        assert!(grove_docker::agent::check_binary(&built).is_ok());
+    }
+}
+
 fn sh(script: &str) -> ExecRequest {
     request(&["sh", "-c", script])
 }
@@ -683,6 +895,10 @@ async fn background_processes_do_not_outlive_their_command() {
     let Some(env) = env_or_skip("background_processes").await else {
         return;
     };
+    background_on(&env).await;
+}
+
+async fn background_on(env: &TestEnv) {
     let ws = env.workspace("bg");
     let rt = env
         .provider
@@ -840,6 +1056,10 @@ async fn concurrent_execs_in_one_container_do_not_disturb_each_other() {
     let Some(env) = env_or_skip("concurrent_execs").await else {
         return;
     };
+    concurrent_on(&env).await;
+}
+
+async fn concurrent_on(env: &TestEnv) {
     let ws = env.workspace("conc");
     let rt = env
         .provider

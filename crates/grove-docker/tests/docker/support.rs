@@ -21,6 +21,45 @@ pub const TEST_LABEL: &str = "grove.test";
 
 static MINIMAL: OnceCell<String> = OnceCell::const_new();
 static DEBIAN: OnceCell<Result<String, String>> = OnceCell::const_new();
+static STATIC_AGENT: OnceCell<PathBuf> = OnceCell::const_new();
+
+/// A statically linked `grove-sandboxd` (the exec agent runs in the busybox image,
+/// which has no C library): built once per process with cargo, offline, into a target
+/// dir of its own (the flag must not reach the workspace's other crates).
+pub async fn static_agent() -> PathBuf {
+    STATIC_AGENT
+        .get_or_init(|| async {
+            tokio::task::spawn_blocking(|| {
+                let target = Path::new(env!("CARGO_TARGET_TMPDIR")).join("sandboxd-static");
+                let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+                let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+                let t0 = std::time::Instant::now();
+                let out = std::process::Command::new(cargo)
+                    .args(["rustc", "--offline", "-q", "-p", "grove-sandboxd"])
+                    .args(["--bin", "grove-sandboxd", "--manifest-path"])
+                    .arg(&manifest)
+                    .arg("--target-dir")
+                    .arg(&target)
+                    .args(["--", "-C", "target-feature=+crt-static"])
+                    .output()
+                    .expect("cargo runs");
+                assert!(
+                    out.status.success(),
+                    "building the static agent failed: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+                let bin = target.join("debug/grove-sandboxd");
+                grove_docker::agent::check_binary(&bin)
+                    .unwrap_or_else(|e| panic!("the static agent build is not usable: {e}"));
+                eprintln!("static agent {} ready in {:?}", bin.display(), t0.elapsed());
+                bin
+            })
+            .await
+            .expect("the build thread ends")
+        })
+        .await
+        .clone()
+}
 
 pub fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -102,7 +141,20 @@ pub async fn debian_image(env: &TestEnv) -> Option<String> {
     }
 }
 
+/// The host's static busybox (what the minimal image is built from).
+pub fn static_busybox() -> PathBuf {
+    let path = std::env::var_os("GROVE_BUSYBOX")
+        .map_or_else(|| PathBuf::from("/bin/busybox"), PathBuf::from);
+    grove_docker::agent::check_binary(&path)
+        .unwrap_or_else(|e| panic!("the minimal image's busybox is not usable: {e}"))
+}
+
 impl TestEnv {
+    /// This test's scope (part of every runtime id it makes).
+    pub fn scope(&self) -> &str {
+        &self.scope
+    }
+
     pub fn root(&self) -> &Path {
         self.root.path()
     }
