@@ -579,10 +579,11 @@ async fn network_none_has_only_loopback_and_the_hosts_loopback_is_unreachable() 
     let r = run(
         &*rt,
         sh(
-            // Retried: on a loaded machine the listener may take a while to come up.
-            "nc -l -p 7777 > /tmp/got & for i in 1 2 3 4 5 6 7 8 9 10; do \
+            // Retried: on a loaded machine the listener may take a while to come up;
+            // then the listener itself is waited for (bounded), not a fixed sleep.
+            "nc -l -p 7777 > /tmp/got & L=$!; for i in $(seq 1 30); do \
              echo ping | nc -w 2 127.0.0.1 7777 && break; sleep 0.3; done; \
-             sleep 0.5; cat /tmp/got",
+             (sleep 15; kill $L 2>/dev/null) & wait $L; cat /tmp/got",
         ),
     )
     .await;
