@@ -582,6 +582,15 @@ async fn drive(
             _ = tokio::time::sleep_until(next_poll), if exit.is_none() => {
                 let r = match inner.docker.inspect_exec(exec_id).await {
                     Ok(r) => r,
+                    // Killed at its timeout, by a container restart where the host could
+                    // not kill it: the engine may then forget the exec (404) or refuse
+                    // while the container restarts (409). Either way the command is over.
+                    Err(e) if timed_out => {
+                        tracing::debug!(container = %inner.name, error = %e,
+                            "the timed-out exec is gone from the engine; it ended with the kill");
+                        exit = Some(137);
+                        break;
+                    }
                     Err(e) if status(&e) == Some(404) => {
                         return Err(RuntimeError::NotFound(format!(
                             "the exec in container {} vanished", inner.name)));
