@@ -440,28 +440,7 @@ pub async fn leaked_containers(env: &TestEnv, figures: &mut Figures, patience: D
 
 /// Removes every container of this `$GROVE_HOME` (the test's own cleanup, after counting).
 pub fn remove_containers(env: &TestEnv) {
-    let scope = grove_core::layout::short_hash(&env.home().to_string_lossy(), 12);
-    let Ok(out) = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=grove.home={scope}"),
-        ])
-        .output()
-    else {
-        return;
-    };
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    if !ids.is_empty() {
-        let _ = std::process::Command::new("docker")
-            .args(["rm", "-f"])
-            .args(&ids)
-            .output();
-    }
+    grove_e2e::remove_containers_of_home(&env.home());
 }
 
 /// `grove replay --verify` passes.
