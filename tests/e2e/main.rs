@@ -5,6 +5,7 @@ mod concurrency;
 mod crash;
 mod docker;
 mod eviction;
+mod fencing;
 mod input;
 mod lifecycle;
 mod mcp;

@@ -823,7 +823,14 @@ impl Deps {
         };
         let Some(outcome) = outcome else {
             let fenced = self
-                .fenced_exec(provider.as_ref(), &backend_id, runtime_id, &ws, command_id, started)
+                .fenced_exec(
+                    provider.as_ref(),
+                    &backend_id,
+                    runtime_id,
+                    &ws,
+                    command_id,
+                    started,
+                )
                 .await;
             return Ok(Handled {
                 locks: vec![lock],
@@ -941,8 +948,12 @@ impl Deps {
                         reason: "its exec's workspace lock was lost".into(),
                     })
                 }
-                Ok(Err(e)) => tracing::warn!(runtime = %runtime_id, error = %e, "destroying a fenced exec's runtime failed"),
-                Err(_) => tracing::warn!(runtime = %runtime_id, "destroying a fenced exec's runtime timed out"),
+                Ok(Err(e)) => {
+                    tracing::warn!(runtime = %runtime_id, error = %e, "destroying a fenced exec's runtime failed")
+                }
+                Err(_) => {
+                    tracing::warn!(runtime = %runtime_id, "destroying a fenced exec's runtime timed out")
+                }
             }
         }
         Handled {

@@ -161,7 +161,11 @@ impl Worker {
     /// among them ends as `worker_lost`, since it may have run in part).
     async fn stop(&self, mut running: tokio::task::JoinSet<()>) {
         let grace = shutdown_grace();
-        info!(jobs = running.len(), grace_ms = grace.as_millis() as u64, "worker stopping: waiting for jobs in flight");
+        info!(
+            jobs = running.len(),
+            grace_ms = grace.as_millis() as u64,
+            "worker stopping: waiting for jobs in flight"
+        );
         let drained = tokio::time::timeout(grace, async {
             while running.join_next().await.is_some() {}
         })
@@ -184,7 +188,10 @@ impl Worker {
                 warn!(job = %job, error = %e, "handing a job back failed; orphan recovery will");
             }
         }
-        warn!(jobs = left.len(), "stopped jobs still running after the grace and handed them back");
+        warn!(
+            jobs = left.len(),
+            "stopped jobs still running after the grace and handed them back"
+        );
     }
 }
 
@@ -206,9 +213,7 @@ impl Backoff {
     /// Counts a failed claim; returns how long to wait before the next.
     fn failed(&mut self, e: &StoreError) -> Duration {
         self.failures += 1;
-        let pause = self
-            .pause
-            .map_or(Self::FIRST, |p| (p * 2).min(Self::CAP));
+        let pause = self.pause.map_or(Self::FIRST, |p| (p * 2).min(Self::CAP));
         self.pause = Some(pause);
         if self.said.is_none_or(|t| t.elapsed() >= Self::SAY_EVERY) {
             warn!(error = %e, failures = self.failures, retry_in_ms = pause.as_millis() as u64, "claiming jobs failed (database unreachable?); retrying with backoff");
@@ -598,9 +603,16 @@ async fn record_handled(
         }
         Err(e) => {
             debug!(command = %job.command_id, error = %e, "recording on the lock's connection failed; retrying on others");
-            let res =
-                finish_patiently(deps, job, &handled.result, &handled.events, &md, at, &fences)
-                    .await;
+            let res = finish_patiently(
+                deps,
+                job,
+                &handled.result,
+                &handled.events,
+                &md,
+                at,
+                &fences,
+            )
+            .await;
             let _ = first.release().await;
             res
         }
@@ -646,7 +658,10 @@ async fn finish_patiently(
                     let kept: Vec<Event> = events
                         .iter()
                         .filter(|e| {
-                            matches!(e, Event::ExecFinished { .. } | Event::RuntimeDestroyed { .. })
+                            matches!(
+                                e,
+                                Event::ExecFinished { .. } | Event::RuntimeDestroyed { .. }
+                            )
                         })
                         .cloned()
                         .collect();

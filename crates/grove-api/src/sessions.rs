@@ -64,14 +64,12 @@ impl SessionHost {
     /// returns how many it ended.
     pub async fn end_all(&self) -> usize {
         let ids: Vec<SessionId> = self.owners().drain().map(|(id, _)| id).collect();
-        let Some(sessions) = self
-            .runtimes
-            .get(SESSION_RUNTIME)
-            .and_then(|p| p.sessions().map(|_| p))
-        else {
+        let Some(provider) = self.runtimes.get(SESSION_RUNTIME) else {
             return 0;
         };
-        let sessions = sessions.sessions().expect("checked above");
+        let Some(sessions) = provider.sessions() else {
+            return 0;
+        };
         let mut ended = 0;
         for id in &ids {
             if sessions.kill(id).await.is_ok() {

@@ -107,7 +107,10 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
     if let Some(host) = &state.sessions {
         let ended = host.end_all().await;
         if ended > 0 {
-            tracing::info!(sessions = ended, "ended the interactive sessions this server started");
+            tracing::info!(
+                sessions = ended,
+                "ended the interactive sessions this server started"
+            );
         }
     }
     Ok(ExitCode::SUCCESS)

@@ -61,7 +61,6 @@ pub fn lock_key(scope: LockScope, value: &str) -> i64 {
     i64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
 }
 
-
 /// The lease length when `GROVE_LOCK_LEASE_MS` is unset.
 pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
 
@@ -206,7 +205,9 @@ impl AdvisoryLock {
             since = Instant::now();
             let fence = self.fence;
             if !renew(self.conn(), fence, lease).await? {
-                return Err(StoreError::Locked("the lock's lease lapsed as it was taken".into()));
+                return Err(StoreError::Locked(
+                    "the lock's lease lapsed as it was taken".into(),
+                ));
             }
         }
         let (tx, rx) = watch::channel(false);
@@ -301,7 +302,7 @@ impl AdvisoryLock {
         // holder, woken by the unlock, finds no lease in its way.
         let Fence { key, holder } = self.fence;
         let sql = trusted(format!(
-            "DELETE FROM grove.lock_leases WHERE key = {key} AND holder = '{holder}'; COMMIT; \
+            "BEGIN; DELETE FROM grove.lock_leases WHERE key = {key} AND holder = '{holder}'; COMMIT; \
              {announce}SELECT {function}({key}); RESET lock_timeout"
         ));
         let unlocked = sqlx::raw_sql(sql)
@@ -393,7 +394,10 @@ async fn renew_until_lost(
                 next = started + every;
             }
             Ok(Ok(false)) => {
-                tracing::warn!(key = fence.key, "a lock's lease was lost: stopping its holder");
+                tracing::warn!(
+                    key = fence.key,
+                    "a lock's lease was lost: stopping its holder"
+                );
                 let _ = lost.send(true);
                 return;
             }
