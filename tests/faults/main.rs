@@ -13,13 +13,16 @@
 //! - `load.rs`: the mixed client load (ensure, acquire, exec, release, destroy).
 //! - `worker_kill.rs`, `postgres_restart.rs`, `contention.rs`, `hostile.rs`,
 //!   `secrets.rs` (with `gitserver.rs`, a token-checking git smart-HTTP server),
-//!   `tenancy.rs`, `fuzz.rs`: one scenario each.
+//!   `tenancy.rs`, `fuzz.rs`, `fencing.rs` (restarts inside mutating execs),
+//!   `panic.rs` (`injected_panic`): one scenario each.
 
 mod contention;
+mod fencing;
 mod fuzz;
 mod gitserver;
 mod hostile;
 mod load;
+mod panic;
 mod postgres_restart;
 mod secrets;
 mod server;
