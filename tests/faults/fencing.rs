@@ -207,7 +207,7 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     let env = TestEnv::on_server(&cluster.url).await;
     let mut rng = Rng::new("fencing");
     let url = env.fixture_repo("fixture", &[("README.md", "fixture\n")]);
-    let mut fleet = Fleet::new(&env, &[], 2);
+    let mut fleet = Fleet::new(&env, &[("GROVE_LOG", "info,grove_workers=debug")], 2);
     for _ in 0..2 {
         fleet.spawn().await;
     }
@@ -258,6 +258,31 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     );
     account_commands(&env.pool, &ids, &mut figures).await;
     replay_ok(&env, &mut figures).await;
+    // What the workers said about each command a figure counts, for the failure.
+    let logs = fleet.all_logs();
+    for note in figures.notes.clone() {
+        let Some(id) = note.split(':').next().filter(|id| Uuid::parse_str(id).is_ok()) else {
+            continue;
+        };
+        for line in logs.lines().filter(|l| l.contains(id)) {
+            eprintln!("fencing: worker log for {id}: {line}");
+        }
+        let job: Option<(Option<serde_json::Value>, i32, String)> = sqlx::query_as(
+            "SELECT j.last_result, j.attempts, j.status FROM apalis.jobs j
+               JOIN grove.commands c ON c.job_id = j.id WHERE c.command_id = $1::uuid",
+        )
+        .bind(id)
+        .fetch_optional(&env.pool)
+        .await
+        .ok()
+        .flatten();
+        eprintln!("fencing: job of {id}: {job:?}");
+    }
+    for line in logs.lines().filter(|l| {
+        l.contains("handed back") || l.contains("recovered jobs") || l.contains("lease")
+    }) {
+        eprintln!("fencing: worker log: {line}");
+    }
     drop(fleet);
     drop(env);
     drop(cluster);

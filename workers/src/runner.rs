@@ -270,11 +270,18 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
     let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
     // Due at once: a worker's first tick sweeps what a crash left behind.
     let mut last_orphan_sweep = std::time::Instant::now() - ORPHAN_SWEEP_EVERY;
+    // Since when our heartbeats have gone through without a break. Another worker's
+    // silence proves it lost only if we could have heard it all along: after a
+    // database outage every worker is equally stale, so none recovers another's jobs
+    // until it has itself been connected for the whole bound again.
+    let mut connected_since: Option<std::time::Instant> = None;
     loop {
         tick.tick().await;
         match queue::heartbeat(&deps.pool, &cfg.worker_id).await {
             Err(e) => {
-                warn!(error = %e, "heartbeat failed");
+                if connected_since.take().is_some() {
+                    warn!(error = %e, "heartbeat failed");
+                }
                 continue;
             }
             // Our row is gone (pruned while we were cut off): register again.
@@ -283,6 +290,9 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
             }
             Ok(true) => {}
         }
+        let connected_for = connected_since
+            .get_or_insert_with(std::time::Instant::now)
+            .elapsed();
         let inflight: Vec<String> = deps
             .inflight
             .lock()
@@ -303,7 +313,12 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
             }
             Err(e) => warn!(error = %e, "sweeping abandoned jobs failed"),
         }
-        match queue::recover_orphans(&deps.pool, cfg.worker_lost_after).await {
+        let recovered = if connected_for >= cfg.worker_lost_after {
+            queue::recover_orphans(&deps.pool, cfg.worker_lost_after).await
+        } else {
+            Ok(0)
+        };
+        match recovered {
             Ok(0) => {}
             Ok(n) => {
                 info!(jobs = n, "recovered jobs of a lost worker");
