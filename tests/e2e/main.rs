@@ -18,6 +18,7 @@ mod remote_placement;
 mod replay;
 mod runtimes;
 mod secrets;
+mod stop;
 mod tools;
 mod tools_http;
 

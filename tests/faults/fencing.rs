@@ -15,7 +15,9 @@ use grove_e2e::TestEnv;
 use uuid::Uuid;
 
 use crate::postgres_restart::Cluster;
-use crate::{account_commands, drain, replay_ok, scale, submit_until_decided, Decided, Figures, Fleet, Rng};
+use crate::{
+    account_commands, drain, replay_ok, scale, submit_until_decided, Decided, Figures, Fleet, Rng,
+};
 
 /// Restarts in the default run; scaled by `GROVE_FAULTS_SCALE`.
 const RESTARTS: u64 = 3;
@@ -57,7 +59,11 @@ fn spans(timeline: &str) -> HashMap<String, Span> {
         };
         let Ok(ts) = ts.parse::<u128>() else { continue };
         let span = out.entry(marker.to_string()).or_default();
-        span.first = if span.first == 0 { ts } else { span.first.min(ts) };
+        span.first = if span.first == 0 {
+            ts
+        } else {
+            span.first.min(ts)
+        };
         span.last = span.last.max(ts);
         match what {
             "start" => span.starts += 1,
@@ -90,10 +96,16 @@ fn overlaps(spans: &HashMap<String, Span>) -> Vec<(String, String)> {
 async fn acquire(env: &TestEnv, url: &str, n: usize) -> (String, PathBuf) {
     let conversation = format!("fence-{n}");
     let args = grove_e2e::acquire_args(url, "edit", &["--conversation", &conversation]);
-    let d = submit_until_decided(env, &args, Uuid::now_v7(), CLIENT_ENV, Duration::from_secs(120))
-        .await
-        .filter(|d| d.succeeded())
-        .expect("acquiring a workspace for the fencing scenario");
+    let d = submit_until_decided(
+        env,
+        &args,
+        Uuid::now_v7(),
+        CLIENT_ENV,
+        Duration::from_secs(120),
+    )
+    .await
+    .filter(|d| d.succeeded())
+    .expect("acquiring a workspace for the fencing scenario");
     let id = d.field("id").and_then(|v| v.as_str()).unwrap().to_string();
     let path = d.field("local_path").and_then(|v| v.as_str()).unwrap();
     (id, PathBuf::from(path))
@@ -118,8 +130,8 @@ async fn client(
             format!("TICKS={ticks}"),
         ];
         let args = [
-            "exec", ws, "--env", &envs[0], "--env", &envs[1], "--env", &envs[2], "--", "sh",
-            "-c", SCRIPT,
+            "exec", ws, "--env", &envs[0], "--env", &envs[1], "--env", &envs[2], "--", "sh", "-c",
+            SCRIPT,
         ];
         let decided =
             submit_until_decided(env, &args, id, CLIENT_ENV, Duration::from_secs(240)).await;
@@ -239,7 +251,9 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     };
     let timelines: Vec<HashMap<String, Span>> = workspaces
         .iter()
-        .map(|(_, path)| spans(&std::fs::read_to_string(path.join(".timeline")).unwrap_or_default()))
+        .map(|(_, path)| {
+            spans(&std::fs::read_to_string(path.join(".timeline")).unwrap_or_default())
+        })
         .collect();
     let mut overlapping = 0u64;
     for (n, t) in timelines.iter().enumerate() {
@@ -250,8 +264,16 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     }
     figures.duplicated += overlapping;
     check(&submitted, &timelines, &mut figures);
-    let finished = timelines.iter().flat_map(|t| t.values()).filter(|s| s.ended).count();
-    let stopped = timelines.iter().flat_map(|t| t.values()).filter(|s| !s.ended).count();
+    let finished = timelines
+        .iter()
+        .flat_map(|t| t.values())
+        .filter(|s| s.ended)
+        .count();
+    let stopped = timelines
+        .iter()
+        .flat_map(|t| t.values())
+        .filter(|s| !s.ended)
+        .count();
     eprintln!(
         "fencing: {restarts} restarts ({inside} with an exec running), {} execs, {finished} finished, {stopped} stopped part-way, overlaps={overlapping}",
         submitted.len()
@@ -261,7 +283,11 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     // What the workers said about each command a figure counts, for the failure.
     let logs = fleet.all_logs();
     for note in figures.notes.clone() {
-        let Some(id) = note.split(':').next().filter(|id| Uuid::parse_str(id).is_ok()) else {
+        let Some(id) = note
+            .split(':')
+            .next()
+            .filter(|id| Uuid::parse_str(id).is_ok())
+        else {
             continue;
         };
         for line in logs.lines().filter(|l| l.contains(id)) {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use crate::{account_commands, env_or_skip, replay_ok, scale, submit_until_decided, Figures, Fleet};
+use crate::{
+    account_commands, env_or_skip, replay_ok, scale, submit_until_decided, Figures, Fleet,
+};
 
 const PANICS: u64 = 3;
 const PATIENCE: Duration = Duration::from_secs(120);
@@ -35,19 +37,33 @@ async fn injected_panic_fails_its_job_as_internal_and_wedges_nothing() {
         injected: panics,
         ..Default::default()
     };
-    let exec = ["exec", ws.as_str(), "--", "sh", "-c", "echo ran >> .panic-runs"];
+    let exec = [
+        "exec",
+        ws.as_str(),
+        "--",
+        "sh",
+        "-c",
+        "echo ran >> .panic-runs",
+    ];
     for _ in 0..panics {
         let id = Uuid::now_v7();
         ids.push(id);
         figures.trials += 2;
         let d = submit_until_decided(&env, &exec, id, &[], PATIENCE).await;
-        if !d.as_ref().is_some_and(|d| d.error_kind.as_deref() == Some("internal")) {
+        if !d
+            .as_ref()
+            .is_some_and(|d| d.error_kind.as_deref() == Some("internal"))
+        {
             figures.lost += 1;
-            figures.note(format!("{id}: a panicked exec ended as {d:?}, not failed/internal"));
+            figures.note(format!(
+                "{id}: a panicked exec ended as {d:?}, not failed/internal"
+            ));
         }
         if !panicky.all_logs().contains(&id.to_string()) {
             figures.lost += 1;
-            figures.note(format!("{id}: the panic was not logged with the command id"));
+            figures.note(format!(
+                "{id}: the panic was not logged with the command id"
+            ));
         }
         // The slot is free: the same worker takes the next job.
         let probe = Uuid::now_v7();
@@ -70,12 +86,15 @@ async fn injected_panic_fails_its_job_as_internal_and_wedges_nothing() {
     figures.trials += 1;
     let t = Instant::now();
     let d = submit_until_decided(&env, &exec, id, &[], PATIENCE).await;
-    let ran = d.as_ref().is_some_and(|d| {
-        d.succeeded() && d.field("exit_code").and_then(|c| c.as_i64()) == Some(0)
-    });
+    let ran = d
+        .as_ref()
+        .is_some_and(|d| d.succeeded() && d.field("exit_code").and_then(|c| c.as_i64()) == Some(0));
     if !ran || t.elapsed() > Duration::from_secs(30) {
         figures.lost += 1;
-        figures.note(format!("an exec after the panics: {d:?} after {:?}", t.elapsed()));
+        figures.note(format!(
+            "an exec after the panics: {d:?} after {:?}",
+            t.elapsed()
+        ));
     }
     account_commands(&env.pool, &ids, &mut figures).await;
     replay_ok(&env, &mut figures).await;

@@ -89,6 +89,20 @@ impl Worker {
         }
         let _ = self.child.wait().await;
     }
+
+    /// SIGTERM, then waits up to `patience` for the exit; `None` if it did not exit.
+    pub async fn terminate(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: plain kill(2) on a child we own.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+        tokio::time::timeout(patience, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
 }
 
 impl TestEnv {

@@ -307,7 +307,9 @@ async fn wait_step(
                 ),
             };
             if queue::cancel_unclaimed(pool, command_id, &reason).await? {
-                return Ok(Some(Err(CommandError::new(ErrorKind::Unavailable, reason).into())));
+                return Ok(Some(Err(
+                    CommandError::new(ErrorKind::Unavailable, reason).into()
+                )));
             }
         }
         if late && queue::live_workers(pool, opts.claim_timeout).await? == 0 {
