@@ -148,8 +148,7 @@ async fn writes_under_a_lock_whose_lease_was_taken_over_are_refused() {
     let mut tx = sqlx::Connection::begin(lock.conn()).await.unwrap();
     let err = grove_postgres::store::check_fences(&mut tx, &[fence])
         .await
-        .err()
-        .expect("a lost lease must refuse the write");
+        .expect_err("a lost lease must refuse the write");
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
     tx.rollback().await.unwrap();
     lock.release().await.unwrap();

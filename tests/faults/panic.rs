@@ -50,10 +50,10 @@ async fn injected_panic_fails_its_job_as_internal_and_wedges_nothing() {
         ids.push(id);
         figures.trials += 2;
         let d = submit_until_decided(&env, &exec, id, &[], PATIENCE).await;
-        if !d
+        let internal = d
             .as_ref()
-            .is_some_and(|d| d.error_kind.as_deref() == Some("internal"))
-        {
+            .is_some_and(|d| d.error_kind.as_deref() == Some("internal"));
+        if !internal {
             figures.lost += 1;
             figures.note(format!(
                 "{id}: a panicked exec ended as {d:?}, not failed/internal"
