@@ -955,6 +955,65 @@ async fn sweep_removes_unowned_containers_and_keeps_owned_ones() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn containers_whose_home_is_gone_are_swept_from_any_scope() {
+    let Some(env) = env_or_skip("containers_whose_home_is_gone_are_swept_from_any_scope").await
+    else {
+        return;
+    };
+    let (gone, kept) = (env.root().join("home-gone"), env.root().join("home-kept"));
+    std::fs::create_dir(&gone).unwrap();
+    std::fs::create_dir(&kept).unwrap();
+    let ws = env.workspace("homes");
+    let of_gone = env
+        .provider
+        .clone()
+        .with_home_path(&gone)
+        .create_docker(env.spec_for(&ws, false, NetworkPolicy::None, "gone"))
+        .await
+        .unwrap();
+    let of_kept = env
+        .provider
+        .clone()
+        .with_home_path(&kept)
+        .create_docker(env.spec_for(&ws, false, NetworkPolicy::None, "kept"))
+        .await
+        .unwrap();
+    // A worker of another deployment (another scope) on the same engine.
+    let other = DockerRuntimeProvider::connect()
+        .await
+        .unwrap()
+        .with_scope_label("grove.test", format!("other-{}", unique_token()));
+    assert!(
+        other
+            .sweep_homeless(Duration::ZERO)
+            .await
+            .unwrap()
+            .iter()
+            .all(|n| n != of_gone.container_name() && n != of_kept.container_name()),
+        "a container whose home exists was swept"
+    );
+    std::fs::remove_dir(&gone).unwrap();
+    // Young containers are spared by the grace.
+    let spared = other
+        .sweep_homeless(Duration::from_secs(3600))
+        .await
+        .unwrap();
+    assert!(!spared.contains(&of_gone.container_name().to_string()));
+    let removed = other.sweep_homeless(Duration::ZERO).await.unwrap();
+    assert!(
+        removed.contains(&of_gone.container_name().to_string()),
+        "{removed:?}"
+    );
+    assert!(
+        !removed.contains(&of_kept.container_name().to_string()),
+        "{removed:?}"
+    );
+    let left: Vec<String> = env.containers().await.into_iter().map(|c| c.name).collect();
+    assert_eq!(left, vec![of_kept.container_name().to_string()]);
+    assert!(ws.exists(), "the sweep touched the workspace");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn git_status_and_commit_work_inside_the_debian_image() {
     let Some(env) = env_or_skip("git_status_and_commit_work_inside_the_debian_image").await else {
         return;
