@@ -105,6 +105,9 @@ pub struct AdvisoryLock {
     pool: PgPool,
     fence: Fence,
     shared: bool,
+    /// Whether the statement that takes the lease succeeded (so a row may exist even
+    /// when renewing it never started).
+    taken: bool,
     lease: Option<Lease>,
 }
 
@@ -136,6 +139,7 @@ impl AdvisoryLock {
                 holder: Uuid::new_v4(),
             },
             shared,
+            taken: false,
             lease: None,
         })
     }
@@ -161,6 +165,7 @@ impl AdvisoryLock {
             .execute(guard.conn())
             .await
             .map_err(|e| busy(e, scope, timeout))?;
+        guard.taken = true;
         guard.keep_lease(started).await?;
         Ok(guard)
     }
@@ -189,6 +194,7 @@ impl AdvisoryLock {
             .fetch_optional(guard.conn())
             .await
             .map_err(|e| busy(e, scope, timeout))?;
+        guard.taken = true;
         let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
         guard.keep_lease(started).await?;
         Ok((guard, row))
@@ -310,6 +316,8 @@ impl AdvisoryLock {
             .await
             .map(|_| ())
             .map_err(StoreError::from);
+        // Released here, one way or the other: Drop has nothing left to do.
+        self.taken = false;
         match unlocked {
             // Unlocked cleanly: dropping the pooled connection returns it to the pool.
             Ok(()) => Ok(()),
@@ -317,9 +325,7 @@ impl AdvisoryLock {
                 // The lock may still be held: close the session rather than pool it,
                 // and remove the lease through another connection.
                 drop(conn.detach());
-                if lease.is_some() {
-                    forget_lease(&self.pool, self.fence);
-                }
+                forget_lease(&self.pool, self.fence);
                 Err(e)
             }
         }
@@ -334,6 +340,8 @@ impl Drop for AdvisoryLock {
         }
         if let Some(lease) = self.lease.take() {
             lease.renewer.abort();
+        }
+        if std::mem::take(&mut self.taken) {
             forget_lease(&self.pool, self.fence);
         }
     }
