@@ -1,6 +1,6 @@
 //! Scenario `fencing`: a private Postgres cluster is restarted (`-m immediate`) while
 //! mutating execs run on a few workspaces, two clients per workspace competing for its
-//! lock. Each command writes its own timeline (start, a tick every 0.1 s, end, with
+//! lock; every third outage lasts longer than a lock's lease can ride out. Each command writes its own timeline (start, a tick every 0.1 s, end, with
 //! nanosecond timestamps) into the workspace. No two commands of one workspace may
 //! overlap in time, every command that reached its end must have its real exit code in
 //! the ledger, and none may run twice.
@@ -25,11 +25,14 @@ const WORKSPACES: usize = 2;
 const CLIENTS_PER_WORKSPACE: usize = 2;
 const CLIENT_ENV: &[(&str, &str)] = &[("GROVE_CLAIM_TIMEOUT", "300")];
 
-/// The command each exec runs: its timeline into `.timeline`, then its exit code.
-const SCRIPT: &str = r#"echo "start $FAULT_ID $(date +%s%N)" >> .timeline
+/// The command each exec runs: its timeline into `.timeline`, then its exit code. The
+/// clock is the host's uptime (10 ms steps), which the local sandbox and a container
+/// (busybox has no `date +%N`) read alike.
+const SCRIPT: &str = r#"now() { read -r up _ < /proc/uptime; echo "$up"; }
+echo "start $FAULT_ID $(now)" >> .timeline
 i=0
-while [ "$i" -lt "$TICKS" ]; do echo "tick $FAULT_ID $(date +%s%N)" >> .timeline; sleep 0.1; i=$((i+1)); done
-echo "end $FAULT_ID $(date +%s%N)" >> .timeline
+while [ "$i" -lt "$TICKS" ]; do echo "tick $FAULT_ID $(now)" >> .timeline; sleep 0.1; i=$((i+1)); done
+echo "end $FAULT_ID $(now)" >> .timeline
 exit "$CODE""#;
 
 /// One exec a client submitted.
@@ -57,7 +60,10 @@ fn spans(timeline: &str) -> HashMap<String, Span> {
         else {
             continue;
         };
-        let Ok(ts) = ts.parse::<u128>() else { continue };
+        // Seconds with two decimals, as milliseconds.
+        let Ok(ts) = ts.parse::<f64>().map(|s| (s * 1000.0).round() as u128) else {
+            continue;
+        };
         let span = out.entry(marker.to_string()).or_default();
         span.first = if span.first == 0 {
             ts
@@ -82,7 +88,9 @@ fn overlaps(spans: &HashMap<String, Span>) -> Vec<(String, String)> {
     let mut latest: Option<(&String, u128)> = None;
     for (marker, span) in sorted {
         if let Some((prev, until)) = latest {
-            if span.first <= until {
+            // Strictly before: two commands in one 10 ms step of the clock are not
+            // told apart, while a real overlap spans at least a tick (100 ms).
+            if span.first < until {
                 found.push((prev.clone(), marker.clone()));
             }
         }
@@ -111,10 +119,11 @@ async fn acquire(env: &TestEnv, url: &str, n: usize) -> (String, PathBuf) {
     (id, PathBuf::from(path))
 }
 
-/// One client: writing execs on workspace `n` until `stop`.
+/// One client: writing execs on workspace `n` (in `runtime`) until `stop`.
 async fn client(
     env: &TestEnv,
     ws: &str,
+    runtime: &str,
     n: usize,
     stop: &AtomicBool,
     out: &Mutex<Vec<(Uuid, Submitted)>>,
@@ -123,7 +132,14 @@ async fn client(
         let id = Uuid::now_v7();
         let marker = Uuid::new_v4().simple().to_string();
         let r = Uuid::new_v4().as_u128();
-        let (code, ticks) = ((r % 4) as i64, 3 + (r >> 8) % 8);
+        // Most commands take 0.3 to 1 s; one in four takes 6 to 9 s, long enough to
+        // be running when a long outage makes its lock's lease lapse.
+        let ticks = if (r >> 16) % 4 == 0 {
+            60 + (r >> 8) % 30
+        } else {
+            3 + (r >> 8) % 8
+        };
+        let code = (r % 4) as i64;
         let envs = [
             format!("FAULT_ID={marker}"),
             format!("CODE={code}"),
@@ -150,7 +166,7 @@ async fn client(
 /// Restarts the cluster `restarts` times, each once an exec is running.
 async fn restarter(env: &TestEnv, cluster: &Cluster, restarts: u64, rng: &mut Rng) -> u64 {
     let mut inside = 0;
-    for _ in 0..restarts {
+    for i in 0..restarts {
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {
             let running: i64 = sqlx::query_scalar(
@@ -167,7 +183,14 @@ async fn restarter(env: &TestEnv, cluster: &Cluster, restarts: u64, rng: &mut Rn
         }
         tokio::time::sleep(Duration::from_millis(rng.range(50, 400))).await;
         cluster.stop("immediate");
-        tokio::time::sleep(Duration::from_millis(rng.range(0, 1500))).await;
+        // Every third outage outlasts what a lease rides out (about 4 s with the
+        // default 10 s lease): the commands running through it must be stopped.
+        let down = if i % 3 == 2 {
+            rng.range(7000, 9000)
+        } else {
+            rng.range(0, 1500)
+        };
+        tokio::time::sleep(Duration::from_millis(down)).await;
         cluster.start_again();
         tokio::time::sleep(Duration::from_millis(rng.range(2000, 4000))).await;
     }
@@ -227,12 +250,22 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     for n in 0..WORKSPACES {
         workspaces.push(acquire(&env, &url, n).await);
     }
+    // The last workspace runs its commands in Docker when an engine is here: a fenced
+    // command must die in a container too.
+    let docker = crate::docker_image(&env, "fencing").await.is_ok();
+    let runtime_of = |n: usize| {
+        if docker && n == WORKSPACES - 1 {
+            "docker"
+        } else {
+            "local"
+        }
+    };
     let restarts = RESTARTS * scale();
     let stop = AtomicBool::new(false);
     let submitted = Mutex::new(Vec::new());
     let clients = futures::future::join_all((0..WORKSPACES * CLIENTS_PER_WORKSPACE).map(|c| {
         let n = c % WORKSPACES;
-        client(&env, &workspaces[n].0, n, &stop, &submitted)
+        client(&env, &workspaces[n].0, runtime_of(n), n, &stop, &submitted)
     }));
     let restarting = async {
         let inside = restarter(&env, &cluster, restarts, &mut rng).await;
@@ -275,7 +308,7 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
         .filter(|s| !s.ended)
         .count();
     eprintln!(
-        "fencing: {restarts} restarts ({inside} with an exec running), {} execs, {finished} finished, {stopped} stopped part-way, overlaps={overlapping}",
+        "fencing: {restarts} restarts ({inside} with an exec running), {} execs, {finished} finished, {stopped} stopped part-way, overlaps={overlapping}, docker={docker}",
         submitted.len()
     );
     account_commands(&env.pool, &ids, &mut figures).await;
@@ -310,6 +343,7 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
         eprintln!("fencing: worker log: {line}");
     }
     drop(fleet);
+    crate::remove_containers(&env);
     drop(env);
     drop(cluster);
     figures.finish("fencing");
