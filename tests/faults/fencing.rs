@@ -315,6 +315,9 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     replay_ok(&env, &mut figures).await;
     // What the workers said about each command a figure counts, for the failure.
     let logs = fleet.all_logs();
+    // A worker cut off from the database backs off and says so once per outage, not
+    // once per failed claim.
+    let claim_warnings = logs.matches("claiming jobs failed").count() as u64;
     for note in figures.notes.clone() {
         let Some(id) = note
             .split(':')
@@ -347,4 +350,8 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     drop(env);
     drop(cluster);
     figures.finish("fencing");
+    assert!(
+        claim_warnings <= 2 * 2 * restarts,
+        "{claim_warnings} claim failure warnings for {restarts} outages of 2 workers"
+    );
 }

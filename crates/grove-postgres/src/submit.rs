@@ -347,3 +347,18 @@ pub async fn submit(
     }
     wait(pool, command_id, wake, opts).await
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lost_connections_are_outages_and_answers_are_not() {
+        let reset = std::io::Error::from(std::io::ErrorKind::ConnectionReset);
+        assert!(is_outage(&StoreError::Database(sqlx::Error::Io(reset))));
+        assert!(is_outage(&StoreError::Database(sqlx::Error::PoolTimedOut)));
+        assert!(!is_outage(&StoreError::Database(sqlx::Error::RowNotFound)));
+        assert!(!is_outage(&StoreError::Locked("busy".into())));
+        assert!(!is_outage(&StoreError::Fenced("lost".into())));
+    }
+}
