@@ -305,10 +305,13 @@ impl AdvisoryLock {
             })
             .unwrap_or_default();
         // The lease's removal commits before the advisory lock is freed, so the next
-        // holder, woken by the unlock, finds no lease in its way.
+        // holder, woken by the unlock, finds no lease in its way. That commit need not
+        // wait for its WAL flush: lost in a crash, the lease only lingers until it
+        // expires, and any later synchronous commit (the next holder's lease) flushes it.
         let Fence { key, holder } = self.fence;
         let sql = trusted(format!(
-            "BEGIN; DELETE FROM grove.lock_leases WHERE key = {key} AND holder = '{holder}'; COMMIT; \
+            "BEGIN; SET LOCAL synchronous_commit = off; \
+             DELETE FROM grove.lock_leases WHERE key = {key} AND holder = '{holder}'; COMMIT; \
              {announce}SELECT {function}({key}); RESET lock_timeout"
         ));
         let unlocked = sqlx::raw_sql(sql)
