@@ -134,7 +134,7 @@ async fn client(
         let r = Uuid::new_v4().as_u128();
         // Most commands take 0.3 to 1 s; one in four takes 6 to 9 s, long enough to
         // be running when a long outage makes its lock's lease lapse.
-        let ticks = if (r >> 16) % 4 == 0 {
+        let ticks = if (r >> 16).is_multiple_of(4) {
             60 + (r >> 8) % 30
         } else {
             3 + (r >> 8) % 8
@@ -146,7 +146,19 @@ async fn client(
             format!("TICKS={ticks}"),
         ];
         let args = [
-            "exec", ws, "--env", &envs[0], "--env", &envs[1], "--env", &envs[2], "--", "sh", "-c",
+            "exec",
+            ws,
+            "--runtime",
+            runtime,
+            "--env",
+            &envs[0],
+            "--env",
+            &envs[1],
+            "--env",
+            &envs[2],
+            "--",
+            "sh",
+            "-c",
             SCRIPT,
         ];
         let decided =
@@ -242,6 +254,10 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     let env = TestEnv::on_server(&cluster.url).await;
     let mut rng = Rng::new("fencing");
     let url = env.fixture_repo("fixture", &[("README.md", "fixture\n")]);
+    // The last workspace runs its commands in Docker when an engine is here (a fenced
+    // command must die in a container too); the image is built before the workers
+    // start, which pick it up as their default.
+    let docker = crate::docker_image(&env, "fencing").await.is_ok();
     let mut fleet = Fleet::new(&env, &[("GROVE_LOG", "info,grove_workers=debug")], 2);
     for _ in 0..2 {
         fleet.spawn().await;
@@ -250,9 +266,6 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     for n in 0..WORKSPACES {
         workspaces.push(acquire(&env, &url, n).await);
     }
-    // The last workspace runs its commands in Docker when an engine is here: a fenced
-    // command must die in a container too.
-    let docker = crate::docker_image(&env, "fencing").await.is_ok();
     let runtime_of = |n: usize| {
         if docker && n == WORKSPACES - 1 {
             "docker"
@@ -313,6 +326,21 @@ async fn fencing_restarts_inside_mutating_execs_never_overlap_and_keep_exit_code
     );
     account_commands(&env.pool, &ids, &mut figures).await;
     replay_ok(&env, &mut figures).await;
+    let unfinished: Vec<(uuid::Uuid, String, Option<serde_json::Value>)> = sqlx::query_as(
+        "SELECT c.command_id, c.status, c.error FROM grove.commands c
+          WHERE c.command_id = ANY($1)
+            AND EXISTS (SELECT 1 FROM grove.events s WHERE s.command_id = c.command_id AND s.event_type = 'exec.started')
+            AND NOT EXISTS (SELECT 1 FROM grove.events f WHERE f.command_id = c.command_id AND f.event_type = 'exec.finished')",
+    )
+    .bind(&ids)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap_or_default();
+    for (id, status, error) in &unfinished {
+        figures.note(format!(
+            "{id}: exec.started without exec.finished: {status} {error:?}"
+        ));
+    }
     // What the workers said about each command a figure counts, for the failure.
     let logs = fleet.all_logs();
     // A worker cut off from the database backs off and says so once per outage, not

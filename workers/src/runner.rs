@@ -486,10 +486,23 @@ async fn finish_panicked(
     if idempotent && attempt < max_attempts {
         return queue::retry_later(&deps.pool, job, &err, queue::backoff(attempt)).await;
     }
+    let events = close_started_execs(deps, job, "internal_error").await?;
+    let md = metadata(deps, job, Correlation::default());
+    finish_patiently(deps, job, &Err(err), &events, &md, now(), &[]).await
+}
+
+/// `exec.finished` (with `outcome`) for each `exec.started` the command committed: for
+/// an exec that failed without a handled outcome after its start was recorded (a
+/// panic, or the database going away right after the start committed).
+async fn close_started_execs(
+    deps: &Deps,
+    job: &ClaimedJob,
+    outcome: &str,
+) -> Result<Vec<Event>, StoreError> {
     let mut conn = deps.pool.acquire().await?;
     let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
     drop(conn);
-    let events: Vec<Event> = started
+    Ok(started
         .iter()
         .filter_map(|e| match &e.event {
             Event::ExecStarted {
@@ -500,7 +513,7 @@ async fn finish_panicked(
                 exec_id: job.command_id,
                 workspace_id: *workspace_id,
                 runtime_id: *runtime_id,
-                outcome: "internal_error".into(),
+                outcome: outcome.into(),
                 exit_code: None,
                 timed_out: false,
                 truncated: false,
@@ -510,9 +523,7 @@ async fn finish_panicked(
             }),
             _ => None,
         })
-        .collect();
-    let md = metadata(deps, job, Correlation::default());
-    finish_patiently(deps, job, &Err(err), &events, &md, now(), &[]).await
+        .collect())
 }
 
 /// Runs a job that `queue::claim_and_start` claimed and started.
@@ -574,7 +585,12 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
         }
         Err(e) => {
             let md = metadata(deps, job, Correlation::default());
-            finish_patiently(deps, job, &Err(e), &[], &md, at, &[]).await
+            // An exec whose start was recorded before it failed is closed too.
+            let events = match command {
+                Command::Exec(_) => close_started_execs(deps, job, "rejected").await?,
+                _ => Vec::new(),
+            };
+            finish_patiently(deps, job, &Err(e), &events, &md, at, &[]).await
         }
     }
 }
