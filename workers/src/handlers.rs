@@ -776,11 +776,14 @@ impl Deps {
             max_output_bytes: Some(e.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES) as usize),
             mutating: kind.is_mutating(),
         };
-        if provider.kind() == "docker" && ws.capabilities.writable {
-            // Containers run as the unprivileged sandbox user, so a writable workspace
+        if let Some(id) = provider
+            .sandbox_identity()
+            .filter(|_| ws.capabilities.writable)
+        {
+            // Commands run as the unprivileged sandbox identity, so a writable workspace
             // is handed over to it (once; later execs find it already owned).
             let dir = ws_dir.clone();
-            tokio::task::spawn_blocking(move || hand_over(&dir, SANDBOX_UID, SANDBOX_GID))
+            tokio::task::spawn_blocking(move || grove_git::tree::hand_over(&dir, id.uid, id.gid))
                 .await
                 .map_err(|e| internal(format!("ownership task failed: {e}")))?
                 .map_err(|e| {
@@ -1272,7 +1275,7 @@ impl Deps {
             if meta.uid() == unsafe { libc::geteuid() } && owned {
                 return;
             }
-            if let Err(e) = chown_tree(&git_dir, meta.uid(), meta.gid()) {
+            if let Err(e) = grove_git::tree::chown_tree(&git_dir, meta.uid(), meta.gid()) {
                 tracing::warn!(error = %e, "re-owning .git after a git tool failed");
             }
         })
@@ -1289,52 +1292,6 @@ fn is_git_tool(op: &ToolOp) -> bool {
             | ToolOp::GitCommit { .. }
             | ToolOp::GitPush { .. }
     )
-}
-
-/// Gives every entry under `dir` (itself included) to `uid:gid`, symlinks themselves.
-pub(crate) fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        if (meta.uid(), meta.gid()) != (uid, gid) {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    Ok(())
-}
-
-/// The unprivileged user (and group) containers run as: `nobody:nogroup`.
-pub const SANDBOX_UID: u32 = 65534;
-pub const SANDBOX_GID: u32 = 65534;
-
-/// Gives every file under `dir` to `uid:gid`, unless `dir` already belongs to it.
-/// Symlinks are re-owned themselves, never followed.
-fn hand_over(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::symlink_metadata(dir)?.uid() == uid {
-        return Ok(());
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        // The top directory is re-owned last: a tree whose top belongs to `uid` was
-        // handed over completely, and a crash midway repeats the walk next time.
-        if path != dir {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
 }
 
 pub fn correlation_of(ws: &WorkspaceRow) -> Correlation {

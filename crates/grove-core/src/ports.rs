@@ -403,6 +403,12 @@ pub trait RuntimeProvider: Send + Sync {
             .unwrap_or("");
         format!("{}:{runtime}", self.kind())
     }
+    /// The unprivileged host identity this provider's commands run as when that is
+    /// not the worker's own user: a writable workspace is handed over to it (files
+    /// re-owned) before the first command. `None`: nothing to hand over.
+    fn sandbox_identity(&self) -> Option<crate::identity::SandboxIdentity> {
+        None
+    }
     /// Stops (hibernates) a runtime; its workspace is untouched. A provider that runs a
     /// fresh process tree per exec has nothing to stop, hence the default.
     fn stop(&self, _backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {

@@ -720,7 +720,7 @@ async fn other_workspaces_are_invisible_the_cache_is_read_only_and_the_user_is_n
         "cached"
     );
 
-    // A root-owned workspace without a configured user runs as nobody.
+    // A root-owned workspace without a configured user runs as the sandbox identity.
     let rooted = env.workspace_owned_by_root("rooted");
     let rt = env
         .provider
@@ -728,7 +728,8 @@ async fn other_workspaces_are_invisible_the_cache_is_read_only_and_the_user_is_n
         .await
         .unwrap();
     let r = run(&*rt, request(&["id", "-u"])).await;
-    assert_eq!(text(&r.stdout).trim(), "65534");
+    let id = grove_core::identity::SandboxIdentity::from_env().unwrap();
+    assert_eq!(text(&r.stdout).trim(), id.uid.to_string());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
