@@ -226,10 +226,7 @@ impl AgentPool {
         if key.fresh_tmp {
             argv.push("--fresh-tmp".into());
         }
-        let (cmd, seccomp_fd) = self
-            .jail
-            .command(bwrap, &argv, cgroup)
-            .map_err(NotTaken)?;
+        let (cmd, seccomp_fd) = self.jail.command(bwrap, &argv, cgroup).map_err(NotTaken)?;
         let agent = AgentProc::start(cmd, seccomp_fd, backend_id.to_string())
             .await
             .map_err(NotTaken)?;

@@ -225,7 +225,10 @@ fn probe_cgroup_v1() -> Result<(), String> {
     for controller in ["pids", "memory"] {
         let dir = Path::new(CGROUP_V1).join(controller);
         if !dir.join("cgroup.procs").is_file() {
-            return Err(format!("no cgroup v1 '{controller}' controller at {}", dir.display()));
+            return Err(format!(
+                "no cgroup v1 '{controller}' controller at {}",
+                dir.display()
+            ));
         }
         let ours = dir.join(CGROUP_DIR);
         std::fs::create_dir_all(&ours)
@@ -253,7 +256,13 @@ impl Cgroup {
     fn at(name: &str) -> Self {
         let safe: String = name
             .chars()
-            .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .collect();
         let base = Path::new(CGROUP_V1);
         Self {
@@ -270,7 +279,8 @@ impl Cgroup {
                 .map_err(|e| format!("cannot set {}/{file}: {e}", dir.display()))
         };
         for dir in [&cg.pids, &cg.memory] {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot make {}: {e}", dir.display()))?;
         }
         set(&cg.pids, "pids.max", &pids.to_string())?;
         set(&cg.memory, "memory.limit_in_bytes", &bytes)?;

@@ -421,7 +421,8 @@ impl RuntimeProvider for LocalRuntimeProvider {
         }
         // Best effort: the agent's processes may take a moment to go; an empty cgroup
         // left behind holds nothing.
-        self.jail.remove_cgroup(&jail::cgroup_name(backend_id, Path::new("")));
+        self.jail
+            .remove_cgroup(&jail::cgroup_name(backend_id, Path::new("")));
         Box::pin(futures::future::ready(Ok(())))
     }
 
@@ -794,7 +795,10 @@ impl Runtime for LocalRuntime {
 fn make_jail() -> (std::sync::Arc<jail::Jail>, Option<String>) {
     let (identity, error) = match SandboxIdentity::from_env() {
         Ok(id) => (id, None),
-        Err(e) => (SandboxIdentity::DEFAULT, Some(format!("invalid sandbox identity: {e}"))),
+        Err(e) => (
+            SandboxIdentity::DEFAULT,
+            Some(format!("invalid sandbox identity: {e}")),
+        ),
     };
     (
         std::sync::Arc::new(jail::Jail::detect((identity.uid, identity.gid))),

@@ -241,8 +241,19 @@ mod tests {
             !args.windows(3).any(|w| w[1] == "/" && w[2] == "/"),
             "the host root must not be bound: {args:?}"
         );
-        for secret in ["/etc/shadow", "/etc/gshadow", "/etc/sudoers", "/etc/ssh", "/sys", "/root", "/home"] {
-            assert!(!args.iter().any(|a| a == secret), "{secret} is bound: {args:?}");
+        for secret in [
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/sudoers",
+            "/etc/ssh",
+            "/sys",
+            "/root",
+            "/home",
+        ] {
+            assert!(
+                !args.iter().any(|a| a == secret),
+                "{secret} is bound: {args:?}"
+            );
         }
         assert!(args.windows(2).any(|w| w == ["--proc", "/proc"]));
         for flag in ["--unshare-user", "--disable-userns"] {

@@ -107,7 +107,9 @@ fn build() -> Result<Vec<u8>, String> {
             newuser,
         )
         .map_err(|e| e.to_string())?;
-        Ok(vec![SeccompRule::new(vec![cond]).map_err(|e| e.to_string())?])
+        Ok(vec![
+            SeccompRule::new(vec![cond]).map_err(|e| e.to_string())?
+        ])
     };
     rules.insert(libc::SYS_unshare as i64, by_flag(0)?);
     rules.insert(libc::SYS_clone as i64, by_flag(0)?);
@@ -118,7 +120,9 @@ fn build() -> Result<Vec<u8>, String> {
         arch,
     )
     .map_err(|e| e.to_string())?;
-    let program: BpfProgram = filter.try_into().map_err(|e: seccompiler::BackendError| e.to_string())?;
+    let program: BpfProgram = filter
+        .try_into()
+        .map_err(|e: seccompiler::BackendError| e.to_string())?;
     let mut bytes = Vec::with_capacity(program.len() * 8);
     for ins in program {
         bytes.extend_from_slice(&ins.code.to_ne_bytes());

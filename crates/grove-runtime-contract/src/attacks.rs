@@ -108,7 +108,10 @@ pub async fn core_pattern_and_crash(h: &dyn Harness) -> Outcome {
     let r = run_attack(&*rt, &script, true).await;
     std::thread::sleep(Duration::from_millis(200));
     guard.assert_unchanged("core_pattern attack");
-    assert_ne!(r.exit_code, 0, "writing core_pattern succeeded inside the sandbox");
+    assert_ne!(
+        r.exit_code, 0,
+        "writing core_pattern succeeded inside the sandbox"
+    );
     assert!(!marker.exists(), "the core helper ran on the host");
     Outcome::Passed
 }
@@ -179,7 +182,9 @@ pub async fn other_tenants_are_unreachable(h: &dyn Harness) -> Outcome {
         return o;
     }
     let fx = Fixture::new(h);
-    let cache = h.scratch_root().join(format!("repos/other-user-{}/repo", unique_token()));
+    let cache = h
+        .scratch_root()
+        .join(format!("repos/other-user-{}/repo", unique_token()));
     std::fs::create_dir_all(&cache).unwrap();
     let cache_secret = format!("cache-secret-{}", unique_token());
     std::fs::write(cache.join("config"), &cache_secret).unwrap();
@@ -194,8 +199,14 @@ pub async fn other_tenants_are_unreachable(h: &dyn Harness) -> Outcome {
     let r = run_attack(&*rt, &script, true).await;
     let out = text(&r.stdout);
     assert!(!out.contains(&fx.secret), "another workspace was readable");
-    assert!(!out.contains(&cache_secret), "another user's repo cache was readable");
-    assert!(!other.join("planted.txt").exists(), "another workspace was writable");
+    assert!(
+        !out.contains(&cache_secret),
+        "another user's repo cache was readable"
+    );
+    assert!(
+        !other.join("planted.txt").exists(),
+        "another workspace was writable"
+    );
     Outcome::Passed
 }
 
@@ -206,7 +217,9 @@ pub async fn the_database_is_unreachable(h: &dyn Harness) -> Outcome {
         return o;
     }
     let fx = Fixture::new(h);
-    let pg = h.scratch_root().join(format!("postgres-{}", unique_token()));
+    let pg = h
+        .scratch_root()
+        .join(format!("postgres-{}", unique_token()));
     std::fs::create_dir_all(&pg).unwrap();
     std::fs::write(pg.join("PG_VERSION"), "17\n").unwrap();
     let socket = pg.join(".s.PGSQL.5432");
@@ -219,9 +232,15 @@ pub async fn the_database_is_unreachable(h: &dyn Harness) -> Outcome {
     );
     let r = run_attack(&*rt, &script, false).await;
     let out = text(&r.stdout);
-    assert!(!out.contains("LISTED"), "the database directory was listable:\n{out}");
+    assert!(
+        !out.contains("LISTED"),
+        "the database directory was listable:\n{out}"
+    );
     assert!(!out.contains("17"), "PG_VERSION was readable:\n{out}");
-    assert!(!out.contains("SOCKET"), "the database socket was visible:\n{out}");
+    assert!(
+        !out.contains("SOCKET"),
+        "the database socket was visible:\n{out}"
+    );
     Outcome::Passed
 }
 
@@ -247,7 +266,10 @@ pub async fn host_processes_are_out_of_reach(h: &dyn Harness) -> Outcome {
     let _ = victim.kill();
     let _ = victim.wait();
     assert!(alive, "the sandbox killed a host process");
-    assert!(!text(&r.stdout).contains("READ"), "a host process's environ was readable");
+    assert!(
+        !text(&r.stdout).contains("READ"),
+        "a host process's environ was readable"
+    );
     Outcome::Passed
 }
 
@@ -260,7 +282,12 @@ pub async fn namespaces_mounts_and_keyrings_are_refused(h: &dyn Harness) -> Outc
     let fx = Fixture::new(h);
     let rt = runtime(h, fx.ws(), true, NetworkPolicy::None).await;
     std::fs::create_dir_all(fx.ws().join("m")).unwrap();
-    let r = run_attack(&*rt, "mount -t tmpfs none m && touch m/x && echo MOUNTED", true).await;
+    let r = run_attack(
+        &*rt,
+        "mount -t tmpfs none m && touch m/x && echo MOUNTED",
+        true,
+    )
+    .await;
     assert!(!text(&r.stdout).contains("MOUNTED"), "mount succeeded");
     assert_ne!(r.exit_code, 0, "mount succeeded");
 
@@ -309,8 +336,14 @@ pub async fn network_none_cannot_reach_the_host(h: &dyn Harness) -> Outcome {
     if let Some(o) = missing_tool(check, "bash", &r) {
         return o;
     }
-    assert!(!text(&r.stdout).contains("CONNECTED"), "reached the host's loopback");
-    assert!(listener.accept().is_err(), "the host listener got a connection");
+    assert!(
+        !text(&r.stdout).contains("CONNECTED"),
+        "reached the host's loopback"
+    );
+    assert!(
+        listener.accept().is_err(),
+        "the host listener got a connection"
+    );
     Outcome::Passed
 }
 
@@ -358,7 +391,12 @@ async fn resource_attack(h: &dyn Harness, check: &str, script: &str) -> Outcome 
 
 /// A fork bomb ends as `resource_limit`; the host stays responsive.
 pub async fn a_fork_bomb_is_a_resource_limit(h: &dyn Harness) -> Outcome {
-    resource_attack(h, "a_fork_bomb_is_a_resource_limit", "f(){ f | f & }; f; wait").await
+    resource_attack(
+        h,
+        "a_fork_bomb_is_a_resource_limit",
+        "f(){ f | f & }; f; wait",
+    )
+    .await
 }
 
 /// A memory hog ends as `resource_limit`; the host stays responsive.
@@ -388,13 +426,24 @@ pub async fn a_planted_symlink_reads_nothing_of_the_host(h: &dyn Harness) -> Out
         o = fx.other_workspace.path().join("secret.txt").display()
     );
     let r = run_attack(&*rt, &plant, true).await;
-    assert_eq!(r.exit_code, 0, "planting symlinks failed: {}", text(&r.stderr));
+    assert_eq!(
+        r.exit_code,
+        0,
+        "planting symlinks failed: {}",
+        text(&r.stderr)
+    );
     let r = run_attack(&*rt, "cat l1; cat l2; cat l3", false).await;
     let out = text(&r.stdout);
     assert!(!out.contains("root:"), "/etc/shadow read through a symlink");
     assert!(!out.contains(&token), "a host file read through a symlink");
-    assert!(!out.contains(&fx.secret), "another workspace read through a symlink");
-    assert_eq!(std::fs::read_to_string(&planted).unwrap(), format!("host-{token}"));
+    assert!(
+        !out.contains(&fx.secret),
+        "another workspace read through a symlink"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&planted).unwrap(),
+        format!("host-{token}")
+    );
     Outcome::Passed
 }
 
@@ -417,7 +466,11 @@ pub async fn an_analysis_tmp_plant_does_not_reach_the_next_exec(h: &dyn Harness)
         false,
     )
     .await;
-    assert!(text(&r.stdout).contains("planted"), "planting failed: {}", text(&r.stderr));
+    assert!(
+        text(&r.stdout).contains("planted"),
+        "planting failed: {}",
+        text(&r.stderr)
+    );
     let r = run_attack(&*rt, "cat /tmp/plant \"$HOME/.gitconfig\"", false).await;
     assert!(
         !text(&r.stdout).contains(&token),
@@ -433,17 +486,38 @@ pub async fn run_attacks(h: &dyn Harness) -> Vec<(&'static str, Outcome)> {
         ("core_pattern_and_crash", core_pattern_and_crash(h).await),
         ("proc_sys_writes_fail", proc_sys_writes_fail(h).await),
         ("sysrq_trigger_is_closed", sysrq_trigger_is_closed(h).await),
-        ("host_secrets_are_unreadable", host_secrets_are_unreadable(h).await),
-        ("other_tenants_are_unreachable", other_tenants_are_unreachable(h).await),
-        ("the_database_is_unreachable", the_database_is_unreachable(h).await),
-        ("host_processes_are_out_of_reach", host_processes_are_out_of_reach(h).await),
+        (
+            "host_secrets_are_unreadable",
+            host_secrets_are_unreadable(h).await,
+        ),
+        (
+            "other_tenants_are_unreachable",
+            other_tenants_are_unreachable(h).await,
+        ),
+        (
+            "the_database_is_unreachable",
+            the_database_is_unreachable(h).await,
+        ),
+        (
+            "host_processes_are_out_of_reach",
+            host_processes_are_out_of_reach(h).await,
+        ),
         (
             "namespaces_mounts_and_keyrings_are_refused",
             namespaces_mounts_and_keyrings_are_refused(h).await,
         ),
-        ("network_none_cannot_reach_the_host", network_none_cannot_reach_the_host(h).await),
-        ("a_fork_bomb_is_a_resource_limit", a_fork_bomb_is_a_resource_limit(h).await),
-        ("a_memory_hog_is_a_resource_limit", a_memory_hog_is_a_resource_limit(h).await),
+        (
+            "network_none_cannot_reach_the_host",
+            network_none_cannot_reach_the_host(h).await,
+        ),
+        (
+            "a_fork_bomb_is_a_resource_limit",
+            a_fork_bomb_is_a_resource_limit(h).await,
+        ),
+        (
+            "a_memory_hog_is_a_resource_limit",
+            a_memory_hog_is_a_resource_limit(h).await,
+        ),
         (
             "a_planted_symlink_reads_nothing_of_the_host",
             a_planted_symlink_reads_nothing_of_the_host(h).await,
