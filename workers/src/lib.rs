@@ -150,9 +150,13 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
 /// `grove serve` and `grove runtimes` use.
 pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
     let local = grove_local::LocalRuntimeProvider::detect(vec![config.home.clone()]);
-    let local_note = local.isolation_unavailable_reason().map(|reason| {
-        tracing::warn!(%reason, "local runtime without OS isolation: write-class commands will be refused");
-        format!("no OS isolation: {reason}")
+    // Exactly which protections are active, or why there are none.
+    let local_note = Some(match local.isolation_unavailable_reason() {
+        Some(reason) => {
+            tracing::warn!(%reason, "local runtime without OS isolation: write-class commands will be refused");
+            format!("no OS isolation: {reason}")
+        }
+        None => local.protections().unwrap_or_default(),
     });
     let mut runtimes = RuntimeRegistry::default().with(Arc::new(local));
     if let Some(note) = local_note {

@@ -273,6 +273,10 @@ impl Cgroup {
 
     fn make(name: &str, pids: u64, memory_mb: u64) -> Result<Self, String> {
         let cg = Self::at(name);
+        if cg.pids.join("pids.max").is_file() && cg.memory.join("memory.limit_in_bytes").is_file() {
+            // Made (and limited) by an earlier create of the same runtime.
+            return Ok(cg);
+        }
         let bytes = memory_mb.saturating_mul(1024 * 1024).to_string();
         let set = |dir: &Path, file: &str, value: &str| -> Result<(), String> {
             std::fs::write(dir.join(file), value)
