@@ -193,16 +193,8 @@ pub(crate) struct Auth<'t> {
 }
 
 impl<'t> Auth<'t> {
-    pub(crate) fn new(token: Option<&'t GitToken>) -> Self {
-        Self {
-            token,
-            origin: None,
-            calls: Cell::new(0),
-            refused: Cell::new(false),
-        }
-    }
-
-    /// Like [`Auth::new`], answering only requests for `url`'s scheme, host and port.
+    /// The callback state for one operation on `url`: the token is handed only to
+    /// requests for `url`'s scheme, host and port.
     pub(crate) fn for_url(token: Option<&'t GitToken>, url: &str) -> Self {
         Self {
             token,

@@ -21,7 +21,6 @@ use git2::{
     Commit, Delta, DiffFindOptions, DiffOptions, ErrorCode, Index, MergeOptions, Oid, Patch,
     Repository, RepositoryState, Signature, Sort, StatusOptions,
 };
-use grove_core::error::GitError;
 use grove_core::merge_back::{
     BranchCommit, ChangedFile, MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy,
     MAX_DIFF_COMMITS, MAX_DIFF_FILES,
@@ -80,9 +79,11 @@ fn open_pair(req: &MergeBackRequest<'_>) -> Result<Pair, MergeBackError> {
         })?
         .id();
     // The task's own objects only: never the alternates file inside its `.git`.
-    let odb = edit.odb().map_err(local)?;
-    crate::trusted::add_objects(&odb, &task.path().join("objects"), true)
-        .map_err(MergeBackError::Git)?;
+    {
+        let odb = edit.odb().map_err(local)?;
+        crate::trusted::add_objects(&odb, &task.path().join("objects"), true)
+            .map_err(MergeBackError::Git)?;
+    }
     Ok(Pair {
         edit,
         edit_head,

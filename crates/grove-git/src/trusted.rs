@@ -49,7 +49,8 @@ const GROVE_CONFIG: &str = "\
 ";
 
 /// Local config keys (lower-cased) the git CLI must never see: each can make git run
-/// a program, read a host file, or send data somewhere else.
+/// a program, read a host file, or send data somewhere else. (`remote.*` may stay:
+/// the CLI runs with every network protocol disallowed.)
 const CLI_FORBIDDEN: &[&str] = &[
     "include.",
     "includeif.",
@@ -67,7 +68,6 @@ const CLI_FORBIDDEN: &[&str] = &[
     "core.excludesfile",
     "core.attributesfile",
     "http.",
-    "remote.",
     "protocol.",
     "uploadpack.",
     "receivepack.",
@@ -573,7 +573,6 @@ mod tests {
             ("core.fsmonitor", "true"),
             ("core.sshCommand", "touch /tmp/x"),
             ("url.http://127.0.0.1:9/.insteadOf", "https://"),
-            ("remote.origin.url", "http://127.0.0.1:9/x"),
             ("credential.helper", "store"),
             ("http.proxy", "http://127.0.0.1:9"),
             ("protocol.ext.allow", "always"),
