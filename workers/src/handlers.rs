@@ -1310,21 +1310,10 @@ fn is_git_tool(op: &ToolOp) -> bool {
 }
 
 /// Gives every entry under `dir` (itself included) to `uid:gid`, symlinks themselves.
+/// By directory descriptors, never following a symlink: a process left running in the
+/// sandbox that swaps a directory for a link mid-walk cannot send the chown outside.
 pub(crate) fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        if (meta.uid(), meta.gid()) != (uid, gid) {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    Ok(())
+    grove_git::tree::chown_tree(dir, uid, gid)
 }
 
 /// The unprivileged user (and group) containers run as: `nobody:nogroup`.

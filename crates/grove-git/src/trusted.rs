@@ -206,8 +206,7 @@ pub(crate) fn open_cache(cache_dir: &Path) -> Result<Repository, git2::Error> {
 /// to any sandbox): its files are grove's own.
 pub(crate) fn open_fresh(dir: &Path) -> Result<Repository, GitError> {
     init();
-    Repository::open_ext(dir, git2::RepositoryOpenFlags::NO_SEARCH, [] as [&Path; 0])
-        .map_err(local)
+    Repository::open_ext(dir, git2::RepositoryOpenFlags::NO_SEARCH, [] as [&Path; 0]).map_err(local)
 }
 
 fn check_rc(rc: std::os::raw::c_int) -> Result<(), GitError> {
@@ -460,7 +459,12 @@ pub(crate) fn git_command(
 }
 
 /// Opens `name` inside the directory `dir_fd` without following a symlink.
-fn open_at(dir_fd: &std::fs::File, name: &str, flags: i32, mode: u32) -> std::io::Result<std::fs::File> {
+fn open_at(
+    dir_fd: &std::fs::File,
+    name: &str,
+    flags: i32,
+    mode: u32,
+) -> std::io::Result<std::fs::File> {
     use std::os::fd::{AsRawFd, FromRawFd};
     let name = CString::new(name).map_err(std::io::Error::other)?;
     // SAFETY: a valid directory descriptor and a NUL-terminated name; the returned
@@ -509,25 +513,44 @@ pub(crate) fn set_upstream(dir: &Path, branch: &str, remote: &str) -> Result<(),
     let edited = (|| {
         let mut cfg = Config::open(&scratch)?;
         cfg.set_str(&format!("branch.{branch}.remote"), remote)?;
-        cfg.set_str(&format!("branch.{branch}.merge"), &format!("refs/heads/{branch}"))
+        cfg.set_str(
+            &format!("branch.{branch}.merge"),
+            &format!("refs/heads/{branch}"),
+        )
     })();
     let new_text = std::fs::read(&scratch);
     let _ = std::fs::remove_file(&scratch);
     edited.map_err(local)?;
     let new_text = new_text.map_err(io)?;
     let tmp_name = format!("config.grove-{}", uuid::Uuid::new_v4().simple());
-    let mut tmp = open_at(&git, &tmp_name, libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL, 0o644)
+    let mut tmp = open_at(
+        &git,
+        &tmp_name,
+        libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+        0o644,
+    )
+    .map_err(io)?;
+    let tmp_c = CString::new(tmp_name)
+        .map_err(std::io::Error::other)
         .map_err(io)?;
-    let tmp_c = CString::new(tmp_name).map_err(std::io::Error::other).map_err(io)?;
     let cfg_c = c"config";
     let done = std::io::Write::write_all(&mut tmp, &new_text)
         .and_then(|()| std::os::unix::fs::fchown(&tmp, Some(meta.uid()), Some(meta.gid())))
         .and_then(|()| {
             // SAFETY: a valid directory descriptor and NUL-terminated names.
             let rc = unsafe {
-                libc::renameat(git.as_raw_fd(), tmp_c.as_ptr(), git.as_raw_fd(), cfg_c.as_ptr())
+                libc::renameat(
+                    git.as_raw_fd(),
+                    tmp_c.as_ptr(),
+                    git.as_raw_fd(),
+                    cfg_c.as_ptr(),
+                )
             };
-            if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+            if rc == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            }
         });
     if let Err(e) = done {
         // SAFETY: as above.
@@ -555,8 +578,11 @@ mod tests {
     fn repo(dir: &Path) -> PathBuf {
         let repo = Repository::init(dir).unwrap();
         let sig = git2::Signature::now("t", "t@t.invalid").unwrap();
-        let tree = repo.find_tree(repo.index().unwrap().write_tree().unwrap()).unwrap();
-        repo.commit(Some("HEAD"), &sig, &sig, "empty", &tree, &[]).unwrap();
+        let tree = repo
+            .find_tree(repo.index().unwrap().write_tree().unwrap())
+            .unwrap();
+        repo.commit(Some("HEAD"), &sig, &sig, "empty", &tree, &[])
+            .unwrap();
         dir.join(".git")
     }
 
@@ -607,11 +633,17 @@ mod tests {
             .env_remove("NOT_SET")
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         assert!(!marker.exists(), "the pre-commit hook ran");
         let env = git_command(&git, &git_dir, &ws).unwrap();
         let names: Vec<_> = env.get_envs().map(|(k, _)| k.to_os_string()).collect();
-        assert!(names.iter().all(|n| n != "GIT_ASKPASS" && n != "SSH_AUTH_SOCK"));
+        assert!(names
+            .iter()
+            .all(|n| n != "GIT_ASKPASS" && n != "SSH_AUTH_SOCK"));
     }
 
     #[test]

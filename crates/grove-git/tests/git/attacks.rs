@@ -70,7 +70,10 @@ impl Scene {
         let cache = fx.cache();
         let remote = fx.path("remote.git");
         let upstream = fx.upstream.to_str().unwrap().to_string();
-        git(fx.root.path(), &["clone", "-q", "--bare", &upstream, "remote.git"]);
+        git(
+            fx.root.path(),
+            &["clone", "-q", "--bare", &upstream, "remote.git"],
+        );
         let edit = fx.path("workspaces/edit");
         let task = fx.path("workspaces/task");
         for (dir, branch) in [(&edit, EDIT), (&task, TASK)] {
@@ -105,10 +108,7 @@ impl Scene {
         let evil = fx.path("evil.sh");
         std::fs::write(
             &evil,
-            format!(
-                "#!/bin/sh\ntouch '{}'/\"ran-$$\"\ncat\n",
-                markers.display()
-            ),
+            format!("#!/bin/sh\ntouch '{}'/\"ran-$$\"\ncat\n", markers.display()),
         )
         .unwrap();
         std::fs::set_permissions(&evil, std::fs::Permissions::from_mode(0o755)).unwrap();
@@ -170,8 +170,14 @@ impl Scene {
         let show = |r: Result<String, GitError>| r;
         let mut out = Vec::new();
         std::fs::write(self.edit.join("agent.txt"), "agent\n").unwrap();
-        out.push(("is_dirty", show(g.is_dirty(&self.edit).map(|d| d.to_string()))));
-        out.push(("status", show(g.status(&self.edit).map(|s| format!("{s:?}")))));
+        out.push((
+            "is_dirty",
+            show(g.is_dirty(&self.edit).map(|d| d.to_string())),
+        ));
+        out.push((
+            "status",
+            show(g.status(&self.edit).map(|s| format!("{s:?}"))),
+        ));
         for (name, against) in [
             ("diff head", DiffAgainst::Head),
             ("diff base", DiffAgainst::Ref(self.fx.first.clone())),
@@ -207,7 +213,10 @@ impl Scene {
         let mb = g.merge_back_diff(&pair).map(|d| format!("{d:?}"));
         out.push(("merge-back diff", mb.map_err(merge_err)));
         let mb = g.merge_back(&pair, MergeStrategy::Merge);
-        out.push(("merge-back", mb.map(|r| format!("{r:?}")).map_err(merge_err)));
+        out.push((
+            "merge-back",
+            mb.map(|r| format!("{r:?}")).map_err(merge_err),
+        ));
         out.extend(self.evict_and_restore(&g));
         out.push(("measure", g.measure(&self.edit).map(|n| n.to_string())));
         out
@@ -245,7 +254,11 @@ impl Scene {
     }
 
     /// The checks every attack ends with.
-    fn assert_host_untouched(&self, before: &[(PathBuf, Vec<u8>)], results: &[(&str, Result<String, GitError>)]) {
+    fn assert_host_untouched(
+        &self,
+        before: &[(PathBuf, Vec<u8>)],
+        results: &[(&str, Result<String, GitError>)],
+    ) {
         let ran: Vec<_> = std::fs::read_dir(&self.markers).unwrap().collect();
         assert!(ran.is_empty(), "a planted program ran: {results:?}");
         assert_eq!(self.host_state(), before, "the host directory changed");
@@ -254,7 +267,11 @@ impl Scene {
             assert!(!text.contains(SECRET), "{name} returned host data: {text}");
             assert!(!text.contains(TOKEN), "{name} leaked the token: {text}");
         }
-        assert_eq!(self.listener.hits.load(Ordering::SeqCst), 0, "the hijack URL was contacted");
+        assert_eq!(
+            self.listener.hits.load(Ordering::SeqCst),
+            0,
+            "the hijack URL was contacted"
+        );
     }
 }
 
@@ -264,7 +281,8 @@ fn merge_err(e: grove_core::merge_back::MergeBackError) -> GitError {
 
 fn ok<'a>(results: &'a [(&str, Result<String, GitError>)], name: &str) -> &'a str {
     let (_, r) = results.iter().find(|(n, _)| *n == name).unwrap();
-    r.as_deref().unwrap_or_else(|e| panic!("{name} failed: {e:?}"))
+    r.as_deref()
+        .unwrap_or_else(|e| panic!("{name} failed: {e:?}"))
 }
 
 /// Runs one config attack: every entry point works as if the keys were absent.
@@ -274,7 +292,16 @@ fn config_attack(setup: impl FnOnce(&Scene)) {
     let before = s.host_state();
     let results = s.every_entry_point();
     s.assert_host_untouched(&before, &results);
-    for name in ["status", "diff head", "diff base", "log", "commit", "push", "save", "restore"] {
+    for name in [
+        "status",
+        "diff head",
+        "diff base",
+        "log",
+        "commit",
+        "push",
+        "save",
+        "restore",
+    ] {
         ok(&results, name);
     }
     assert!(!ok(&results, "status").contains("secret.txt"));
@@ -334,7 +361,10 @@ fn a_diff_textconv_or_external_diff_never_runs() {
 #[test]
 fn an_included_host_file_is_never_honoured() {
     config_attack(|s| {
-        s.set("include.path", s.host.join("included.cfg").to_str().unwrap());
+        s.set(
+            "include.path",
+            s.host.join("included.cfg").to_str().unwrap(),
+        );
         let cond = format!("includeIf.gitdir:{}/.path", s.fx.root.path().display());
         s.set(&cond, s.host.join("included.cfg").to_str().unwrap());
     });
@@ -344,8 +374,14 @@ fn an_included_host_file_is_never_honoured() {
 fn excludes_and_attributes_files_on_the_host_are_never_read() {
     config_attack(|s| {
         std::fs::write(s.host.join("attributes"), "* filter=evil diff=evil\n").unwrap();
-        s.set("core.attributesFile", s.host.join("attributes").to_str().unwrap());
-        s.set("core.excludesFile", s.host.join("secret.txt").to_str().unwrap());
+        s.set(
+            "core.attributesFile",
+            s.host.join("attributes").to_str().unwrap(),
+        );
+        s.set(
+            "core.excludesFile",
+            s.host.join("secret.txt").to_str().unwrap(),
+        );
         s.set("filter.evil.clean", s.evil.to_str().unwrap());
     });
 }
@@ -395,13 +431,28 @@ fn git_dir_shape_attack(shape: impl FnOnce(&Scene, &Path)) {
     let before = s.host_state();
     let results = s.every_entry_point();
     s.assert_host_untouched(&before, &results);
-    for name in ["is_dirty", "status", "diff head", "log", "commit", "push", "save"] {
+    for name in [
+        "is_dirty",
+        "status",
+        "diff head",
+        "log",
+        "commit",
+        "push",
+        "save",
+    ] {
         let (_, r) = results.iter().find(|(n, _)| *n == name).unwrap();
         assert!(matches!(r, Err(GitError::Untrusted(_))), "{name}: {r:?}");
     }
     let (_, mb) = results.iter().find(|(n, _)| *n == "merge-back").unwrap();
-    assert!(mb.is_err(), "merge-back into a redirected workspace: {mb:?}");
-    assert_eq!(list_files(&real), before_real, "the redirected git dir changed");
+    assert!(
+        mb.is_err(),
+        "merge-back into a redirected workspace: {mb:?}"
+    );
+    assert_eq!(
+        list_files(&real),
+        before_real,
+        "the redirected git dir changed"
+    );
 }
 
 #[test]
