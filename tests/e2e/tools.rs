@@ -433,12 +433,15 @@ async fn a_hostile_git_config_in_the_workspace_redirects_no_push_and_reveals_no_
     let secret = format!("host-secret-{}", uuid::Uuid::new_v4().simple());
     std::fs::write(host.join("secret.txt"), &secret).unwrap();
     let host_dir = host.to_str().unwrap().to_string();
+    // An included config file that parses and itself points the work tree at the host.
+    let included = env.dir.path().join("included.cfg");
+    std::fs::write(&included, format!("[core]\n\tworktree = {host_dir}\n")).unwrap();
     let keys: [(&str, &str); 5] = [
         ("remote.origin.url", &hijack),
         ("remote.origin.pushurl", &hijack),
         (&format!("url.{hijack}.insteadOf"), "file://"),
         ("core.worktree", &host_dir),
-        ("include.path", "/etc/passwd"),
+        ("include.path", included.to_str().unwrap()),
     ];
     for (key, value) in keys {
         git(&dir, &["-c", "safe.directory=*", "config", key, value]);

@@ -168,7 +168,18 @@ pub(crate) fn open_workspace(dir: &Path) -> Result<Repository, GitError> {
     init();
     let git_dir = check_git_dir(dir)?;
     let cache_objects = recorded_cache_objects(dir, &git_dir)?;
-    let repo = Repository::open_bare(&git_dir).map_err(local)?;
+    // libgit2 parses `.git/config` (and what it includes) while opening, before it is
+    // replaced: a config it cannot parse is the workspace's doing, refused as such.
+    let repo = Repository::open_bare(&git_dir).map_err(|e| match e.class() {
+        git2::ErrorClass::Config => refuse(
+            dir,
+            &format!(
+                "its .git/config is unusable: {}",
+                crate::errors::scrub(e.message(), None)
+            ),
+        ),
+        _ => local(e),
+    })?;
     replace_config(&repo)?;
     let odb = Odb::new().map_err(local)?;
     add_objects(&odb, &git_dir.join("objects"), false)?;

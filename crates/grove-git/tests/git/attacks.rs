@@ -371,6 +371,25 @@ fn an_included_host_file_is_never_honoured() {
 }
 
 #[test]
+fn an_included_file_that_does_not_parse_is_refused_without_its_content() {
+    let s = Scene::new();
+    std::fs::write(s.host.join("shadow"), format!("{SECRET}:x:0:0\n")).unwrap();
+    git(
+        &s.edit,
+        &[
+            "config",
+            "include.path",
+            s.host.join("shadow").to_str().unwrap(),
+        ],
+    );
+    let before = s.host_state();
+    let results = s.every_entry_point();
+    s.assert_host_untouched(&before, &results);
+    let (_, r) = results.iter().find(|(n, _)| *n == "status").unwrap();
+    assert!(matches!(r, Err(GitError::Untrusted(_))), "{r:?}");
+}
+
+#[test]
 fn excludes_and_attributes_files_on_the_host_are_never_read() {
     config_attack(|s| {
         std::fs::write(s.host.join("attributes"), "* filter=evil diff=evil\n").unwrap();
