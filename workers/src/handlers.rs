@@ -1239,9 +1239,11 @@ impl Deps {
                 set_upstream,
             } => {
                 let token = token.cloned();
+                let url = self.recorded_url(ws).await?;
                 let pushed = blocking(move || {
                     git.push(&PushRequest {
                         workspace_dir: &dir,
+                        remote_url: &url,
                         branch: branch.as_deref(),
                         force_with_lease,
                         expect: expect.as_deref(),
@@ -1256,6 +1258,22 @@ impl Deps {
             other => return Err(internal(format!("{} is not a git tool", other.name()))),
         };
         Ok(output)
+    }
+
+    /// The URL grove recorded for the workspace's repository (its repo cache's
+    /// upstream): the only place a push from the workspace goes.
+    async fn recorded_url(&self, ws: &WorkspaceRow) -> Result<String, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::repo_cache(&mut conn, ws.repo_cache_id)
+            .await
+            .map_err(store_error)?
+            .map(|c| c.repo_url)
+            .ok_or_else(|| {
+                CommandError::new(
+                    ErrorKind::NotFound,
+                    format!("the repo cache of workspace {} is not recorded", ws.id),
+                )
+            })
     }
 
     /// A workspace handed to the sandbox user keeps its `.git` owned by that user after

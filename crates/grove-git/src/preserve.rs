@@ -45,7 +45,7 @@ fn local(e: git2::Error) -> GitError {
 }
 
 fn open_cache(cache_dir: &Path) -> Result<Repository, GitError> {
-    Repository::open_bare(cache_dir).map_err(|e| {
+    crate::trusted::open_cache(cache_dir).map_err(|e| {
         GitError::Other(format!(
             "cannot open the repo cache: {}",
             crate::errors::scrub(e.message(), None)
@@ -54,8 +54,7 @@ fn open_cache(cache_dir: &Path) -> Result<Repository, GitError> {
 }
 
 pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
-    // `open`, not `discover`: a missing checkout must not save an enclosing repo.
-    let ws = Repository::open(req.workspace_dir).map_err(local)?;
+    let ws = crate::trusted::open_workspace(req.workspace_dir)?;
     let head = ws
         .head()
         .and_then(|h| h.peel_to_commit())
@@ -310,6 +309,7 @@ pub(crate) fn restore_checkout(req: &RestoreRequest<'_>) -> Result<CheckoutRepor
         partial_sibling(ws).map_err(|e| map_io("cannot name a partial workspace", &e))?,
     );
     build(partial.path(), &objects, req, head, work, base_origin)?;
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
@@ -331,6 +331,7 @@ fn build(
 ) -> Result<(), GitError> {
     let mut opts = RepositoryInitOptions::new();
     opts.bare(false).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(dir, &opts).map_err(local)?;
     let info_dir: PathBuf = repo.path().join("objects").join("info");
     drop(repo);
@@ -340,7 +341,7 @@ fn build(
     std::fs::write(info_dir.join("alternates"), alternates)
         .map_err(|e| map_io("cannot write objects/info/alternates", &e))?;
 
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     if let Some((branch, base)) = base_origin {
         repo.reference(
             &format!("refs/remotes/origin/{branch}"),
