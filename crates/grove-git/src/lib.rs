@@ -16,6 +16,9 @@
 //! `merge` brings a task workspace's commits into an edit workspace's branch (merge or
 //! cherry-pick), computed in memory and written only when clean.
 //!
+//! `tree` walks trees an agent can write (hand-over of ownership, removal, size) by
+//! directory descriptors, never following a symlink.
+//!
 //! Both are built in a `.<name>.partial-<random>` sibling and renamed into place, so a
 //! crash never leaves a half-built cache or checkout at the final path.
 
@@ -25,6 +28,7 @@ mod errors;
 mod fsutil;
 mod merge;
 mod preserve;
+pub mod tree;
 mod workdir;
 
 use std::path::Path;
