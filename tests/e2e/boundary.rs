@@ -49,9 +49,14 @@ async fn a_cross_tenant_file_url_session_over_http_is_refused() {
     let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
     let server = Server::start(&env).await;
     // Alice's session from an allow-listed path works.
-    let (status, alice) = server.post("/v1/sessions", ALICE, session(&url, "a1")).await;
+    let (status, alice) = server
+        .post("/v1/sessions", ALICE, session(&url, "a1"))
+        .await;
     assert_eq!(status, StatusCode::OK, "{alice}");
-    let ws = alice["workspace"]["local_path"].as_str().unwrap().to_string();
+    let ws = alice["workspace"]["local_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
     std::fs::write(Path::new(&ws).join("secret.txt"), "alice's draft\n").unwrap();
     let cache: String = sqlx::query_scalar("SELECT local_path FROM grove.sandbox_repo_caches")
         .fetch_one(&env.pool)
@@ -98,7 +103,11 @@ async fn a_cross_tenant_file_url_session_over_http_is_refused() {
         assert!(status.is_client_error(), "{attack}: {status} {body}");
     }
     assert!(!marker.exists(), "ext:: ran a command");
-    assert_eq!(tree(&env.home()), before_tree, "refusals changed GROVE_HOME");
+    assert_eq!(
+        tree(&env.home()),
+        before_tree,
+        "refusals changed GROVE_HOME"
+    );
     assert_eq!(
         count(&env, "SELECT count(*) FROM grove.events").await,
         before_events
@@ -137,7 +146,8 @@ async fn sql_callers_need_the_allow_list_and_the_cli_is_the_operator() {
     let mut env = env_or_skip!("sql_callers_need_the_allow_list_and_the_cli_is_the_operator");
     let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
     // A worker with no allow-list at all.
-    env.spawn_worker_env(&[("GROVE_LOCAL_REPO_ROOTS", "")]).await;
+    env.spawn_worker_env(&[("GROVE_LOCAL_REPO_ROOTS", "")])
+        .await;
     let (id, _, _): (uuid::Uuid, String, bool) =
         sqlx::query_as("SELECT * FROM grove.enqueue_ensure_repo_cache($1, $2, $3)")
             .bind("sql-local-1")
@@ -154,7 +164,10 @@ async fn sql_callers_need_the_allow_list_and_the_cli_is_the_operator() {
         .unwrap()
         .contains("GROVE_LOCAL_REPO_ROOTS"));
     assert_eq!(count(&env, "SELECT count(*) FROM grove.events").await, 0);
-    assert!(tree(&env.home().join("repos")).is_empty(), "something was cloned");
+    assert!(
+        tree(&env.home().join("repos")).is_empty(),
+        "something was cloned"
+    );
 
     // A grant row forged for another URL does not carry over to this one.
     let (id, _, _): (uuid::Uuid, String, bool) =
@@ -170,7 +183,15 @@ async fn sql_callers_need_the_allow_list_and_the_cli_is_the_operator() {
 
     // The operator's CLI may clone the same path...
     let out = env
-        .grove(&["repo", "ensure", "--repo", "o/fixture", "--url", &url, "--json"])
+        .grove(&[
+            "repo",
+            "ensure",
+            "--repo",
+            "o/fixture",
+            "--url",
+            &url,
+            "--json",
+        ])
         .await;
     assert!(out.status.success(), "{:?}", text(&out));
     // ...but not from grove's own data directory.
@@ -253,7 +274,9 @@ async fn a_second_os_user_cannot_read_grove_home() {
         );
     }
     // The control: the same command as root reads it, so the refusals are the modes'.
-    assert!(std::fs::read_to_string(&secret).unwrap().contains("top secret"));
+    assert!(std::fs::read_to_string(&secret)
+        .unwrap()
+        .contains("top secret"));
 }
 
 /// A private cluster made with `grove db start` under a home of its own, stopped and
@@ -308,7 +331,10 @@ async fn the_private_cluster_admits_only_grove_and_grove_is_no_superuser() {
     assert!(out.status.success(), "{:?}", text(&out));
     let url = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let password = std::fs::read_to_string(cluster.home.join("postgres.password")).unwrap();
-    assert!(url.contains(password.trim()), "the URL carries grove's password");
+    assert!(
+        url.contains(password.trim()),
+        "the URL carries grove's password"
+    );
     assert_eq!(mode(&cluster.home.join("postgres.password")), 0o600);
     assert_eq!(mode(&cluster.home.join("postgres")), 0o700);
     assert_eq!(mode(&cluster.home.join("postgres/run")), 0o700);
@@ -324,10 +350,11 @@ async fn the_private_cluster_admits_only_grove_and_grove_is_no_superuser() {
         .connect(&url)
         .await
         .expect("grove connects with the printed URL");
-    let superuser: bool = sqlx::query_scalar("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let superuser: bool =
+        sqlx::query_scalar("SELECT rolsuper FROM pg_roles WHERE rolname = current_user")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert!(!superuser, "grove's role is a superuser");
     let marker = cluster.home.join("copy-to-program");
     let err = sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -337,7 +364,10 @@ async fn the_private_cluster_admits_only_grove_and_grove_is_no_superuser() {
     .execute(&pool)
     .await
     .unwrap_err();
-    assert!(err.to_string().contains("permission denied") || err.to_string().contains("must be"), "{err}");
+    assert!(
+        err.to_string().contains("permission denied") || err.to_string().contains("must be"),
+        "{err}"
+    );
     assert!(!marker.exists());
     // Without the password, even grove's own OS user is refused.
     let sock = cluster.home.join("postgres/run");
@@ -369,7 +399,10 @@ async fn the_private_cluster_admits_only_grove_and_grove_is_no_superuser() {
     assert!(!out.status.success(), "nobody connected: {:?}", text(&out));
     let out = as_nobody(&["ls", sock.to_str().unwrap()]);
     assert!(!out.status.success(), "nobody listed the socket directory");
-    let out = as_nobody(&["cat", cluster.home.join("postgres.password").to_str().unwrap()]);
+    let out = as_nobody(&[
+        "cat",
+        cluster.home.join("postgres.password").to_str().unwrap(),
+    ]);
     assert!(!out.status.success(), "nobody read the password");
 }
 
@@ -381,7 +414,15 @@ async fn token_fingerprints_are_keyed_and_the_key_is_shown_nowhere() {
     let token = "ghp_guessable_token_1234";
     let vars = [("GIT_TOKEN_FOR_TEST", token)];
     let args = [
-        "repo", "ensure", "--repo", "o/fixture", "--url", &url, "--token-env", "GIT_TOKEN_FOR_TEST", "--json",
+        "repo",
+        "ensure",
+        "--repo",
+        "o/fixture",
+        "--url",
+        &url,
+        "--token-env",
+        "GIT_TOKEN_FOR_TEST",
+        "--json",
     ];
     let first = env.grove_env(&args, &vars).await;
     assert!(first.status.success(), "{:?}", text(&first));
@@ -405,21 +446,28 @@ async fn token_fingerprints_are_keyed_and_the_key_is_shown_nowhere() {
     if let Some(v) = shown.get("auth_scope_hash") {
         assert_ne!(v.as_str(), Some(guess));
     }
-    let key: String =
-        sqlx::query_scalar("SELECT encode(key, 'hex') FROM grove.instance_keys WHERE name = 'auth_scope'")
-            .fetch_one(&env.pool)
-            .await
-            .unwrap();
+    let key: String = sqlx::query_scalar(
+        "SELECT encode(key, 'hex') FROM grove.instance_keys WHERE name = 'auth_scope'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
     assert_eq!(key.len(), 64);
     let with_key = grove_core::fingerprint::Fingerprinter::from_slice(&hex::decode(&key).unwrap())
         .unwrap()
         .auth_scope(token);
-    assert_eq!(stored, with_key, "the fingerprint is the HMAC under the stored key");
+    assert_eq!(
+        stored, with_key,
+        "the fingerprint is the HMAC under the stored key"
+    );
     for out in [&first, &second] {
         let (o, e) = text(out);
         assert!(!o.contains(&key) && !e.contains(&key));
     }
-    assert!(!env.worker_logs().contains(&key), "the key is in the worker log");
+    assert!(
+        !env.worker_logs().contains(&key),
+        "the key is in the worker log"
+    );
     assert!(files_containing(&env.home(), key.as_bytes()).is_empty());
     let in_events: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM grove.events WHERE payload::text LIKE '%' || $1 || '%'",

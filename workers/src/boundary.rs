@@ -27,7 +27,11 @@ impl Deps {
             RepoLocation::Remote => return Ok(()),
             RepoLocation::Refused(_) => Requester::Caller,
             RepoLocation::Local(_) => {
-                let mut conn = self.pool.acquire().await.map_err(|e| store_error(e.into()))?;
+                let mut conn = self
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(|e| store_error(e.into()))?;
                 if boundary::operator_granted(&mut conn, command_id, url)
                     .await
                     .map_err(store_error)?

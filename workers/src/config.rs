@@ -58,7 +58,9 @@ impl WorkerConfig {
             docker_image: None,
             eviction: crate::eviction::EvictionSettings::default(),
             local_repos: grove_core::local_repo::LocalRepoPolicy::from_value(
-                std::env::var(grove_core::local_repo::ROOTS_ENV).ok().as_deref(),
+                std::env::var(grove_core::local_repo::ROOTS_ENV)
+                    .ok()
+                    .as_deref(),
                 home.clone(),
             ),
             home,

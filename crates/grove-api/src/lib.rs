@@ -83,8 +83,12 @@ impl AppState {
             sessions: None,
             platform: None,
             local_repos: grove_core::local_repo::LocalRepoPolicy::from_value(
-                std::env::var(grove_core::local_repo::ROOTS_ENV).ok().as_deref(),
-                std::env::var_os("GROVE_HOME").map(Into::into).unwrap_or_default(),
+                std::env::var(grove_core::local_repo::ROOTS_ENV)
+                    .ok()
+                    .as_deref(),
+                std::env::var_os("GROVE_HOME")
+                    .map(Into::into)
+                    .unwrap_or_default(),
             ),
         })
     }

@@ -123,7 +123,10 @@ impl LocalDb {
             if pw.len() >= 32 && pw.chars().all(|c| c.is_ascii_hexdigit()) {
                 return Ok(pw);
             }
-            bail!("{} is malformed: remove it to make a new password", path.display());
+            bail!(
+                "{} is malformed: remove it to make a new password",
+                path.display()
+            );
         }
         let mut bytes = [0u8; 32];
         std::fs::File::open("/dev/urandom")?.read_exact(&mut bytes)?;
@@ -272,7 +275,10 @@ impl LocalDb {
     /// bootstrap role); a new cluster is needed to drop it, which is said once per start.
     fn secure_legacy(&self, bin: &Path, owner: &Option<String>, password: &str) -> Result<()> {
         let hba = std::fs::read_to_string(self.data_dir().join("pg_hba.conf")).unwrap_or_default();
-        if hba.lines().any(|l| !l.trim_start().starts_with('#') && l.contains("trust")) {
+        if hba
+            .lines()
+            .any(|l| !l.trim_start().starts_with('#') && l.contains("trust"))
+        {
             self.start_or_reload(bin, owner)?;
             let sql = format!("ALTER ROLE {DB_USER} WITH PASSWORD '{password}';\n");
             Admin::legacy_trust(owner)
@@ -371,8 +377,18 @@ impl Admin {
     fn psql(&self, db: &LocalDb, bin: &Path, database: &str, sql: &str, pw: &str) -> Result<()> {
         let sock = db.socket_dir().to_string_lossy().into_owned();
         let args = [
-            "-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", &sock, "-U", &self.role, "-d", database,
-            "-f", "-",
+            "-X",
+            "-q",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-h",
+            &sock,
+            "-U",
+            &self.role,
+            "-d",
+            database,
+            "-f",
+            "-",
         ];
         let mut cmd = db.command(&self.owner, &bin.join("psql"), &args);
         if self.legacy && !self.trust {
@@ -395,7 +411,10 @@ impl Admin {
         if !out.status.success() {
             bail!(
                 "psql failed: {}",
-                String::from_utf8_lossy(&out.stderr).lines().last().unwrap_or("")
+                String::from_utf8_lossy(&out.stderr)
+                    .lines()
+                    .last()
+                    .unwrap_or("")
             );
         }
         Ok(())
@@ -434,7 +453,10 @@ fn run_as_user() -> Option<String> {
 
 /// The name of the OS user we run as (the bootstrap superuser `initdb` made).
 fn current_user() -> Result<String> {
-    let out = Command::new("id").arg("-un").output().context("running id -un")?;
+    let out = Command::new("id")
+        .arg("-un")
+        .output()
+        .context("running id -un")?;
     let name = String::from_utf8_lossy(&out.stdout).trim().to_string();
     if !out.status.success() || name.is_empty() {
         bail!("cannot tell this process's user name (id -un)");
@@ -451,6 +473,16 @@ fn run_checked(cmd: &mut Command) -> Result<()> {
 }
 
 fn chown(path: &Path, user: &str) -> Result<()> {
-    run_checked(Command::new("chown").arg("-R").arg(format!("{user}:")).arg(path))
-        .with_context(|| format!("chown of {} to {user} (does the user exist?)", path.display()))
+    run_checked(
+        Command::new("chown")
+            .arg("-R")
+            .arg(format!("{user}:"))
+            .arg(path),
+    )
+    .with_context(|| {
+        format!(
+            "chown of {} to {user} (does the user exist?)",
+            path.display()
+        )
+    })
 }

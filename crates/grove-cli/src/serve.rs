@@ -61,7 +61,9 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
         .context("listening for notifications")?
         .with_sessions(SessionHost::new(runtimes, node))
         .with_local_repos(grove_core::local_repo::LocalRepoPolicy::from_value(
-            std::env::var(grove_core::local_repo::ROOTS_ENV).ok().as_deref(),
+            std::env::var(grove_core::local_repo::ROOTS_ENV)
+                .ok()
+                .as_deref(),
             crate::grove_home(),
         ));
     // Pull request reads ask the platform directly; a bad configuration is reported
