@@ -76,7 +76,7 @@ async fn a_cross_tenant_file_url_session_over_http_is_refused() {
         format!("file://{}", env.home().display()),
         format!("file://{}", outside.path().display()),
         format!("ext::sh -c touch% {}", marker.display()),
-        format!("fd::3"),
+        "fd::3".to_string(),
     ];
     for (i, attack) in attacks.iter().enumerate() {
         let (status, body) = server
