@@ -12,7 +12,7 @@ use grove_core::commands::{
 };
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
-use grove_core::layout::{short_hash, Layout};
+use grove_core::layout::Layout;
 use grove_core::model::{
     branch_for, to_db_precision, Capabilities, ExecKind, ExecOutcome, RepoCacheRow, WorkspaceMode,
     WorkspaceRow,
@@ -57,6 +57,8 @@ pub struct Deps {
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
     pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Token fingerprints under the deployment's secret, loaded on first use.
+    pub fingerprint: tokio::sync::OnceCell<grove_core::fingerprint::Fingerprinter>,
 }
 
 /// Converts a store failure into the command-level error (transient: worth a retry).
@@ -192,7 +194,7 @@ impl Deps {
         };
         // A cache cloned with credentials is served to a caller with other (or no)
         // credentials only after a fetch with theirs succeeds: the fetch is the access check.
-        let scope = token.map(|t| short_hash(t.expose(), 16));
+        let scope = self.auth_scope(token).await?;
         let foreign =
             |row: &RepoCacheRow| row.auth_scope_hash.is_some() && row.auth_scope_hash != scope;
         let usable = |row: &RepoCacheRow| {
@@ -539,7 +541,7 @@ impl Deps {
                 },
                 provider_host: url.host().to_string(),
                 local_path: checkout.cache_path.clone(),
-                auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
+                auth_scope_hash: self.auth_scope(token).await?,
                 size_bytes: 0,
             }],
         };

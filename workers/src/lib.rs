@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //! - [`config`]: worker settings and their defaults.
+//! - [`home`]: `$GROVE_HOME` and its directories kept private (0700).
+//! - [`boundary`]: local repository URLs checked, token fingerprints keyed.
 //! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
 //! - [`eviction`]: the eviction sweep, restore, release of a conversation or task, the
 //!   schedule.
@@ -14,9 +16,11 @@
 //! Architecture invariant: handlers reach git and runtimes only through the ports of
 //! `grove-core`; the concrete adapters are chosen in [`build_deps`].
 
+mod boundary;
 pub mod config;
 pub mod eviction;
 pub mod handlers;
+pub mod home;
 pub mod merge_back;
 pub mod pulls;
 pub mod relay;
@@ -138,6 +142,7 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
         runtimes,
         platform,
         inflight: Default::default(),
+        fingerprint: Default::default(),
         config,
     }
 }

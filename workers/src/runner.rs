@@ -560,6 +560,8 @@ async fn handle(
     token: Option<GitToken>,
     at: chrono::DateTime<chrono::Utc>,
 ) -> Result<Handled, CommandError> {
+    // A local repository URL its submitter may not use is refused before any effect.
+    deps.check_repo_source(command, job.command_id).await?;
     match command {
         Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
         Command::AcquireWorkspace(c) => {
