@@ -801,13 +801,47 @@ impl Deps {
                 tracing::warn!(error = %e, "could not tell whether to relay exec output");
                 false
             });
-        let outcome = match provider.create(spec).await {
-            Ok(runtime) if relay => {
-                crate::relay::exec_relayed(runtime.as_ref(), request, self.pool.clone(), command_id)
+        let backend_id = provider.backend_id(&spec);
+        let run = async {
+            match provider.create(spec).await {
+                Ok(runtime) if relay => {
+                    crate::relay::exec_relayed(
+                        runtime.as_ref(),
+                        request,
+                        self.pool.clone(),
+                        command_id,
+                    )
                     .await
+                }
+                Ok(runtime) => runtime.exec(request).await,
+                Err(e) => Err(e),
             }
-            Ok(runtime) => runtime.exec(request).await,
-            Err(e) => Err(e),
+        };
+        // Fencing (ADR 21): if the lock's lease cannot be renewed (the database is
+        // away), the command is stopped before the lease can expire. Dropping `run`
+        // kills its process group in every runtime.
+        let fence_lost = lock.fence_lost();
+        let outcome = tokio::select! {
+            biased;
+            _ = fence_lost => None,
+            outcome = run => Some(outcome),
+        };
+        let Some(outcome) = outcome else {
+            let fenced = self
+                .fenced_exec(
+                    provider.as_ref(),
+                    &backend_id,
+                    runtime_id,
+                    &ws,
+                    command_id,
+                    started,
+                )
+                .await;
+            return Ok(Handled {
+                locks: vec![lock],
+                correlation,
+                ..fenced
+            });
         };
         let duration_ms = started.elapsed().as_millis() as u64;
         let mut events = Vec::new();
@@ -881,6 +915,60 @@ impl Deps {
                 locks: vec![lock],
                 correlation,
             }),
+        }
+    }
+
+    /// The end of an exec stopped because its lock's lease was lost. The command's
+    /// processes were killed as its future dropped; a long-lived runtime (a container, a
+    /// remote sandbox) is also destroyed, bounded by the lease's margin, so nothing of
+    /// the command can still run when another holder takes the lock.
+    async fn fenced_exec(
+        &self,
+        provider: &dyn RuntimeProvider,
+        backend_id: &str,
+        runtime_id: Uuid,
+        ws: &WorkspaceRow,
+        command_id: Uuid,
+        started: Instant,
+    ) -> Handled {
+        let margin = grove_postgres::locks::lease_margin(grove_postgres::locks::lease_length());
+        tracing::warn!(command = %command_id, workspace = %ws.id, "the workspace lock's lease was lost (database unreachable): the command was stopped");
+        let mut events = vec![Event::ExecFinished {
+            exec_id: command_id,
+            workspace_id: ws.id,
+            runtime_id,
+            outcome: "fenced".into(),
+            exit_code: None,
+            timed_out: false,
+            truncated: false,
+            duration_ms: started.elapsed().as_millis() as u64,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }];
+        if provider.kind() != "local" {
+            match tokio::time::timeout(margin, provider.destroy(backend_id)).await {
+                Ok(Ok(())) | Ok(Err(grove_core::error::RuntimeError::NotFound(_))) => {
+                    events.push(Event::RuntimeDestroyed {
+                        runtime_id,
+                        reason: "its exec's workspace lock was lost".into(),
+                    })
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(runtime = %runtime_id, error = %e, "destroying a fenced exec's runtime failed")
+                }
+                Err(_) => {
+                    tracing::warn!(runtime = %runtime_id, "destroying a fenced exec's runtime timed out")
+                }
+            }
+        }
+        Handled {
+            result: Err(CommandError::new(
+                ErrorKind::Unavailable,
+                "the database was unreachable for longer than the workspace lock's lease: the command was stopped (it may have run in part) so that no other command could run in the workspace at the same time",
+            )),
+            events,
+            locks: Vec::new(),
+            correlation: correlation_of(ws),
         }
     }
 

@@ -174,10 +174,15 @@ pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
         Ok(docker) => {
             // Containers are scoped to this $GROVE_HOME: workers of another deployment on
             // the same engine never sweep them as orphans.
-            let mut docker = docker.with_scope_label(
-                "grove.home",
-                grove_core::layout::short_hash(&config.home.to_string_lossy(), 12),
-            );
+            // Each container also names its home's path: once that directory is gone
+            // (a deleted deployment or test run), any worker on the engine sweeps it.
+            let home_path = std::fs::canonicalize(&config.home).unwrap_or(config.home.clone());
+            let mut docker = docker
+                .with_scope_label(
+                    "grove.home",
+                    grove_core::layout::short_hash(&config.home.to_string_lossy(), 12),
+                )
+                .with_home_path(home_path);
             match &config.docker_image {
                 Some(image) => docker = docker.with_default_image(image.clone()),
                 None => {
