@@ -4,5 +4,6 @@ mod cache;
 mod checkout;
 mod merge;
 mod preserve;
+mod saved;
 mod support;
 mod workdir;
