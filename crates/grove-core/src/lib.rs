@@ -19,6 +19,7 @@
 //! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
+//! - [`identity`]: the unprivileged uid/gid sandboxed commands run as.
 //!
 //! Architecture invariant: this crate does no IO and knows nothing of sqlx, git2,
 //! bollard, reqwest or tokio.
@@ -28,6 +29,7 @@ pub mod error;
 pub mod events;
 pub mod eviction;
 pub mod idempotency;
+pub mod identity;
 pub mod layout;
 pub mod merge_back;
 pub mod model;

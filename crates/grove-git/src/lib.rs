@@ -20,6 +20,9 @@
 //! `merge` brings a task workspace's commits into an edit workspace's branch (merge or
 //! cherry-pick), computed in memory and written only when clean.
 //!
+//! `tree` walks trees an agent can write (hand-over of ownership, removal, size) by
+//! directory descriptors, never following a symlink.
+//!
 //! Both are built in a `.<name>.partial-<random>` sibling and renamed into place, so a
 //! crash never leaves a half-built cache or checkout at the final path.
 
@@ -32,6 +35,7 @@ mod merge;
 mod preserve;
 mod restore;
 mod saved;
+pub mod tree;
 mod workdir;
 
 use std::path::Path;
