@@ -284,7 +284,7 @@ pub(crate) fn cache_saved_refs(cache_dir: &Path) -> Result<Vec<String>, GitError
     let glob = format!("{LEGACY_SAVED_REF_PREFIX}*");
     let mut out = Vec::new();
     for r in cache.references_glob(&glob).map_err(local)? {
-        if let Some(name) = r.map_err(local)?.name() {
+        if let Ok(name) = r.map_err(local)?.name() {
             out.push(name.to_string());
         }
     }

@@ -360,7 +360,7 @@ fn head_state(ws: &Repository) -> Result<HeadState, GitError> {
         .map_err(|e| GitError::Other(format!("workspace HEAD: {}", e.message())))?
         .id()
         .to_string();
-    Ok(match head.symbolic_target() {
+    Ok(match head.symbolic_target().map_err(local)? {
         Some(name) => HeadState::Branch {
             name: name.to_string(),
             commit,
@@ -401,7 +401,7 @@ fn all_refs(ws: &Repository) -> Result<(Vec<KeptRef>, Vec<Omission>), GitError> 
     let mut omitted = Vec::new();
     for r in ws.references().map_err(local)? {
         let r = r.map_err(local)?;
-        let Some(name) = r.name().map(str::to_string) else {
+        let Ok(name) = r.name().map(str::to_string) else {
             omitted.push(Omission {
                 what: "a ref whose name is not UTF-8".into(),
                 why: "grove keeps refs by name".into(),
@@ -413,7 +413,7 @@ fn all_refs(ws: &Repository) -> Result<(Vec<KeptRef>, Vec<Omission>), GitError> 
         }
         refs.push(KeptRef {
             target: r.target().map(|t| t.to_string()),
-            symbolic: r.symbolic_target().map(str::to_string),
+            symbolic: r.symbolic_target().ok().flatten().map(str::to_string),
             name,
         });
     }
@@ -434,7 +434,7 @@ fn stash_entries(ws: &Repository) -> Result<Vec<StashEntry>, GitError> {
             let who = e.committer();
             StashEntry {
                 commit: e.id_new().to_string(),
-                message: e.message().unwrap_or_default().to_string(),
+                message: e.message().ok().flatten().unwrap_or_default().to_string(),
                 name: who.name().unwrap_or("grove").to_string(),
                 email: who.email().unwrap_or("grove@grove.invalid").to_string(),
                 time: who.when().seconds(),
