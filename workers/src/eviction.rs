@@ -327,7 +327,9 @@ pub async fn load_node(
         .filter(|w| w.saved.is_some())
         .map(|w| w.repo_cache_id)
         .collect();
-    let saved_bytes = grove_git::dir_size_bytes(&home.join("saved")).unwrap_or(0);
+    let saved_bytes = grove_git::tree::tree_size(&home.join("saved"))
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+        .unwrap_or(0);
     let used_bytes = workspaces
         .iter()
         .filter(|w| is_live(&w.state))

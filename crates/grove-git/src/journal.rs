@@ -163,7 +163,7 @@ fn put_path(repo: &Repository, root: &Path, rel: &Path, target: &Tree<'_>) -> Re
     };
     real_parents(root, rel).map_err(io)?;
     if std::fs::symlink_metadata(&full).is_ok_and(|m| m.is_dir()) {
-        crate::fsutil::remove_path(&full).map_err(io)?;
+        crate::tree::remove_tree(&full).map_err(io)?;
     }
     let blob = repo.find_blob(entry.id()).map_err(local)?;
     let tmp = full.with_file_name(format!(

@@ -163,7 +163,9 @@ impl GitPort for Git2Adapter {
     }
 
     fn measure(&self, dir: &Path) -> Result<i64, GitError> {
-        dir_size_bytes(dir).map_err(|e| errors::map_io("cannot measure a directory", &e))
+        tree::tree_size(dir)
+            .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+            .map_err(|e| errors::map_io("cannot measure a directory", &e))
     }
 
     fn remove_trash(&self, trash_dir: &Path) -> Result<(), GitError> {

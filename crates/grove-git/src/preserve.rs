@@ -304,5 +304,12 @@ pub(crate) fn remove_trash(trash_dir: &Path) -> Result<(), GitError> {
             trash_dir.display()
         )));
     }
-    remove_path(trash_dir).map_err(|e| map_io("cannot empty the trash", &e))
+    // Descriptor-based, never following a symlink the agent left in the tree; a tree
+    // with read-only directories (a non-root worker) falls back to making them writable.
+    crate::tree::remove_tree(trash_dir)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => remove_path(trash_dir),
+            _ => Err(e),
+        })
+        .map_err(|e| map_io("cannot empty the trash", &e))
 }

@@ -17,9 +17,7 @@ use grove_core::error::GitError;
 use grove_core::ports::{CheckoutReport, RestoreRequest};
 
 use crate::errors::{map_git2, map_io, Phase};
-use crate::fsutil::{
-    dir_size_bytes, ensure_parent, partial_sibling, remove_stale_partials, PartialDir,
-};
+use crate::fsutil::{ensure_parent, partial_sibling, remove_stale_partials, PartialDir};
 use crate::saved::{copy_closure, open_store, HeadState, Manifest};
 
 const AGENT_NAME: &str = "grove agent";
@@ -59,7 +57,9 @@ pub(crate) fn restore_from_store(
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
-    let size_bytes = dir_size_bytes(ws).map_err(|e| map_io("cannot measure the workspace", &e))?;
+    let size_bytes = crate::tree::tree_size(ws)
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+        .map_err(|e| map_io("cannot measure the workspace", &e))?;
     tracing::info!(path = %ws.display(), head = %manifest.head.commit(), "workspace restored from its store");
     Ok(CheckoutReport {
         base_commit: req.base_commit.to_string(),
