@@ -218,7 +218,12 @@ impl Deps {
         };
         let event = Event::WorkspaceMergeBackRecovered {
             workspace_id: ws.id,
-            outcome: if r.rolled_forward { "rolled_forward" } else { "rolled_back" }.into(),
+            outcome: if r.rolled_forward {
+                "rolled_forward"
+            } else {
+                "rolled_back"
+            }
+            .into(),
             previous_head: r.previous_head,
             new_head: r.new_head,
             head: r.head,
@@ -256,7 +261,9 @@ impl Deps {
                     crate::eviction::release_all(locks).await;
                 }
                 Ok(None) => {}
-                Err(e) => tracing::warn!(workspace = %id, error = %e.message, "cannot lock a workspace to recover its merge-back"),
+                Err(e) => {
+                    tracing::warn!(workspace = %id, error = %e.message, "cannot lock a workspace to recover its merge-back")
+                }
             }
         }
     }

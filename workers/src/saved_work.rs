@@ -47,7 +47,10 @@ impl Deps {
         };
         let caches: HashMap<Uuid, RepoCacheRow> = caches.into_iter().map(|c| (c.id, c)).collect();
         let mut report = MoveReport::default();
-        for ws in workspaces.iter().filter(|w| w.saved.as_ref().is_some_and(|s| s.in_cache())) {
+        for ws in workspaces
+            .iter()
+            .filter(|w| w.saved.as_ref().is_some_and(|s| s.in_cache()))
+        {
             let Some(cache) = caches.get(&ws.repo_cache_id) else {
                 continue;
             };
@@ -68,7 +71,11 @@ impl Deps {
     }
 
     /// `Ok(false)`: the workspace was busy (left for the next start).
-    async fn move_one(&self, planned: &WorkspaceRow, cache: &RepoCacheRow) -> Result<bool, CommandError> {
+    async fn move_one(
+        &self,
+        planned: &WorkspaceRow,
+        cache: &RepoCacheRow,
+    ) -> Result<bool, CommandError> {
         let Some(locks) = self.try_lock_workspace(planned).await? else {
             return Ok(false);
         };
@@ -115,7 +122,10 @@ impl Deps {
     }
 
     /// Deletes `refs/grove/saved/*` refs no record still reads from the cache.
-    async fn drop_unneeded_refs<'a>(&self, caches: impl Iterator<Item = &'a RepoCacheRow>) -> usize {
+    async fn drop_unneeded_refs<'a>(
+        &self,
+        caches: impl Iterator<Item = &'a RepoCacheRow>,
+    ) -> usize {
         let mut dropped = 0;
         for cache in caches.filter(|c| c.state == "ready") {
             let git = self.git.clone();
@@ -139,7 +149,10 @@ impl Deps {
                 }
                 let git = self.git.clone();
                 let dir = PathBuf::from(&cache.local_path);
-                if blocking(move || git.drop_cache_ref(&dir, &name)).await.is_ok() {
+                if blocking(move || git.drop_cache_ref(&dir, &name))
+                    .await
+                    .is_ok()
+                {
                     dropped += 1;
                 }
             }

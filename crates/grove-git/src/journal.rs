@@ -50,9 +50,13 @@ pub(crate) fn begin(path: &Path, journal: &Journal) -> Result<(), GitError> {
     let bytes = serde_json::to_vec(journal)
         .map_err(|e| GitError::Other(format!("cannot encode the journal: {e}")))?;
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(io)?;
+    f.write_all(&bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io)
 }
 
 /// Removes the journal once the switch is complete.
@@ -76,17 +80,17 @@ fn read(path: &Path) -> Result<Option<Journal>, GitError> {
 }
 
 /// Finishes or undoes the switch a journal at `path` describes (`None`: no journal).
-pub(crate) fn recover(path: &Path, workspace_dir: &Path) -> Result<Option<JournalRecovery>, GitError> {
+pub(crate) fn recover(
+    path: &Path,
+    workspace_dir: &Path,
+) -> Result<Option<JournalRecovery>, GitError> {
     let Some(j) = read(path)? else {
         return Ok(None);
     };
     let repo = Repository::open(workspace_dir).map_err(local)?;
     let parse = |s: &str| Oid::from_str(s).map_err(local);
     let (old_head, new_head) = (parse(&j.old_head)?, parse(&j.new_head)?);
-    let at = repo
-        .find_reference(&j.branch)
-        .ok()
-        .and_then(|r| r.target());
+    let at = repo.find_reference(&j.branch).ok().and_then(|r| r.target());
     let forward = match at {
         Some(id) if id == new_head => true,
         Some(id) if id == old_head => false,
@@ -130,7 +134,11 @@ pub(crate) fn recover(path: &Path, workspace_dir: &Path) -> Result<Option<Journa
     }))
 }
 
-fn changed_paths(repo: &Repository, old: &Tree<'_>, new: &Tree<'_>) -> Result<Vec<PathBuf>, GitError> {
+fn changed_paths(
+    repo: &Repository,
+    old: &Tree<'_>,
+    new: &Tree<'_>,
+) -> Result<Vec<PathBuf>, GitError> {
     let diff = repo
         .diff_tree_to_tree(Some(old), Some(new), None)
         .map_err(local)?;
@@ -168,15 +176,22 @@ fn put_path(repo: &Repository, root: &Path, rel: &Path, target: &Tree<'_>) -> Re
     let blob = repo.find_blob(entry.id()).map_err(local)?;
     let tmp = full.with_file_name(format!(
         ".{}.grove-journal",
-        full.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        full.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
     ));
     let _ = std::fs::remove_file(&tmp);
     if entry.filemode() == 0o120000 {
         use std::os::unix::ffi::OsStrExt;
-        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(blob.content()), &tmp).map_err(io)?;
+        std::os::unix::fs::symlink(std::ffi::OsStr::from_bytes(blob.content()), &tmp)
+            .map_err(io)?;
     } else {
         std::fs::write(&tmp, blob.content()).map_err(io)?;
-        let mode = if entry.filemode() == 0o100755 { 0o755 } else { 0o644 };
+        let mode = if entry.filemode() == 0o100755 {
+            0o755
+        } else {
+            0o644
+        };
         std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(mode)).map_err(io)?;
     }
     std::fs::rename(&tmp, &full).map_err(io)

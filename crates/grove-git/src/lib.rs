@@ -42,11 +42,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use grove_core::error::GitError;
-use grove_core::model::SavedWork;
 use grove_core::merge_back::{MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy};
+use grove_core::model::SavedWork;
 use grove_core::ports::{
-    CacheReport, CheckoutReport, CheckoutRequest, CommitRequest, GitPort, GitToken, JournalRecovery,
-    MergeBackRequest, PushRequest, RestoreRequest, SaveWorkReport, SaveWorkRequest,
+    CacheReport, CheckoutReport, CheckoutRequest, CommitRequest, GitPort, GitToken,
+    JournalRecovery, MergeBackRequest, PushRequest, RestoreRequest, SaveWorkReport,
+    SaveWorkRequest,
 };
 use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 

@@ -120,7 +120,8 @@ fn build(
     match &m.head {
         HeadState::Branch { name, .. } => {
             if repo.find_reference(name).is_err() {
-                repo.reference(name, head, true, "grove: restored").map_err(local)?;
+                repo.reference(name, head, true, "grove: restored")
+                    .map_err(local)?;
             }
             repo.set_head(name).map_err(local)?;
         }

@@ -150,7 +150,9 @@ pub(crate) fn copy_closure(src: &Repository, dst: &Odb<'_>, id: Oid) -> Result<(
             let obj = src_odb.read(id).map_err(local)?;
             let written = dst.write(obj.kind(), obj.data()).map_err(local)?;
             if written != id {
-                return Err(GitError::Other(format!("copying object {id} wrote {written}")));
+                return Err(GitError::Other(format!(
+                    "copying object {id} wrote {written}"
+                )));
             }
             done.insert(id);
             continue;
@@ -323,7 +325,9 @@ fn snapshot(ws: &Repository, budget: u64) -> Result<Snapshot, GitError> {
     let (refs, more) = all_refs(ws)?;
     omitted.extend(more);
     omitted.push(Omission {
-        what: "reflogs other than the stash's, empty directories, the repository's config and hooks".into(),
+        what:
+            "reflogs other than the stash's, empty directories, the repository's config and hooks"
+                .into(),
         why: "not part of the work: the restored checkout gets grove's own config".into(),
     });
     Ok(Snapshot {
@@ -459,8 +463,17 @@ fn write_store(
     let dst = store.odb().map_err(local)?;
     let head = Oid::from_str(snap.head.commit()).map_err(local)?;
     let mut roots = vec![head, snap.index_tree, snap.work_tree];
-    roots.extend(snap.refs.iter().filter_map(|r| r.target.as_deref()).filter_map(|t| Oid::from_str(t).ok()));
-    roots.extend(snap.stash.iter().filter_map(|s| Oid::from_str(&s.commit).ok()));
+    roots.extend(
+        snap.refs
+            .iter()
+            .filter_map(|r| r.target.as_deref())
+            .filter_map(|t| Oid::from_str(t).ok()),
+    );
+    roots.extend(
+        snap.stash
+            .iter()
+            .filter_map(|s| Oid::from_str(&s.commit).ok()),
+    );
     for id in roots {
         copy_closure(ws, &dst, id)?;
     }
@@ -480,11 +493,17 @@ fn write_store(
     let work_commit = commit_of(snap.work_tree, "the working tree")?;
     for r in &snap.refs {
         if let Some(t) = r.target.as_deref().and_then(|t| Oid::from_str(t).ok()) {
-            store.reference(&r.name, t, true, "grove: saved").map_err(local)?;
+            store
+                .reference(&r.name, t, true, "grove: saved")
+                .map_err(local)?;
         }
     }
-    store.reference(INDEX_REF, index_commit, true, "grove: saved").map_err(local)?;
-    store.reference(WORK_REF, work_commit, true, "grove: saved").map_err(local)?;
+    store
+        .reference(INDEX_REF, index_commit, true, "grove: saved")
+        .map_err(local)?;
+    store
+        .reference(WORK_REF, work_commit, true, "grove: saved")
+        .map_err(local)?;
     if snap.dirty {
         let old = head_commit.tree().map_err(local)?;
         let new = store.find_tree(snap.work_tree).map_err(local)?;
@@ -612,15 +631,21 @@ pub(crate) fn move_out_of_cache(
     };
     let mut refs = Vec::new();
     if let HeadState::Branch { name, .. } = &head_state {
-        store.reference(name, head, true, "grove: moved").map_err(local)?;
+        store
+            .reference(name, head, true, "grove: moved")
+            .map_err(local)?;
         refs.push(KeptRef {
             name: name.clone(),
             target: Some(head.to_string()),
             symbolic: None,
         });
     }
-    store.reference(INDEX_REF, head, true, "grove: moved").map_err(local)?;
-    store.reference(WORK_REF, work, true, "grove: moved").map_err(local)?;
+    store
+        .reference(INDEX_REF, head, true, "grove: moved")
+        .map_err(local)?;
+    store
+        .reference(WORK_REF, work, true, "grove: moved")
+        .map_err(local)?;
     let patch_path = if let (true, Some(p)) = (saved.has_changes(), saved.patch_path.as_deref()) {
         match std::fs::read(p) {
             Ok(bytes) => {

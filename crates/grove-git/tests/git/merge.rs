@@ -547,7 +547,10 @@ fn a_switch_interrupted_before_the_branch_moved_is_rolled_back_completely() {
     let (pair, journal, before, after) = journaled_merge();
     // A crash after some files were written, before the branch moved: the branch is
     // back at its old head, the files and index are a mix.
-    git(&pair.edit, &["update-ref", &format!("refs/heads/{EDIT}"), &before.0]);
+    git(
+        &pair.edit,
+        &["update-ref", &format!("refs/heads/{EDIT}"), &before.0],
+    );
     std::fs::write(pair.edit.join("README.md"), "half written").unwrap();
     write_journal(&journal, &before.0, &after.0);
     let r = Git2Adapter::new()
@@ -559,7 +562,9 @@ fn a_switch_interrupted_before_the_branch_moved_is_rolled_back_completely() {
     assert_eq!(tracked_view(&pair.edit), before);
     assert!(!journal.exists());
     assert_eq!(
-        Git2Adapter::new().recover_journal(&journal, &pair.edit).unwrap(),
+        Git2Adapter::new()
+            .recover_journal(&journal, &pair.edit)
+            .unwrap(),
         None
     );
 }

@@ -20,7 +20,11 @@ pub fn state(dir: &Path) -> BTreeMap<String, String> {
     while let Some(d) = stack.pop() {
         for entry in std::fs::read_dir(&d).unwrap() {
             let path = entry.unwrap().path();
-            let rel = path.strip_prefix(dir).unwrap().to_string_lossy().to_string();
+            let rel = path
+                .strip_prefix(dir)
+                .unwrap()
+                .to_string_lossy()
+                .to_string();
             if rel == ".git" {
                 continue;
             }
@@ -50,10 +54,16 @@ pub fn state(dir: &Path) -> BTreeMap<String, String> {
         ),
     );
     for (k, args) in [
-        ("refs", vec!["for-each-ref", "--format=%(refname) %(objectname)"]),
+        (
+            "refs",
+            vec!["for-each-ref", "--format=%(refname) %(objectname)"],
+        ),
         ("stash", vec!["stash", "list", "--format=%H %gs"]),
         ("index", vec!["ls-files", "-s"]),
-        ("status", vec!["status", "--porcelain", "--ignored", "-uall"]),
+        (
+            "status",
+            vec!["status", "--porcelain", "--ignored", "-uall"],
+        ),
     ] {
         out.insert(k.into(), git(dir, &args));
     }
@@ -141,14 +151,24 @@ fn everything_an_agent_made_is_saved_privately_and_restored_identical() {
 
     let report = save(&cache, &ws, &store, 1 << 20);
     assert!(report.dirty);
-    assert!(report.omitted.iter().all(|o| !o.contains("debug.log")), "{:?}", report.omitted);
+    assert!(
+        report.omitted.iter().all(|o| !o.contains("debug.log")),
+        "{:?}",
+        report.omitted
+    );
     let saved = report.saved.expect("saved");
     assert!(!saved.in_cache());
     // Saving wrote nothing into the workspace or the shared cache.
     assert_eq!(state(&ws), before);
     assert_eq!(std::fs::read(ws.join(".git/index")).unwrap(), index_bytes);
-    assert_eq!(crate::support::list_files(&ws.join(".git/objects")), objects_before);
-    assert_eq!(crate::support::list_files(&cache.join("objects")), cache_objects);
+    assert_eq!(
+        crate::support::list_files(&ws.join(".git/objects")),
+        objects_before
+    );
+    assert_eq!(
+        crate::support::list_files(&cache.join("objects")),
+        cache_objects
+    );
     assert_eq!(git(&cache, &["for-each-ref", "refs/grove"]), "");
     // The store is private.
     for dir in [&store, store.parent().unwrap()] {
@@ -182,9 +202,14 @@ fn ignored_files_over_the_budget_are_named_and_a_detached_head_comes_back_detach
     std::fs::write(ws.join("zbig.log"), vec![b'x'; 4096]).unwrap();
     let store = fx.path("home/saved/u/ws2");
     let report = save(&cache, &ws, &store, 100);
-    let saved = report.saved.expect("a detached HEAD and ignored files are kept");
+    let saved = report
+        .saved
+        .expect("a detached HEAD and ignored files are kept");
     assert!(
-        report.omitted.iter().any(|o| o.contains("zbig.log") && o.contains("budget")),
+        report
+            .omitted
+            .iter()
+            .any(|o| o.contains("zbig.log") && o.contains("budget")),
         "{:?}",
         report.omitted
     );
@@ -192,7 +217,10 @@ fn ignored_files_over_the_budget_are_named_and_a_detached_head_comes_back_detach
     restore(&fx, &cache, &ws, &store, &saved);
     assert!(git(&ws, &["status"]).contains("HEAD detached"));
     assert_eq!(git(&ws, &["rev-parse", "HEAD"]), fx.first);
-    assert_eq!(std::fs::read_to_string(ws.join("small.log")).unwrap(), "s\n");
+    assert_eq!(
+        std::fs::read_to_string(ws.join("small.log")).unwrap(),
+        "s\n"
+    );
     assert!(!ws.join("zbig.log").exists());
 }
 
@@ -229,12 +257,35 @@ fn work_saved_in_the_cache_by_an_older_version_moves_to_a_store_and_restores() {
         .unwrap();
     std::fs::write(ws.join("secret.txt"), "uncommitted secret\n").unwrap();
     git(&ws, &["add", "secret.txt"]);
-    git(&ws, &["-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "wip"]);
+    git(
+        &ws,
+        &[
+            "-c",
+            "user.name=a",
+            "-c",
+            "user.email=a@b",
+            "commit",
+            "-q",
+            "-m",
+            "wip",
+        ],
+    );
     let work = git(&ws, &["rev-parse", "HEAD"]);
     // What an older version left: the commit and its objects in the cache, a ref to it.
-    git(&cache, &["fetch", "-q", ws.to_str().unwrap(), &format!("{work}:refs/grove/saved/w9")]);
+    git(
+        &cache,
+        &[
+            "fetch",
+            "-q",
+            ws.to_str().unwrap(),
+            &format!("{work}:refs/grove/saved/w9"),
+        ],
+    );
     let adapter = Git2Adapter::new();
-    assert_eq!(adapter.cache_saved_refs(&cache).unwrap(), vec!["refs/grove/saved/w9"]);
+    assert_eq!(
+        adapter.cache_saved_refs(&cache).unwrap(),
+        vec!["refs/grove/saved/w9"]
+    );
     let legacy = SavedWork {
         ref_name: "refs/grove/saved/w9".into(),
         commit: work.clone(),
@@ -262,7 +313,9 @@ fn work_saved_in_the_cache_by_an_older_version_moves_to_a_store_and_restores() {
         .move_saved_out_of_cache(&cache, &legacy, Some("agent/edits-c9"), &store)
         .unwrap();
     assert!(!moved.in_cache() && moved.has_changes());
-    adapter.drop_cache_ref(&cache, "refs/grove/saved/w9").unwrap();
+    adapter
+        .drop_cache_ref(&cache, "refs/grove/saved/w9")
+        .unwrap();
     assert_eq!(git(&cache, &["for-each-ref", "refs/grove"]), "");
     assert!(adapter.cache_saved_refs(&cache).unwrap().is_empty());
     std::fs::remove_dir_all(&ws).unwrap();
