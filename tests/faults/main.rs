@@ -13,14 +13,17 @@
 //! - `load.rs`: the mixed client load (ensure, acquire, exec, release, destroy).
 //! - `worker_kill.rs`, `postgres_restart.rs`, `contention.rs`, `hostile.rs`,
 //!   `secrets.rs` (with `gitserver.rs`, a token-checking git smart-HTTP server),
-//!   `tenancy.rs`, `fuzz.rs`: one scenario each.
+//!   `tenancy.rs`, `fuzz.rs`, `merge_back_kill.rs`: one scenario each;
+//!   `saved_work.rs`: `saved_work_identity` and `saved_work_kill`.
 
 mod contention;
 mod fuzz;
 mod gitserver;
 mod hostile;
 mod load;
+mod merge_back_kill;
 mod postgres_restart;
+mod saved_work;
 mod secrets;
 mod server;
 mod tenancy;
