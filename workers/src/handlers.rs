@@ -153,7 +153,13 @@ impl Deps {
                 .await
                 .map_err(store_error)?;
         match ws {
-            Some(ws) => Ok((ws, lock)),
+            Some(ws) => match self.recover_merge_back(&ws).await {
+                Ok(()) => Ok((ws, lock)),
+                Err(e) => {
+                    lock.release().await.ok();
+                    Err(e)
+                }
+            },
             None => {
                 lock.release().await.ok();
                 Err(CommandError::new(

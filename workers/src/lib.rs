@@ -25,6 +25,7 @@ pub mod merge_back;
 pub mod pulls;
 pub mod relay;
 pub mod runner;
+pub mod saved_work;
 
 use std::sync::Arc;
 
