@@ -1,6 +1,7 @@
 //! End-to-end tests: the real `grove` binary, real worker processes, real Postgres and git.
 
 mod api;
+mod boundary;
 mod concurrency;
 mod crash;
 mod docker;

@@ -14,7 +14,8 @@
 //! - `worker_kill.rs`, `postgres_restart.rs`, `contention.rs`, `hostile.rs`,
 //!   `secrets.rs` (with `gitserver.rs`, a token-checking git smart-HTTP server),
 //!   `tenancy.rs`, `fuzz.rs`, `fencing.rs` (restarts inside mutating execs),
-//!   `panic.rs` (`injected_panic`): one scenario each.
+//!   `panic.rs` (`injected_panic`), `merge_back_kill.rs`: one scenario each;
+//!   `saved_work.rs`: `saved_work_identity` and `saved_work_kill`.
 
 mod contention;
 mod fencing;
@@ -22,8 +23,10 @@ mod fuzz;
 mod gitserver;
 mod hostile;
 mod load;
+mod merge_back_kill;
 mod panic;
 mod postgres_restart;
+mod saved_work;
 mod secrets;
 mod server;
 mod tenancy;

@@ -178,6 +178,9 @@ impl TestEnv {
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("DATABASE_URL", &self.db_url)
             .env("GROVE_HOME", self.home())
+            // Fixture repositories are file:// URLs in this test's directory (next to
+            // $GROVE_HOME, which stays refused): allow-listed as an operator would.
+            .env("GROVE_LOCAL_REPO_ROOTS", self.dir.path())
             .env("GROVE_LOG", "info")
             // No scheduled eviction sweeps unless a test asks for them (they would add
             // ledger rows and events to tests that count them).

@@ -12,7 +12,7 @@ use grove_core::commands::{
 };
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
-use grove_core::layout::{short_hash, Layout};
+use grove_core::layout::Layout;
 use grove_core::model::{
     branch_for, to_db_precision, Capabilities, ExecKind, ExecOutcome, RepoCacheRow, WorkspaceMode,
     WorkspaceRow,
@@ -57,6 +57,8 @@ pub struct Deps {
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
     pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Token fingerprints under the deployment's secret, loaded on first use.
+    pub fingerprint: tokio::sync::OnceCell<grove_core::fingerprint::Fingerprinter>,
 }
 
 /// Converts a store failure into the command-level error (transient: worth a retry).
@@ -151,7 +153,13 @@ impl Deps {
                 .await
                 .map_err(store_error)?;
         match ws {
-            Some(ws) => Ok((ws, lock)),
+            Some(ws) => match self.recover_merge_back(&ws).await {
+                Ok(()) => Ok((ws, lock)),
+                Err(e) => {
+                    lock.release().await.ok();
+                    Err(e)
+                }
+            },
             None => {
                 lock.release().await.ok();
                 Err(CommandError::new(
@@ -192,7 +200,7 @@ impl Deps {
         };
         // A cache cloned with credentials is served to a caller with other (or no)
         // credentials only after a fetch with theirs succeeds: the fetch is the access check.
-        let scope = token.map(|t| short_hash(t.expose(), 16));
+        let scope = self.auth_scope(token).await?;
         let foreign =
             |row: &RepoCacheRow| row.auth_scope_hash.is_some() && row.auth_scope_hash != scope;
         let usable = |row: &RepoCacheRow| {
@@ -539,7 +547,7 @@ impl Deps {
                 },
                 provider_host: url.host().to_string(),
                 local_path: checkout.cache_path.clone(),
-                auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
+                auth_scope_hash: self.auth_scope(token).await?,
                 size_bytes: 0,
             }],
         };
@@ -776,11 +784,14 @@ impl Deps {
             max_output_bytes: Some(e.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES) as usize),
             mutating: kind.is_mutating(),
         };
-        if provider.kind() == "docker" && ws.capabilities.writable {
-            // Containers run as the unprivileged sandbox user, so a writable workspace
+        if let Some(id) = provider
+            .sandbox_identity()
+            .filter(|_| ws.capabilities.writable)
+        {
+            // Commands run as the unprivileged sandbox identity, so a writable workspace
             // is handed over to it (once; later execs find it already owned).
             let dir = ws_dir.clone();
-            tokio::task::spawn_blocking(move || hand_over(&dir, SANDBOX_UID, SANDBOX_GID))
+            tokio::task::spawn_blocking(move || grove_git::tree::hand_over(&dir, id.uid, id.gid))
                 .await
                 .map_err(|e| internal(format!("ownership task failed: {e}")))?
                 .map_err(|e| {
@@ -1324,9 +1335,11 @@ impl Deps {
                 set_upstream,
             } => {
                 let token = token.cloned();
+                let url = self.recorded_url(ws).await?;
                 let pushed = blocking(move || {
                     git.push(&PushRequest {
                         workspace_dir: &dir,
+                        remote_url: &url,
                         branch: branch.as_deref(),
                         force_with_lease,
                         expect: expect.as_deref(),
@@ -1341,6 +1354,22 @@ impl Deps {
             other => return Err(internal(format!("{} is not a git tool", other.name()))),
         };
         Ok(output)
+    }
+
+    /// The URL grove recorded for the workspace's repository (its repo cache's
+    /// upstream): the only place a push from the workspace goes.
+    async fn recorded_url(&self, ws: &WorkspaceRow) -> Result<String, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::repo_cache(&mut conn, ws.repo_cache_id)
+            .await
+            .map_err(store_error)?
+            .map(|c| c.repo_url)
+            .ok_or_else(|| {
+                CommandError::new(
+                    ErrorKind::NotFound,
+                    format!("the repo cache of workspace {} is not recorded", ws.id),
+                )
+            })
     }
 
     /// A workspace handed to the sandbox user keeps its `.git` owned by that user after
@@ -1360,7 +1389,7 @@ impl Deps {
             if meta.uid() == unsafe { libc::geteuid() } && owned {
                 return;
             }
-            if let Err(e) = chown_tree(&git_dir, meta.uid(), meta.gid()) {
+            if let Err(e) = grove_git::tree::chown_tree(&git_dir, meta.uid(), meta.gid()) {
                 tracing::warn!(error = %e, "re-owning .git after a git tool failed");
             }
         })
@@ -1377,52 +1406,6 @@ fn is_git_tool(op: &ToolOp) -> bool {
             | ToolOp::GitCommit { .. }
             | ToolOp::GitPush { .. }
     )
-}
-
-/// Gives every entry under `dir` (itself included) to `uid:gid`, symlinks themselves.
-pub(crate) fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        if (meta.uid(), meta.gid()) != (uid, gid) {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    Ok(())
-}
-
-/// The unprivileged user (and group) containers run as: `nobody:nogroup`.
-pub const SANDBOX_UID: u32 = 65534;
-pub const SANDBOX_GID: u32 = 65534;
-
-/// Gives every file under `dir` to `uid:gid`, unless `dir` already belongs to it.
-/// Symlinks are re-owned themselves, never followed.
-fn hand_over(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::symlink_metadata(dir)?.uid() == uid {
-        return Ok(());
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        // The top directory is re-owned last: a tree whose top belongs to `uid` was
-        // handed over completely, and a crash midway repeats the walk next time.
-        if path != dir {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
 }
 
 pub fn correlation_of(ws: &WorkspaceRow) -> Correlation {

@@ -86,6 +86,11 @@ impl Worker {
         let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone(), self.queues.clone()));
         let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
         let eviction_schedule = tokio::spawn(crate::eviction::cron_loop(deps.clone()));
+        let d = deps.clone();
+        tokio::spawn(async move {
+            d.recover_journals().await;
+            d.move_saved_work_out_of_caches().await
+        });
 
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
         let mut claim_failures = Backoff::default();
@@ -838,6 +843,8 @@ async fn handle(
     token: Option<GitToken>,
     at: chrono::DateTime<chrono::Utc>,
 ) -> Result<Handled, CommandError> {
+    // A local repository URL its submitter may not use is refused before any effect.
+    deps.check_repo_source(command, job.command_id).await?;
     // A test hook, compiled into debug builds only: the fault suite injects a panic into
     // the handler of one command kind.
     #[cfg(debug_assertions)]

@@ -61,6 +61,12 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
         .await
         .context("listening for notifications")?
         .with_sessions(SessionHost::new(runtimes, node))
+        .with_local_repos(grove_core::local_repo::LocalRepoPolicy::from_value(
+            std::env::var(grove_core::local_repo::ROOTS_ENV)
+                .ok()
+                .as_deref(),
+            crate::grove_home(),
+        ))
         .with_stop(stopped.clone());
     // Pull request reads ask the platform directly; a bad configuration is reported
     // here and those reads answer 503 (the worker reports it for its jobs too).

@@ -17,9 +17,11 @@
 //!   spec's labels;
 //! - `Entrypoint ["sleep"]`, `Cmd ["2147483647"]`, `HostConfig.Init = true`;
 //! - `User`: the provider's configured user, else the owner `uid:gid` of
-//!   `spec.workdir` when that is not root, else [`FALLBACK_USER`] (65534:65534). A
-//!   user resolving to uid 0 is refused. With a root-owned workspace the caller must
-//!   make the workspace writable for 65534 (or configure a user that can write it);
+//!   `spec.workdir` when that is not root, else [`fallback_user`], the sandbox
+//!   identity shared with the local runtime (`GROVE_SANDBOX_UID`/`GID`, default
+//!   60100:60100). A user resolving to uid 0 is refused. With a root-owned workspace
+//!   the caller hands the workspace over to that identity first
+//!   ([`RuntimeProvider::sandbox_identity`]) (or configures a user that can write it);
 //! - `Env`: `PATH`, `HOME=/tmp`, `LANG=C.UTF-8`, then the spec's env. Nothing from the
 //!   worker's environment. Each exec adds its request's env;
 //! - `HostConfig.Mounts`: exactly the spec's mounts as bind mounts, read-only unless
@@ -156,8 +158,16 @@ pub const DEFAULT_PIDS: u64 = 512;
 pub const DEFAULT_MEMORY_MB: u64 = 1024;
 /// Default CPU limit, clamped to the engine's CPU count.
 pub const DEFAULT_CPUS: f64 = 2.0;
-/// User of the container when none is configured and the workspace is owned by root.
-pub const FALLBACK_USER: &str = "65534:65534";
+/// User of the container when none is configured and the workspace is owned by root:
+/// the sandbox identity (the local runtime's too), `uid:gid`.
+pub fn fallback_user() -> String {
+    sandbox_identity().user_spec()
+}
+
+fn sandbox_identity() -> grove_core::identity::SandboxIdentity {
+    grove_core::identity::SandboxIdentity::from_env()
+        .unwrap_or(grove_core::identity::SandboxIdentity::DEFAULT)
+}
 /// Output kept per command (stdout + stderr combined) when the request names no cap.
 pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 
@@ -717,7 +727,7 @@ impl DockerRuntimeProvider {
                     RuntimeError::NotFound(format!("workspace {}: {e}", spec.workdir.display()))
                 })?;
                 if meta.uid() == 0 {
-                    FALLBACK_USER.to_string()
+                    fallback_user()
                 } else {
                     format!("{}:{}", meta.uid(), meta.gid())
                 }
@@ -930,6 +940,12 @@ fn validate_runtime_id(id: &str) -> Result<(), RuntimeError> {
 impl RuntimeProvider for DockerRuntimeProvider {
     fn kind(&self) -> &'static str {
         "docker"
+    }
+
+    /// Without a configured user, containers of a root-owned workspace run as the
+    /// sandbox identity, so a writable workspace is handed over to it first.
+    fn sandbox_identity(&self) -> Option<grove_core::identity::SandboxIdentity> {
+        self.user.is_none().then(sandbox_identity)
     }
 
     fn capabilities(&self) -> RuntimeCapabilities {
