@@ -12,7 +12,7 @@ use grove_core::commands::{
 };
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
-use grove_core::layout::{short_hash, Layout};
+use grove_core::layout::Layout;
 use grove_core::model::{
     branch_for, to_db_precision, Capabilities, ExecKind, ExecOutcome, RepoCacheRow, WorkspaceMode,
     WorkspaceRow,
@@ -57,6 +57,8 @@ pub struct Deps {
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
     pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Token fingerprints under the deployment's secret, loaded on first use.
+    pub fingerprint: tokio::sync::OnceCell<grove_core::fingerprint::Fingerprinter>,
 }
 
 /// Converts a store failure into the command-level error (transient: worth a retry).
@@ -151,7 +153,13 @@ impl Deps {
                 .await
                 .map_err(store_error)?;
         match ws {
-            Some(ws) => Ok((ws, lock)),
+            Some(ws) => match self.recover_merge_back(&ws).await {
+                Ok(()) => Ok((ws, lock)),
+                Err(e) => {
+                    lock.release().await.ok();
+                    Err(e)
+                }
+            },
             None => {
                 lock.release().await.ok();
                 Err(CommandError::new(
@@ -192,7 +200,7 @@ impl Deps {
         };
         // A cache cloned with credentials is served to a caller with other (or no)
         // credentials only after a fetch with theirs succeeds: the fetch is the access check.
-        let scope = token.map(|t| short_hash(t.expose(), 16));
+        let scope = self.auth_scope(token).await?;
         let foreign =
             |row: &RepoCacheRow| row.auth_scope_hash.is_some() && row.auth_scope_hash != scope;
         let usable = |row: &RepoCacheRow| {
@@ -539,7 +547,7 @@ impl Deps {
                 },
                 provider_host: url.host().to_string(),
                 local_path: checkout.cache_path.clone(),
-                auth_scope_hash: token.map(|t| short_hash(t.expose(), 16)),
+                auth_scope_hash: self.auth_scope(token).await?,
                 size_bytes: 0,
             }],
         };
@@ -798,13 +806,47 @@ impl Deps {
                 tracing::warn!(error = %e, "could not tell whether to relay exec output");
                 false
             });
-        let outcome = match provider.create(spec).await {
-            Ok(runtime) if relay => {
-                crate::relay::exec_relayed(runtime.as_ref(), request, self.pool.clone(), command_id)
+        let backend_id = provider.backend_id(&spec);
+        let run = async {
+            match provider.create(spec).await {
+                Ok(runtime) if relay => {
+                    crate::relay::exec_relayed(
+                        runtime.as_ref(),
+                        request,
+                        self.pool.clone(),
+                        command_id,
+                    )
                     .await
+                }
+                Ok(runtime) => runtime.exec(request).await,
+                Err(e) => Err(e),
             }
-            Ok(runtime) => runtime.exec(request).await,
-            Err(e) => Err(e),
+        };
+        // Fencing (ADR 21): if the lock's lease cannot be renewed (the database is
+        // away), the command is stopped before the lease can expire. Dropping `run`
+        // kills its process group in every runtime.
+        let fence_lost = lock.fence_lost();
+        let outcome = tokio::select! {
+            biased;
+            _ = fence_lost => None,
+            outcome = run => Some(outcome),
+        };
+        let Some(outcome) = outcome else {
+            let fenced = self
+                .fenced_exec(
+                    provider.as_ref(),
+                    &backend_id,
+                    runtime_id,
+                    &ws,
+                    command_id,
+                    started,
+                )
+                .await;
+            return Ok(Handled {
+                locks: vec![lock],
+                correlation,
+                ..fenced
+            });
         };
         let duration_ms = started.elapsed().as_millis() as u64;
         let mut events = Vec::new();
@@ -878,6 +920,60 @@ impl Deps {
                 locks: vec![lock],
                 correlation,
             }),
+        }
+    }
+
+    /// The end of an exec stopped because its lock's lease was lost. The command's
+    /// processes were killed as its future dropped; a long-lived runtime (a container, a
+    /// remote sandbox) is also destroyed, bounded by the lease's margin, so nothing of
+    /// the command can still run when another holder takes the lock.
+    async fn fenced_exec(
+        &self,
+        provider: &dyn RuntimeProvider,
+        backend_id: &str,
+        runtime_id: Uuid,
+        ws: &WorkspaceRow,
+        command_id: Uuid,
+        started: Instant,
+    ) -> Handled {
+        let margin = grove_postgres::locks::lease_margin(grove_postgres::locks::lease_length());
+        tracing::warn!(command = %command_id, workspace = %ws.id, "the workspace lock's lease was lost (database unreachable): the command was stopped");
+        let mut events = vec![Event::ExecFinished {
+            exec_id: command_id,
+            workspace_id: ws.id,
+            runtime_id,
+            outcome: "fenced".into(),
+            exit_code: None,
+            timed_out: false,
+            truncated: false,
+            duration_ms: started.elapsed().as_millis() as u64,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }];
+        if provider.kind() != "local" {
+            match tokio::time::timeout(margin, provider.destroy(backend_id)).await {
+                Ok(Ok(())) | Ok(Err(grove_core::error::RuntimeError::NotFound(_))) => {
+                    events.push(Event::RuntimeDestroyed {
+                        runtime_id,
+                        reason: "its exec's workspace lock was lost".into(),
+                    })
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(runtime = %runtime_id, error = %e, "destroying a fenced exec's runtime failed")
+                }
+                Err(_) => {
+                    tracing::warn!(runtime = %runtime_id, "destroying a fenced exec's runtime timed out")
+                }
+            }
+        }
+        Handled {
+            result: Err(CommandError::new(
+                ErrorKind::Unavailable,
+                "the database was unreachable for longer than the workspace lock's lease: the command was stopped (it may have run in part) so that no other command could run in the workspace at the same time",
+            )),
+            events,
+            locks: Vec::new(),
+            correlation: correlation_of(ws),
         }
     }
 
@@ -1238,9 +1334,11 @@ impl Deps {
                 set_upstream,
             } => {
                 let token = token.cloned();
+                let url = self.recorded_url(ws).await?;
                 let pushed = blocking(move || {
                     git.push(&PushRequest {
                         workspace_dir: &dir,
+                        remote_url: &url,
                         branch: branch.as_deref(),
                         force_with_lease,
                         expect: expect.as_deref(),
@@ -1255,6 +1353,22 @@ impl Deps {
             other => return Err(internal(format!("{} is not a git tool", other.name()))),
         };
         Ok(output)
+    }
+
+    /// The URL grove recorded for the workspace's repository (its repo cache's
+    /// upstream): the only place a push from the workspace goes.
+    async fn recorded_url(&self, ws: &WorkspaceRow) -> Result<String, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::repo_cache(&mut conn, ws.repo_cache_id)
+            .await
+            .map_err(store_error)?
+            .map(|c| c.repo_url)
+            .ok_or_else(|| {
+                CommandError::new(
+                    ErrorKind::NotFound,
+                    format!("the repo cache of workspace {} is not recorded", ws.id),
+                )
+            })
     }
 
     /// A workspace handed to the sandbox user keeps its `.git` owned by that user after

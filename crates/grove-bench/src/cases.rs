@@ -46,6 +46,12 @@ impl RunningWorker {
         // The TTL sweep case plans with a clock four days ahead.
         config.eviction.allow_clock_override = true;
         config.docker_image = image;
+        // The fixtures are file:// repositories next to $GROVE_HOME: allow-listed, as an
+        // operator would list them (the bench submits as an API caller would).
+        config.local_repos = grove_core::local_repo::LocalRepoPolicy::new(
+            home.parent().map(Path::to_path_buf).into_iter().collect(),
+            home.to_path_buf(),
+        );
         let deps = grove_workers::build_deps(pool, config).await;
         let worker = grove_workers::Worker::new(deps);
         worker.register().await.expect("register worker");
