@@ -326,6 +326,7 @@ mod tests {
             format!("{}\n", objects.display()),
         )
         .unwrap();
+        crate::trusted::record_cache(&dir.join("ws"), &objects).unwrap();
         let ws = Repository::open(dir.join("ws")).unwrap();
         ws.set_head_detached(repo.head().unwrap().target().unwrap())
             .unwrap();

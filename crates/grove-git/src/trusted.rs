@@ -437,9 +437,7 @@ fn recorded_cache_objects(dir: &Path, git_dir: &Path) -> Result<Option<PathBuf>,
     let plausible = named.is_absolute()
         && !named.as_os_str().as_bytes().contains(&b'\n')
         && named.file_name().is_some_and(|n| n == "objects")
-        && named
-            .parent()
-            .is_some_and(|repo| matches!(Repository::open_bare(repo), Ok(r) if r.is_bare()));
+        && named.parent().is_some_and(is_bare_repo);
     if !plausible {
         tracing::warn!(workspace = %dir.display(), "workspace alternates ignored: not a repo cache");
         return Ok(None);
@@ -447,6 +445,15 @@ fn recorded_cache_objects(dir: &Path, git_dir: &Path) -> Result<Option<PathBuf>,
     record_cache(dir, &named)?;
     tracing::info!(workspace = %dir.display(), "workspace record adopted from its alternates");
     Ok(Some(named))
+}
+
+/// Whether `dir` is a bare repository by its own config (`core.bare = true`), as repo
+/// caches are; a workspace's `.git` says `false`.
+fn is_bare_repo(dir: &Path) -> bool {
+    matches!(entry(&dir.join("config")), Ok(Entry::File))
+        && Config::open(&dir.join("config"))
+            .and_then(|c| c.get_bool("core.bare"))
+            .unwrap_or(false)
 }
 
 /// Refuses a git directory whose local config holds a key the git CLI must not see.

@@ -570,3 +570,26 @@ fn an_object_directory_linked_to_the_host_is_refused() {
     assert!(matches!(r, Err(GitError::Untrusted(_))), "{r:?}");
     assert_eq!(s.host_state(), before);
 }
+
+#[test]
+fn a_workspace_without_a_record_adopts_only_a_bare_cache_from_its_alternates() {
+    let s = Scene::new();
+    let record = s.fx.path("workspaces/.edit.grove-cache");
+    let task_record = s.fx.path("workspaces/.task.grove-cache");
+    assert!(record.is_file() && task_record.is_file());
+    // An older workspace: no record; its alternates name the repo cache.
+    std::fs::remove_file(&record).unwrap();
+    let g = Git2Adapter::new();
+    assert_eq!(
+        g.status(&s.edit).unwrap().head.as_deref(),
+        Some(s.fx.main.as_str())
+    );
+    assert!(record.is_file(), "the record was adopted");
+    // Alternates naming another workspace's objects (not a bare cache) are not adopted:
+    // the task reads only its own objects, which lack the base history.
+    std::fs::remove_file(&task_record).unwrap();
+    let alternates = s.task.join(".git/objects/info/alternates");
+    std::fs::write(&alternates, format!("{}/.git/objects\n", s.edit.display())).unwrap();
+    assert!(g.log(&s.task, 10).is_err());
+    assert!(!task_record.exists());
+}
