@@ -464,25 +464,58 @@ pub(crate) fn merge_back(
     crate::trusted::check_ref_writable(&target, &branch_ref).map_err(MergeBackError::Git)?;
     crate::preserve::copy_missing(repo, &target, new_head)?;
     drop(odb);
-    let new_tree = target
-        .find_commit(new_head)
-        .and_then(|c| c.tree())
-        .map_err(local)?;
-    let mut cb = CheckoutBuilder::new();
-    cb.safe().overwrite_ignored(false);
-    target
-        .checkout_tree(new_tree.as_object(), Some(&mut cb))
-        .map_err(local)?;
-    let message = format!("merge-back ({}) of {}", strategy.as_str(), req.task_branch);
-    target
-        .reference_matching(
-            &format!("refs/heads/{}", req.edit_branch),
-            new_head,
-            true,
-            pair.edit_head,
-            &message,
-        )
-        .map_err(local)?;
+    switch(&target, req, pair.edit_head, new_head, strategy)?;
     report.new_head = new_head.to_string();
     Ok(report)
+}
+
+/// Switches the target's files, index and branch to `new_head` (every object already
+/// in its store) under a journal: a crash is repaired by `journal::recover`, and a
+/// failure here (a full disk) is rolled back at once.
+fn switch(
+    target: &Repository,
+    req: &MergeBackRequest<'_>,
+    old_head: Oid,
+    new_head: Oid,
+    strategy: MergeStrategy,
+) -> Result<(), MergeBackError> {
+    let branch = format!("refs/heads/{}", req.edit_branch);
+    if let Some(path) = req.journal {
+        let journal = crate::journal::Journal {
+            version: 1,
+            operation: "merge_back".into(),
+            branch: branch.clone(),
+            old_head: old_head.to_string(),
+            new_head: new_head.to_string(),
+        };
+        crate::journal::begin(path, &journal).map_err(MergeBackError::Git)?;
+    }
+    let result = (|| {
+        let new_tree = target
+            .find_commit(new_head)
+            .and_then(|c| c.tree())
+            .map_err(local)?;
+        let mut cb = CheckoutBuilder::new();
+        cb.safe().overwrite_ignored(false);
+        target
+            .checkout_tree(new_tree.as_object(), Some(&mut cb))
+            .map_err(local)?;
+        let message = format!("merge-back ({}) of {}", strategy.as_str(), req.task_branch);
+        target
+            .reference_matching(&branch, new_head, true, old_head, &message)
+            .map_err(local)?;
+        Ok(())
+    })();
+    let Some(path) = req.journal else {
+        return result;
+    };
+    match result {
+        Ok(()) => crate::journal::finish(path).map_err(MergeBackError::Git),
+        Err(e) => {
+            if let Err(undo) = crate::journal::recover(path, req.edit_dir) {
+                tracing::error!(error = %undo, "rolling back a failed merge-back failed; the journal stays for the next attempt");
+            }
+            Err(e)
+        }
+    }
 }

@@ -5,5 +5,6 @@ mod cache;
 mod checkout;
 mod merge;
 mod preserve;
+mod saved;
 mod support;
 mod workdir;
