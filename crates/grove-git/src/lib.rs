@@ -97,7 +97,10 @@ pub unsafe fn trust_foreign_owners() -> Result<(), GitError> {
 pub struct Git2Adapter;
 
 impl Git2Adapter {
+    /// Also applies grove's process-wide libgit2 settings (no system or global config;
+    /// ADR 23) before anything else uses libgit2.
     pub fn new() -> Self {
+        trusted::init();
         Self
     }
 }

@@ -54,6 +54,7 @@ pub(crate) fn restore_from_store(
     let store = open_store(store, req.cache_dir)?;
     build(partial.path(), &objects, req, &store, manifest)?;
     drop(store);
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
@@ -75,6 +76,7 @@ pub(crate) fn init_checkout(
 ) -> Result<Repository, GitError> {
     let mut opts = RepositoryInitOptions::new();
     opts.bare(false).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(dir, &opts).map_err(local)?;
     let info_dir = repo.path().join("objects").join("info");
     drop(repo);
@@ -83,7 +85,7 @@ pub(crate) fn init_checkout(
     alternates.push(b'\n');
     std::fs::write(info_dir.join("alternates"), alternates)
         .map_err(|e| map_io("cannot write objects/info/alternates", &e))?;
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     repo.remote("origin", req.upstream_url).map_err(local)?;
     {
         let mut config = repo.config().map_err(local)?;
