@@ -129,7 +129,11 @@ impl GitPort for Git2Adapter {
     }
 
     fn save_work(&self, req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
-        saved::save_work(req)
+        let report = saved::save_work(req)?;
+        // A save precedes the workspace's move to the trash: its record goes now, so
+        // none outlives the workspace (one that stays adopts its cache again; ADR 23).
+        trusted::forget_cache(req.workspace_dir)?;
+        Ok(report)
     }
 
     fn restore_checkout(&self, req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError> {
