@@ -54,10 +54,12 @@ pub(crate) fn restore_from_store(
     let store = open_store(store, req.cache_dir)?;
     build(partial.path(), &objects, req, &store, manifest)?;
     drop(store);
-    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
+    // After the rename: a crash in between leaves a workspace that adopts its record
+    // (ADR 23), never a record without a workspace.
+    crate::trusted::record_cache(ws, &objects)?;
     let size_bytes = crate::tree::tree_size(ws)
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
         .map_err(|e| map_io("cannot measure the workspace", &e))?;

@@ -367,8 +367,7 @@ fn record_path(dir: &Path) -> Result<PathBuf, GitError> {
 }
 
 /// Records that the workspace at `dir` borrows `cache_objects` (an absolute path).
-/// Written before the workspace is moved into place, so a workspace never exists
-/// without its record.
+/// Written right after the workspace is moved into place (before any sandbox sees it).
 pub(crate) fn record_cache(dir: &Path, cache_objects: &Path) -> Result<(), GitError> {
     let path = record_path(dir)?;
     let tmp = crate::fsutil::partial_sibling(&path)
