@@ -121,6 +121,7 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), GitError> {
 /// Opens a store (bare) with the cache's objects readable through an in-memory
 /// alternate; nothing about the cache is written into the store.
 pub(crate) fn open_store(store: &Path, cache_dir: &Path) -> Result<Repository, GitError> {
+    // The store is grove's own (private, never mounted), opened with grove's config.
     let repo = crate::trusted::open_cache(store).map_err(local)?;
     add_alternate(&repo, cache_dir)?;
     Ok(repo)
@@ -130,7 +131,8 @@ pub(crate) fn add_alternate(repo: &Repository, cache_dir: &Path) -> Result<(), G
     let objects = cache_dir.join("objects");
     if objects.is_dir() {
         let odb = repo.odb().map_err(local)?;
-        crate::trusted::add_objects(&odb, &objects, true)?;
+        odb.add_disk_alternate(&objects.to_string_lossy())
+            .map_err(local)?;
     }
     Ok(())
 }
@@ -185,6 +187,7 @@ pub(crate) fn copy_closure(src: &Repository, dst: &Odb<'_>, id: Oid) -> Result<(
 
 /// The store directory's whole life for one save: built aside, then swapped in.
 pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
+    // `open`, not `discover`: a missing checkout must not save an enclosing repo.
     let ws = crate::trusted::open_workspace(req.workspace_dir)?;
     // Every blob and tree the snapshots write stays in memory, not in the workspace.
     let odb = ws.odb().map_err(local)?;
