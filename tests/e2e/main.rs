@@ -1,10 +1,12 @@
 //! End-to-end tests: the real `grove` binary, real worker processes, real Postgres and git.
 
 mod api;
+mod boundary;
 mod concurrency;
 mod crash;
 mod docker;
 mod eviction;
+mod fencing;
 mod input;
 mod lifecycle;
 mod mcp;
@@ -17,6 +19,7 @@ mod remote_placement;
 mod replay;
 mod runtimes;
 mod secrets;
+mod stop;
 mod tools;
 mod tools_http;
 

@@ -32,6 +32,9 @@ pub struct WorkerConfig {
     pub docker_image: Option<String>,
     /// Eviction policy, schedule and measurement settings (`GROVE_DISK_BUDGET`, ...).
     pub eviction: crate::eviction::EvictionSettings,
+    /// Who may clone from local repository URLs: the operator's allow-list
+    /// (`GROVE_LOCAL_REPO_ROOTS`) and this `$GROVE_HOME`, never a source.
+    pub local_repos: grove_core::local_repo::LocalRepoPolicy,
 }
 
 impl WorkerConfig {
@@ -46,7 +49,6 @@ impl WorkerConfig {
             node,
             worker_id,
             concurrency: 8,
-            home,
             heartbeat_every: Duration::from_secs(2),
             worker_lost_after: Duration::from_secs(15),
             poll_every: Duration::from_millis(500),
@@ -55,6 +57,13 @@ impl WorkerConfig {
             prune_after: Duration::from_secs(7 * 24 * 3600),
             docker_image: None,
             eviction: crate::eviction::EvictionSettings::default(),
+            local_repos: grove_core::local_repo::LocalRepoPolicy::from_value(
+                std::env::var(grove_core::local_repo::ROOTS_ENV)
+                    .ok()
+                    .as_deref(),
+                home.clone(),
+            ),
+            home,
         }
     }
 }

@@ -282,7 +282,7 @@ impl Deps {
             if meta.uid() == unsafe { libc::geteuid() } {
                 return;
             }
-            if let Err(e) = crate::handlers::chown_tree(&dir, meta.uid(), meta.gid()) {
+            if let Err(e) = grove_git::tree::chown_tree(&dir, meta.uid(), meta.gid()) {
                 tracing::warn!(error = %e, "re-owning a workspace after a merge-back failed");
             }
         })

@@ -45,6 +45,7 @@ use std::sync::Arc;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use grove_core::commands::{Command, CommandResult};
+use grove_core::error::{CommandError, ErrorKind};
 use grove_postgres::submit::{self, WaitOptions};
 use sqlx::PgPool;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
@@ -66,6 +67,11 @@ pub struct AppState {
     pub sessions: Option<sessions::SessionHost>,
     /// The git platform pull requests are read from (`None`: reads answer 503).
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
+    /// Which local repository URLs callers may name (the worker checks again).
+    pub local_repos: grove_core::local_repo::LocalRepoPolicy,
+    /// Set when the server is stopping: open event follows end at once, so they do
+    /// not hold the graceful shutdown.
+    pub stopping: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl AppState {
@@ -79,13 +85,44 @@ impl AppState {
             wait,
             sessions: None,
             platform: None,
+            local_repos: grove_core::local_repo::LocalRepoPolicy::from_value(
+                std::env::var(grove_core::local_repo::ROOTS_ENV)
+                    .ok()
+                    .as_deref(),
+                std::env::var_os("GROVE_HOME")
+                    .map(Into::into)
+                    .unwrap_or_default(),
+            ),
+            stopping: None,
         })
+    }
+
+    /// Sets which local repository URLs callers may name, and grove's data directory.
+    pub fn with_local_repos(mut self, policy: grove_core::local_repo::LocalRepoPolicy) -> Self {
+        self.local_repos = policy;
+        self
     }
 
     /// Holds interactive sessions with these runtime providers, for workspaces on `node`.
     pub fn with_sessions(mut self, host: sessions::SessionHost) -> Self {
         self.sessions = Some(host);
         self
+    }
+
+    /// Ends long-lived streams (event follows) when `stopping` turns true.
+    pub fn with_stop(mut self, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stopping = Some(stopping);
+        self
+    }
+
+    /// Resolves once the server is stopping (never, without [`Self::with_stop`]).
+    pub async fn stopped(&self) {
+        match self.stopping.clone() {
+            Some(mut rx) => {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+            None => std::future::pending().await,
+        }
     }
 
     /// Reads pull requests through `platform`.
@@ -104,6 +141,15 @@ impl AppState {
         command_id: Uuid,
         token: Option<&str>,
     ) -> Result<CommandResult, ApiError> {
+        // API callers never hold the operator's grant: a local repository URL must lie
+        // under the allow-list. Refused here before anything is enqueued.
+        if let Some(url) = grove_core::local_repo::command_repo_url(command) {
+            self.local_repos
+                .check(url, grove_core::local_repo::Requester::Caller, |p| {
+                    std::fs::canonicalize(p)
+                })
+                .map_err(|e| CommandError::new(ErrorKind::Rejected, e.to_string()))?;
+        }
         let mut wake = self.notifier.subscribe(command_id);
         Ok(submit::submit(
             &self.pool,

@@ -1,4 +1,7 @@
 //! Submitting a command from the CLI: `grove_postgres::submit` with a listener of its own.
+//! The CLI is the operator's tool: a command naming a local repository goes in with the
+//! operator's grant (`grove_postgres::boundary`), which the HTTP API, MCP and SQL
+//! callers cannot give.
 
 use anyhow::Result;
 use grove_core::commands::{Command, CommandResult};
@@ -20,7 +23,20 @@ pub async fn submit(
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(queue::DONE_CHANNEL).await?;
     let opts = WaitOptions::from_env();
-    match submit::submit(pool, command, command_id, token, &mut listener, opts).await {
+    let outcome = if grove_core::local_repo::names_local_repo(command) {
+        grove_postgres::boundary::submit_as_operator(
+            pool,
+            command,
+            command_id,
+            token,
+            &mut listener,
+            opts,
+        )
+        .await
+    } else {
+        submit::submit(pool, command, command_id, token, &mut listener, opts).await
+    };
+    match outcome {
         Ok(result) => Ok(result),
         Err(SubmitError::Command(e)) => Err(e.into()),
         Err(e) => Err(e.into()),

@@ -658,8 +658,8 @@ pub(crate) async fn build_worker(
 ) -> Result<grove_workers::Worker> {
     validate_node(&node)?;
     let home = grove_home();
-    std::fs::create_dir_all(&home)
-        .with_context(|| format!("creating GROVE_HOME {}", home.display()))?;
+    grove_workers::home::secure_home(&home)
+        .with_context(|| format!("making GROVE_HOME {} private", home.display()))?;
     let pool = connect((concurrency as u32) * 2 + 6).await?;
     grove_postgres::migrate::migrate(&pool).await?;
     let mut config = grove_workers::WorkerConfig::new(home, node);

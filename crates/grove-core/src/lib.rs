@@ -19,6 +19,8 @@
 //! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
+//! - [`local_repo`]: who may use a local repository URL (the operator's allow-list).
+//! - [`fingerprint`]: keyed fingerprints of git tokens (`auth_scope_hash`).
 //! - [`identity`]: the unprivileged uid/gid sandboxed commands run as.
 //!
 //! Architecture invariant: this crate does no IO and knows nothing of sqlx, git2,
@@ -28,9 +30,11 @@ pub mod commands;
 pub mod error;
 pub mod events;
 pub mod eviction;
+pub mod fingerprint;
 pub mod idempotency;
 pub mod identity;
 pub mod layout;
+pub mod local_repo;
 pub mod merge_back;
 pub mod model;
 pub mod platform;

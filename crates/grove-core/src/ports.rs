@@ -137,6 +137,9 @@ pub struct CommitRequest<'a> {
 #[derive(Debug, Clone)]
 pub struct PushRequest<'a> {
     pub workspace_dir: &'a Path,
+    /// Where the push goes: the URL grove recorded for the workspace's repository
+    /// (its repo cache's upstream). Never a remote URL read from the workspace.
+    pub remote_url: &'a str,
     /// The branch; `None`: the checked-out one.
     pub branch: Option<&'a str>,
     pub force_with_lease: bool,
@@ -256,7 +259,8 @@ pub trait GitPort: Send + Sync {
     fn log(&self, workspace_dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitError>;
     /// Stages the request's paths (or everything) and commits on the current branch.
     fn commit(&self, req: &CommitRequest<'_>) -> Result<Committed, GitError>;
-    /// Pushes a branch to `origin`; a rejected update is [`GitError::Rejected`].
+    /// Pushes a branch to the request's recorded URL; a rejected update is
+    /// [`GitError::Rejected`].
     fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError>;
     /// What a merge-back would bring: the task's commits the target branch lacks and
     /// the files the task changed since the merge base. Changes nothing in either
@@ -449,6 +453,12 @@ pub trait RuntimeProvider: Send + Sync {
             .map(String::as_str)
             .unwrap_or("");
         format!("{}:{runtime}", self.kind())
+    }
+    /// The unprivileged host identity this provider's commands run as when that is
+    /// not the worker's own user: a writable workspace is handed over to it (files
+    /// re-owned) before the first command. `None`: nothing to hand over.
+    fn sandbox_identity(&self) -> Option<crate::identity::SandboxIdentity> {
+        None
     }
     /// Stops (hibernates) a runtime; its workspace is untouched. A provider that runs a
     /// fresh process tree per exec has nothing to stop, hence the default.

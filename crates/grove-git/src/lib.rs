@@ -11,7 +11,11 @@
 //!   at the same path (read-only suffices), or git inside it cannot read history.
 //!
 //! `workdir` runs git as an agent tool inside a workspace (status, diff, log, commit,
-//! push); a push's token goes through the same credentials callback as a fetch's.
+//! push); a push goes to the URL grove recorded, never a remote read from the
+//! workspace, and its token goes through the same credentials callback as a fetch's.
+//!
+//! `trusted` is the only way any of them opens a repository or runs the git CLI: the
+//! workspace's `.git` is treated as hostile (ADR 23).
 //!
 //! `saved` keeps a workspace's whole state (refs, stash, HEAD, index, working tree,
 //! ignored files within a budget) in a private per-workspace store before eviction;
@@ -36,6 +40,7 @@ mod preserve;
 mod restore;
 mod saved;
 pub mod tree;
+mod trusted;
 mod workdir;
 
 use std::path::Path;

@@ -21,7 +21,6 @@ use git2::{
     Commit, Delta, DiffFindOptions, DiffOptions, ErrorCode, Index, MergeOptions, Oid, Patch,
     Repository, RepositoryState, Signature, Sort, StatusOptions,
 };
-use grove_core::error::GitError;
 use grove_core::merge_back::{
     BranchCommit, ChangedFile, MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy,
     MAX_DIFF_COMMITS, MAX_DIFF_FILES,
@@ -49,8 +48,8 @@ struct Pair {
 /// Opens the target with the task's objects readable (in memory only) and checks that
 /// its HEAD is on the branch that will move.
 fn open_pair(req: &MergeBackRequest<'_>) -> Result<Pair, MergeBackError> {
-    let edit = Repository::open(req.edit_dir).map_err(local)?;
-    let task = Repository::open(req.task_dir).map_err(local)?;
+    let edit = crate::trusted::open_workspace(req.edit_dir).map_err(MergeBackError::Git)?;
+    let task = crate::trusted::open_workspace(req.task_dir).map_err(MergeBackError::Git)?;
     let edit_ref = format!("refs/heads/{}", req.edit_branch);
     let head = match edit.head() {
         Ok(h) => h,
@@ -79,16 +78,12 @@ fn open_pair(req: &MergeBackRequest<'_>) -> Result<Pair, MergeBackError> {
             ))
         })?
         .id();
-    let task_objects = task.path().join("objects");
-    let task_objects = task_objects.to_str().ok_or_else(|| {
-        MergeBackError::Git(GitError::Other(
-            "the task workspace's path is not UTF-8".into(),
-        ))
-    })?;
-    edit.odb()
-        .map_err(local)?
-        .add_disk_alternate(task_objects)
-        .map_err(local)?;
+    // The task's own objects only: never the alternates file inside its `.git`.
+    {
+        let odb = edit.odb().map_err(local)?;
+        crate::trusted::add_objects(&odb, &task.path().join("objects"), true)
+            .map_err(MergeBackError::Git)?;
+    }
     Ok(Pair {
         edit,
         edit_head,
@@ -464,7 +459,7 @@ pub(crate) fn merge_back(
 
     // Clean: make it real. Objects first (children before parents), then the files and
     // index, then the branch — the branch moves only if it is still where we read it.
-    let target = Repository::open(req.edit_dir).map_err(local)?;
+    let target = crate::trusted::open_workspace(req.edit_dir).map_err(MergeBackError::Git)?;
     crate::preserve::copy_missing(repo, &target, new_head)?;
     drop(odb);
     switch(&target, req, pair.edit_head, new_head, strategy)?;

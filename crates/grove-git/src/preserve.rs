@@ -29,7 +29,7 @@ fn local(e: git2::Error) -> GitError {
 }
 
 pub(crate) fn open_cache(cache_dir: &Path) -> Result<Repository, GitError> {
-    Repository::open_bare(cache_dir).map_err(|e| {
+    crate::trusted::open_cache(cache_dir).map_err(|e| {
         GitError::Other(format!(
             "cannot open the repo cache: {}",
             crate::errors::scrub(e.message(), None)
@@ -174,6 +174,7 @@ pub(crate) fn restore_checkout(req: &RestoreRequest<'_>) -> Result<CheckoutRepor
         partial_sibling(ws).map_err(|e| map_io("cannot name a partial workspace", &e))?,
     );
     build(partial.path(), &objects, req, head, work, base_origin)?;
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
@@ -195,6 +196,7 @@ fn build(
 ) -> Result<(), GitError> {
     let mut opts = RepositoryInitOptions::new();
     opts.bare(false).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(dir, &opts).map_err(local)?;
     let info_dir: PathBuf = repo.path().join("objects").join("info");
     drop(repo);
@@ -204,7 +206,7 @@ fn build(
     std::fs::write(info_dir.join("alternates"), alternates)
         .map_err(|e| map_io("cannot write objects/info/alternates", &e))?;
 
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     if let Some((branch, base)) = base_origin {
         repo.reference(
             &format!("refs/remotes/origin/{branch}"),

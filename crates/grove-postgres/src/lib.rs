@@ -10,10 +10,12 @@
 //! - [`reader`]: reading and following the event log in commit-safe order.
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
+//! - [`boundary`]: operator grants for local repository URLs, the fingerprint secret.
 //!
 //! Architecture invariant: no function here holds a transaction open while it waits on
 //! anything but Postgres; effects (git, processes) happen between transactions.
 
+pub mod boundary;
 pub mod error;
 pub mod locks;
 pub mod migrate;

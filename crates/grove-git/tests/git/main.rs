@@ -1,5 +1,6 @@
 //! Integration tests of the git2 adapter against fixture repos built with the git CLI.
 
+mod attacks;
 mod cache;
 mod checkout;
 mod merge;
