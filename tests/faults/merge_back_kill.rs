@@ -32,6 +32,7 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
     fleet.spawn().await;
     let mut figures = Figures::default();
     let (mut before_n, mut after_n) = (0, 0);
+    let mut window_ms: u64 = 4000;
     let files = FILES * scale();
     for n in 0..TRIALS * scale() {
         let edit = env
@@ -89,12 +90,19 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
                 "merge",
             ])
             .output();
-        let merge = tokio::spawn(merge);
-        tokio::time::sleep(Duration::from_millis(rng.range(100, 4000))).await;
+        let started = std::time::Instant::now();
+        let merge = tokio::spawn(async move { (merge.await, started.elapsed()) });
+        tokio::time::sleep(Duration::from_millis(rng.range(30, window_ms.max(100)))).await;
         fleet.kill9(0).await;
         figures.injected += 1;
         fleet.spawn().await;
-        let _ = merge.await;
+        // A merge-back that finished before its kill tells how long one takes: later
+        // kills aim inside that window, so they land mid-switch.
+        if let Ok((Ok(out), took)) = merge.await {
+            if out.status.success() {
+                window_ms = window_ms.min(took.as_millis() as u64);
+            }
+        }
         // Any command on the workspace settles a leftover journal first.
         let out = env.grove(&["exec", &edit_id, "--", "true"]).await;
         assert!(out.status.success(), "{:?}", text(&out));
