@@ -384,7 +384,19 @@ pub async fn leaked_dirs(env: &TestEnv, figures: &mut Figures) {
         }
     }
     found.extend(entries(&home.join("repos")));
-    let mut leaks: Vec<PathBuf> = found.into_iter().filter(|p| !owned.contains(p)).collect();
+    // `.<name>.grove-cache` beside a recorded workspace is that workspace's cache record.
+    let record_of = |p: &PathBuf| {
+        let name = p
+            .file_name()?
+            .to_str()?
+            .strip_prefix('.')?
+            .strip_suffix(".grove-cache")?;
+        Some(p.with_file_name(name))
+    };
+    let mut leaks: Vec<PathBuf> = found
+        .into_iter()
+        .filter(|p| !owned.contains(p) && !record_of(p).is_some_and(|w| owned.contains(&w)))
+        .collect();
     leaks.extend(entries(&home.join("trash")));
     if !leaks.is_empty() {
         figures.leaked += leaks.len() as u64;
