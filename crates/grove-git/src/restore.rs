@@ -54,6 +54,8 @@ pub(crate) fn restore_from_store(
     let store = open_store(store, req.cache_dir)?;
     build(partial.path(), &objects, req, &store, manifest)?;
     drop(store);
+    // Before the rename: a workspace never exists without its cache record.
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;

@@ -504,13 +504,7 @@ fn tracked_view(dir: &Path) -> TrackedView {
 
 /// A pair whose task changes, adds, deletes and re-types paths, merged with a journal;
 /// returns the pair, the journal path and the views before and after.
-#[allow(clippy::type_complexity)]
-fn journaled_merge() -> (
-    Pair,
-    PathBuf,
-    (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String),
-    (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String),
-) {
+fn journaled_merge() -> (Pair, PathBuf, View, View) {
     let pair = Pair::new();
     commit(
         &pair.task,
