@@ -504,7 +504,7 @@ fn tracked_view(dir: &Path) -> TrackedView {
 
 /// A pair whose task changes, adds, deletes and re-types paths, merged with a journal;
 /// returns the pair, the journal path and the views before and after.
-fn journaled_merge() -> (Pair, PathBuf, View, View) {
+fn journaled_merge() -> (Pair, PathBuf, TrackedView, TrackedView) {
     let pair = Pair::new();
     commit(
         &pair.task,
