@@ -38,7 +38,17 @@ async fn twenty_concurrent_acquires_of_one_key_through_two_workers_give_one_work
         .parent()
         .unwrap()
         .to_path_buf();
-    let dirs: Vec<_> = std::fs::read_dir(project_dir).unwrap().flatten().collect();
+    // Beside the workspace lies only its record of the repo cache (`.<name>.grove-cache`).
+    let ws_path = std::path::Path::new(paths.iter().next().unwrap());
+    let record = format!(
+        ".{}.grove-cache",
+        ws_path.file_name().unwrap().to_string_lossy()
+    );
+    let dirs: Vec<_> = std::fs::read_dir(project_dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy() != record)
+        .collect();
     assert_eq!(dirs.len(), 1, "no stray partial directories: {dirs:?}");
     // Both workers took part (the queue spreads the load), and each command ran once.
     let per_command: Vec<i64> = sqlx::query_scalar("SELECT attempts::bigint FROM grove.commands")

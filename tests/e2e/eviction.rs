@@ -1309,3 +1309,104 @@ async fn another_tenant_sandbox_finds_no_trace_of_evicted_saved_work_in_the_shar
     );
     replay_ok(&env).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn saved_work_an_older_version_left_in_the_cache_is_moved_out_at_worker_start() {
+    let mut env =
+        env_or_skip!("saved_work_an_older_version_left_in_the_cache_is_moved_out_at_worker_start");
+    let settings = with(&[("GROVE_DISK_BUDGET", "1"), ("GROVE_PRESSURE_GRACE", "60")]);
+    let first = env.spawn_worker_env(&settings).await;
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let (id, dir) = (id_of(&ws), dir_of(&ws));
+    let out = env
+        .grove(&[
+            "exec",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "echo secret > secret.txt && echo two >> f.txt",
+        ])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    env.grove(&["workspace", "release", &id]).await;
+    evict_all(&env).await;
+    let evicted = events_of(&env, "workspace.evicted").await;
+    let store = PathBuf::from(evicted[0]["saved"]["patch_path"].as_str().unwrap())
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    // Make it what an older version left: the work on `refs/grove/saved/<id>` in the
+    // shared cache, the record naming that ref, and no store.
+    let cache: String = sqlx::query_scalar("SELECT local_path FROM grove.sandbox_repo_caches")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let cache = PathBuf::from(cache);
+    let legacy = format!("refs/grove/saved/{id}");
+    // A store borrows the cache's objects only in memory; git needs them named (the
+    // store is deleted right after).
+    std::fs::create_dir_all(store.join("objects/info")).unwrap();
+    std::fs::write(
+        store.join("objects/info/alternates"),
+        format!("{}\n", cache.join("objects").display()),
+    )
+    .unwrap();
+    grove_e2e::git(
+        &cache,
+        &[
+            "fetch",
+            "-q",
+            store.to_str().unwrap(),
+            &format!("refs/grove/work:{legacy}"),
+        ],
+    );
+    std::fs::remove_dir_all(&store).unwrap();
+    sqlx::query(
+        "UPDATE grove.sandbox_workspaces SET saved_ref = $1, saved_patch = NULL WHERE id::text = $2",
+    )
+    .bind(&legacy)
+    .bind(&id)
+    .execute(&env.pool)
+    .await
+    .unwrap();
+    env.worker(first).kill9().await;
+
+    env.spawn_worker_env(&settings).await;
+    wait_for_count(
+        &env,
+        "SELECT count(*) FROM grove.events WHERE event_type = 'workspace.saved_work_moved'",
+        1,
+        "the saved work to be moved",
+    )
+    .await;
+    // The cache holds no saved ref any more; the store is back, private.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !grove_e2e::git(&cache, &["for-each-ref", "refs/grove"])
+        .trim()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the cache ref was not deleted");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(store.join("manifest.json").is_file());
+    let moved = events_of(&env, "workspace.saved_work_moved").await;
+    assert_eq!(moved[0]["from_ref"], legacy.as_str());
+    assert_eq!(moved[0]["saved"]["ref_name"], "refs/grove/work");
+    let row = workspace(&env, &id).await;
+    assert_eq!(row["state"], "evicted");
+    let restored = env.grove_json(&["workspace", "restore", &id]).await;
+    assert_eq!(restored["state"], "ready");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("secret.txt")).unwrap(),
+        "secret\n"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("f.txt")).unwrap(),
+        "one\ntwo\n"
+    );
+    replay_ok(&env).await;
+}

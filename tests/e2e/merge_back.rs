@@ -614,3 +614,106 @@ async fn merge_backs_between_two_workspaces_in_opposite_directions_both_finish()
     }
     assert_eq!(env.count_events("workspace.merged_back").await, 2);
 }
+
+/// HEAD, index entries and status of a workspace: what a switch must keep whole.
+fn switch_view(dir: &Path) -> (String, String, String, String) {
+    (
+        git(dir, &["rev-parse", "HEAD"]),
+        git(dir, &["ls-files", "-s"]),
+        git(dir, &["status", "--porcelain", "-uall"]),
+        std::fs::read_to_string(dir.join("README.md")).unwrap_or_default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_merge_back_journal_left_by_a_dead_worker_is_rolled_back_before_the_next_command() {
+    let mut env = env_or_skip!(
+        "a_merge_back_journal_left_by_a_dead_worker_is_rolled_back_before_the_next_command"
+    );
+    env.spawn_worker().await;
+    let url = env.fixture_repo("fixture", &[("README.md", "base\n"), ("a.txt", "a\n")]);
+    let edit = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let task = env
+        .grove_json(&acquire_args(&url, "task", &["--task", "t1"]))
+        .await;
+    let (edit_id, task_id) = (
+        edit["id"].as_str().unwrap().to_string(),
+        task["id"].as_str().unwrap().to_string(),
+    );
+    let edit_dir = PathBuf::from(edit["local_path"].as_str().unwrap());
+    let script = "echo task > README.md && rm a.txt && mkdir -p n && echo n > n/new.txt && git add -A && git commit -qm task";
+    let out = env
+        .grove(&["exec", &task_id, "--", "sh", "-c", script])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let before = switch_view(&edit_dir);
+    let out = env
+        .grove(&[
+            "workspace",
+            "merge-back",
+            &edit_id,
+            "--task",
+            &task_id,
+            "--strategy",
+            "merge",
+        ])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let after = switch_view(&edit_dir);
+    assert_ne!(before, after);
+    let journals = env.home().join("journals");
+    assert!(
+        std::fs::read_dir(&journals).map(|d| d.count()).unwrap_or(0) == 0,
+        "a finished merge-back leaves no journal"
+    );
+    // What a worker killed after writing the files but before moving the branch
+    // leaves: the files and index at the new tree, the branch at the old head, and the
+    // journal under $GROVE_HOME.
+    let branch = edit["branch_name"].as_str().unwrap();
+    git(
+        &edit_dir,
+        &[
+            "update-ref",
+            &format!("refs/heads/{branch}"),
+            before.0.trim(),
+        ],
+    );
+    std::fs::create_dir_all(&journals).unwrap();
+    std::fs::write(
+        journals.join(format!("{edit_id}.json")),
+        serde_json::to_vec(&json!({
+            "version": 1,
+            "operation": "merge_back",
+            "branch": format!("refs/heads/{branch}"),
+            "old_head": before.0.trim(),
+            "new_head": after.0.trim(),
+        }))
+        .unwrap(),
+    )
+    .unwrap();
+    // The next command on the workspace settles it first.
+    let out = env
+        .grove(&["exec", &edit_id, "--", "cat", "README.md"])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(
+        text(&out).0,
+        "base\n",
+        "the command saw the rolled-back tree"
+    );
+    assert_eq!(switch_view(&edit_dir), before);
+    assert!(!journals.join(format!("{edit_id}.json")).exists());
+    let recovered: Vec<Value> = sqlx::query_scalar(
+        "SELECT payload FROM grove.events WHERE event_type = 'workspace.merge_back_recovered'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(recovered.len(), 1);
+    assert_eq!(recovered[0]["outcome"], "rolled_back");
+    assert_eq!(recovered[0]["head"], before.0.trim());
+    let out = env.grove(&["replay", "--verify"]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+}

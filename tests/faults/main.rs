@@ -384,7 +384,19 @@ pub async fn leaked_dirs(env: &TestEnv, figures: &mut Figures) {
         }
     }
     found.extend(entries(&home.join("repos")));
-    let mut leaks: Vec<PathBuf> = found.into_iter().filter(|p| !owned.contains(p)).collect();
+    // A workspace's record of its repo cache (`.<name>.grove-cache`, ADR 23) belongs to
+    // it while the recorded workspace is on disk; otherwise it is a leak.
+    let record_of_owned = |p: &PathBuf| {
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        name.strip_prefix('.')
+            .and_then(|n| n.strip_suffix(".grove-cache"))
+            .map(|ws| p.with_file_name(ws))
+            .is_some_and(|ws| owned.contains(&ws) && ws.is_dir())
+    };
+    let mut leaks: Vec<PathBuf> = found
+        .into_iter()
+        .filter(|p| !owned.contains(p) && !record_of_owned(p))
+        .collect();
     leaks.extend(entries(&home.join("trash")));
     if !leaks.is_empty() {
         figures.leaked += leaks.len() as u64;

@@ -32,6 +32,7 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
     fleet.spawn().await;
     let mut figures = Figures::default();
     let (mut before_n, mut after_n) = (0, 0);
+    let mut window_ms: u64 = 4000;
     let files = FILES * scale();
     for n in 0..TRIALS * scale() {
         let edit = env
@@ -74,7 +75,9 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
         let before = workspace_view(&edit_dir);
         // What a completed fast-forward looks like: the task's tree and HEAD, the edit
         // branch at the task's head, the untracked file still there.
-        let task_head = grove_e2e::git(&task_dir, &["rev-parse", "HEAD"]);
+        let task_head = grove_e2e::git(&task_dir, &["rev-parse", "HEAD"])
+            .trim()
+            .to_string();
 
         let merge = env
             .command(&[
@@ -87,12 +90,19 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
                 "merge",
             ])
             .output();
-        let merge = tokio::spawn(merge);
-        tokio::time::sleep(Duration::from_millis(rng.range(100, 2500))).await;
+        let started = std::time::Instant::now();
+        let merge = tokio::spawn(async move { (merge.await, started.elapsed()) });
+        tokio::time::sleep(Duration::from_millis(rng.range(30, window_ms.max(100)))).await;
         fleet.kill9(0).await;
         figures.injected += 1;
         fleet.spawn().await;
-        let _ = merge.await;
+        // A merge-back that finished before its kill tells how long one takes: later
+        // kills aim inside that window, so they land mid-switch.
+        if let Ok((Ok(out), took)) = merge.await {
+            if out.status.success() {
+                window_ms = window_ms.min(took.as_millis() as u64);
+            }
+        }
         // Any command on the workspace settles a leftover journal first.
         let out = env.grove(&["exec", &edit_id, "--", "true"]).await;
         assert!(out.status.success(), "{:?}", text(&out));
@@ -102,10 +112,13 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
             before_n += 1;
             continue;
         }
-        let head = grove_e2e::git(&edit_dir, &["rev-parse", "HEAD"]);
+        let head = grove_e2e::git(&edit_dir, &["rev-parse", "HEAD"])
+            .trim()
+            .to_string();
         let index = grove_e2e::git(&edit_dir, &["ls-files", "-s"]);
         let task_index = grove_e2e::git(&task_dir, &["ls-files", "-s"]);
         let status = grove_e2e::git(&edit_dir, &["status", "--porcelain", "-uall"]);
+        let status = status.trim();
         let whole_after = head == task_head && index == task_index && status == "?? untracked.txt";
         if whole_after {
             after_n += 1;
@@ -116,13 +129,36 @@ async fn merge_back_kill_leaves_the_edit_workspace_all_before_or_all_after() {
                 .filter(|k| before.get(*k) != now.get(*k))
                 .take(10)
                 .collect();
+            let index_diff: Vec<String> = diff_lines(&index, &task_index);
             figures.note(format!(
-                "edit workspace {edit_id} half-written: head {head} (task {task_head}), status {:?}, differs from before in {diffs:?}",
+                "edit workspace {edit_id} half-written: head {head} (task {task_head}), status {:?}, index differs from the task's in {index_diff:?}, differs from before in {diffs:?}",
                 status.lines().take(5).collect::<Vec<_>>()
             ));
         }
     }
-    eprintln!("merge_back_kill: {before_n} rolled back or never started, {after_n} complete");
+    let recovered: Vec<(Option<String>, i64)> = sqlx::query_as(
+        "SELECT payload->>'outcome', count(*) FROM grove.events
+          WHERE event_type = 'workspace.merge_back_recovered' GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    eprintln!(
+        "merge_back_kill: {before_n} as before, {after_n} complete; recovered from a journal: {recovered:?}"
+    );
     replay_ok(&env, &mut figures).await;
     figures.finish("merge_back_kill");
+}
+
+/// Lines in one listing and not the other (at most 10, marked `-` and `+`).
+fn diff_lines(a: &str, b: &str) -> Vec<String> {
+    let (la, lb): (
+        std::collections::BTreeSet<&str>,
+        std::collections::BTreeSet<&str>,
+    ) = (a.lines().collect(), b.lines().collect());
+    la.difference(&lb)
+        .map(|l| format!("-{l}"))
+        .chain(lb.difference(&la).map(|l| format!("+{l}")))
+        .take(10)
+        .collect()
 }

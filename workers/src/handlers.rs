@@ -784,12 +784,11 @@ impl Deps {
             max_output_bytes: Some(e.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES) as usize),
             mutating: kind.is_mutating(),
         };
-        if let Some(id) = provider
-            .sandbox_identity()
-            .filter(|_| ws.capabilities.writable)
-        {
-            // Commands run as the unprivileged sandbox identity, so a writable workspace
-            // is handed over to it (once; later execs find it already owned).
+        if let Some(id) = provider.sandbox_identity() {
+            // Commands run as the unprivileged sandbox identity, so the workspace is
+            // handed over to it (once; later execs find it already owned). Read-only
+            // ones too: git refuses a repository another user owns, and the read-only
+            // mount, not ownership, is what keeps an analysis workspace unchanged.
             let dir = ws_dir.clone();
             tokio::task::spawn_blocking(move || grove_git::tree::hand_over(&dir, id.uid, id.gid))
                 .await

@@ -276,6 +276,22 @@ pub async fn start_session(
             .map(|c| PathBuf::from(c.local_path))
     };
     let ws_dir = PathBuf::from(&ws.local_path);
+    if let Some(id) = provider.sandbox_identity() {
+        // As before an exec: the session's processes run as the sandbox identity, so
+        // the workspace is handed over to it first (a no-op once it is).
+        let dir = ws_dir.clone();
+        tokio::task::spawn_blocking(move || grove_git::tree::hand_over(&dir, id.uid, id.gid))
+            .await
+            .map_err(|e| RuntimeError::Unavailable(format!("ownership task failed: {e}")))
+            .and_then(|r| {
+                r.map_err(|e| {
+                    RuntimeError::Unavailable(format!(
+                        "handing the workspace to the sandbox user failed: {e}"
+                    ))
+                })
+            })
+            .map_err(runtime_error)?;
+    }
     let mut mounts = vec![Mount {
         source: ws_dir.clone(),
         target: ws_dir.clone(),

@@ -57,10 +57,12 @@ pub(crate) fn create_checkout(req: &CheckoutRequest<'_>) -> Result<CheckoutRepor
         partial_sibling(ws).map_err(|e| map_io("cannot name a partial workspace", &e))?,
     );
     build(partial.path(), &objects, &base, req)?;
-    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the checkout into place", &e))?;
+    // After the rename: a crash in between leaves a workspace that adopts its record
+    // (ADR 23), never a record without a workspace.
+    crate::trusted::record_cache(ws, &objects)?;
 
     let size_bytes = dir_size_bytes(ws).map_err(|e| map_io("cannot measure the workspace", &e))?;
     tracing::info!(path = %ws.display(), base = %base.commit, "workspace checkout created");
@@ -326,6 +328,7 @@ mod tests {
             format!("{}\n", objects.display()),
         )
         .unwrap();
+        crate::trusted::record_cache(&dir.join("ws"), &objects).unwrap();
         let ws = Repository::open(dir.join("ws")).unwrap();
         ws.set_head_detached(repo.head().unwrap().target().unwrap())
             .unwrap();

@@ -107,7 +107,11 @@ fn parent_of(target: &Path) -> io::Result<PathBuf> {
 /// Removes a file, symlink or directory tree; absent is Ok. Walked by descriptors
 /// ([`crate::tree::remove_tree`]): nothing outside `path` is ever followed or removed.
 pub(crate) fn remove_path(path: &Path) -> io::Result<()> {
-    crate::tree::remove_tree(path)
+    match crate::tree::remove_tree(path) {
+        // A missing parent directory: nothing there to remove.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }
 
 /// Removes a partial directory on drop unless disarmed: every early return of a build

@@ -97,7 +97,10 @@ pub unsafe fn trust_foreign_owners() -> Result<(), GitError> {
 pub struct Git2Adapter;
 
 impl Git2Adapter {
+    /// Also applies grove's process-wide libgit2 settings (no system or global config;
+    /// ADR 23) before anything else uses libgit2.
     pub fn new() -> Self {
+        trusted::init();
         Self
     }
 }
@@ -126,7 +129,11 @@ impl GitPort for Git2Adapter {
     }
 
     fn save_work(&self, req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
-        saved::save_work(req)
+        let report = saved::save_work(req)?;
+        // A save precedes the workspace's move to the trash: its record goes now, so
+        // none outlives the workspace (one that stays adopts its cache again; ADR 23).
+        trusted::forget_cache(req.workspace_dir)?;
+        Ok(report)
     }
 
     fn restore_checkout(&self, req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError> {

@@ -460,6 +460,8 @@ pub(crate) fn merge_back(
     // Clean: make it real. Objects first (children before parents), then the files and
     // index, then the branch — the branch moves only if it is still where we read it.
     let target = crate::trusted::open_workspace(req.edit_dir).map_err(MergeBackError::Git)?;
+    let branch_ref = format!("refs/heads/{}", req.edit_branch);
+    crate::trusted::check_ref_writable(&target, &branch_ref).map_err(MergeBackError::Git)?;
     crate::preserve::copy_missing(repo, &target, new_head)?;
     drop(odb);
     switch(&target, req, pair.edit_head, new_head, strategy)?;

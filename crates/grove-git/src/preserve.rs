@@ -174,10 +174,12 @@ pub(crate) fn restore_checkout(req: &RestoreRequest<'_>) -> Result<CheckoutRepor
         partial_sibling(ws).map_err(|e| map_io("cannot name a partial workspace", &e))?,
     );
     build(partial.path(), &objects, req, head, work, base_origin)?;
-    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
+    // After the rename: a crash in between leaves a workspace that adopts its record
+    // (ADR 23), never a record without a workspace.
+    crate::trusted::record_cache(ws, &objects)?;
     let size_bytes = dir_size_bytes(ws).map_err(|e| map_io("cannot measure the workspace", &e))?;
     tracing::info!(path = %ws.display(), head = %head, "workspace restored");
     Ok(CheckoutReport {

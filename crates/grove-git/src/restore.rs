@@ -54,9 +54,14 @@ pub(crate) fn restore_from_store(
     let store = open_store(store, req.cache_dir)?;
     build(partial.path(), &objects, req, &store, manifest)?;
     drop(store);
+    // Before the rename: a workspace never exists without its cache record.
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
+    // After the rename: a crash in between leaves a workspace that adopts its record
+    // (ADR 23), never a record without a workspace.
+    crate::trusted::record_cache(ws, &objects)?;
     let size_bytes = crate::tree::tree_size(ws)
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
         .map_err(|e| map_io("cannot measure the workspace", &e))?;
@@ -75,6 +80,7 @@ pub(crate) fn init_checkout(
 ) -> Result<Repository, GitError> {
     let mut opts = RepositoryInitOptions::new();
     opts.bare(false).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(dir, &opts).map_err(local)?;
     let info_dir = repo.path().join("objects").join("info");
     drop(repo);

@@ -41,7 +41,7 @@ const GROVE_CONFIG: &str = "\
 \tfilemode = true
 \tsymlinks = true
 \tignorecase = false
-\tlogallrefupdates = true
+\tlogallrefupdates = false
 \tautocrlf = false
 [user]
 \tname = grove agent
@@ -153,6 +153,14 @@ fn check_git_dir(dir: &Path) -> Result<PathBuf, GitError> {
             _ => return Err(refuse(dir, &format!(".git/{sub} is not a directory"))),
         }
     }
+    // libgit2 writes loose objects into `objects/<xx>/` by path: none may be a link.
+    if let Ok(entries) = std::fs::read_dir(git_dir.join("objects")) {
+        for e in entries.flatten() {
+            if e.file_type().is_ok_and(|t| t.is_symlink()) {
+                return Err(refuse(dir, "an entry of .git/objects is a symlink"));
+            }
+        }
+    }
     for file in ["config", "HEAD", "index", "packed-refs"] {
         match entry(&git_dir.join(file))? {
             Entry::File | Entry::Missing => {}
@@ -189,6 +197,48 @@ pub(crate) fn open_workspace(dir: &Path) -> Result<Repository, GitError> {
     repo.set_odb(&odb).map_err(local)?;
     repo.set_workdir(dir, false).map_err(local)?;
     Ok(repo)
+}
+
+/// Refuses to write the loose reference `refname` (a full `refs/...` name) of a workspace
+/// repository opened by [`open_workspace`] when any part of its path under `.git` is a
+/// symlink: libgit2 writes a loose reference through a symlink, which would let a
+/// workspace make grove overwrite any host file.
+pub(crate) fn check_ref_writable(repo: &Repository, refname: &str) -> Result<(), GitError> {
+    let git_dir = repo.path();
+    let refuse_ref = |why: &str| {
+        GitError::Untrusted(format!(
+            "workspace {}: reference {refname:?} {why}",
+            git_dir.display()
+        ))
+    };
+    if refname
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+    {
+        return Err(refuse_ref("has an invalid name"));
+    }
+    let parts: Vec<&str> = refname.split('/').collect();
+    let mut path = git_dir.to_path_buf();
+    for (i, part) in parts.iter().enumerate() {
+        path.push(part);
+        let last = i + 1 == parts.len();
+        match entry(&path)? {
+            Entry::Missing => return Ok(()),
+            Entry::Dir if !last => {}
+            Entry::File if last => {}
+            _ => return Err(refuse_ref("is stored through a symlink or a special file")),
+        }
+    }
+    Ok(())
+}
+
+/// The reference a commit on HEAD writes: HEAD's branch, or `HEAD` itself when detached.
+pub(crate) fn head_ref_name(repo: &Repository) -> Result<String, GitError> {
+    let head = repo.find_reference("HEAD").map_err(local)?;
+    Ok(head.symbolic_target_bytes().map_or_else(
+        || "HEAD".to_string(),
+        |t| String::from_utf8_lossy(t).into_owned(),
+    ))
 }
 
 /// Opens a repo cache: a bare repository grove cloned, mounted read-only into sandboxes,
@@ -317,8 +367,7 @@ fn record_path(dir: &Path) -> Result<PathBuf, GitError> {
 }
 
 /// Records that the workspace at `dir` borrows `cache_objects` (an absolute path).
-/// Written before the workspace is moved into place, so a workspace never exists
-/// without its record.
+/// Written right after the workspace is moved into place (before any sandbox sees it).
 pub(crate) fn record_cache(dir: &Path, cache_objects: &Path) -> Result<(), GitError> {
     let path = record_path(dir)?;
     let tmp = crate::fsutil::partial_sibling(&path)
@@ -387,9 +436,7 @@ fn recorded_cache_objects(dir: &Path, git_dir: &Path) -> Result<Option<PathBuf>,
     let plausible = named.is_absolute()
         && !named.as_os_str().as_bytes().contains(&b'\n')
         && named.file_name().is_some_and(|n| n == "objects")
-        && named
-            .parent()
-            .is_some_and(|repo| matches!(Repository::open_bare(repo), Ok(r) if r.is_bare()));
+        && named.parent().is_some_and(is_bare_repo);
     if !plausible {
         tracing::warn!(workspace = %dir.display(), "workspace alternates ignored: not a repo cache");
         return Ok(None);
@@ -397,6 +444,15 @@ fn recorded_cache_objects(dir: &Path, git_dir: &Path) -> Result<Option<PathBuf>,
     record_cache(dir, &named)?;
     tracing::info!(workspace = %dir.display(), "workspace record adopted from its alternates");
     Ok(Some(named))
+}
+
+/// Whether `dir` is a bare repository by its own config (`core.bare = true`), as repo
+/// caches are; a workspace's `.git` says `false`.
+fn is_bare_repo(dir: &Path) -> bool {
+    matches!(entry(&dir.join("config")), Ok(Entry::File))
+        && Config::open(&dir.join("config"))
+            .and_then(|c| c.get_bool("core.bare"))
+            .unwrap_or(false)
 }
 
 /// Refuses a git directory whose local config holds a key the git CLI must not see.

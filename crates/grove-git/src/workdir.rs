@@ -231,6 +231,7 @@ pub(crate) fn log(dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitErro
 
 pub(crate) fn commit(req: &CommitRequest<'_>) -> Result<Committed, GitError> {
     let repo = open(req.workspace_dir)?;
+    crate::trusted::check_ref_writable(&repo, &crate::trusted::head_ref_name(&repo)?)?;
     let mut index = repo.index().map_err(local)?;
     if req.paths.is_empty() {
         // Everything, like `git add -A`: new, changed and deleted files; ignored ones not.
@@ -390,6 +391,7 @@ pub(crate) fn push(req: &PushRequest<'_>) -> Result<Pushed, GitError> {
     if let Some(msg) = refused.into_inner() {
         return Err(GitError::Rejected(crate::errors::scrub(&msg, req.token)));
     }
+    crate::trusted::check_ref_writable(&repo, &tracking_ref)?;
     repo.reference(&tracking_ref, oid, true, "grove: push")
         .map_err(local)?;
     if req.set_upstream {

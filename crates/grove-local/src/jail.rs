@@ -203,22 +203,143 @@ pub(crate) fn cgroup_name(backend_id: &str, workdir: &Path) -> String {
     format!("{backend_id}{h:016x}")
 }
 
-/// Gives "others" the search (`x`) bit on every directory above `path` that lacks it,
-/// so the unprivileged sandbox identity can reach a mount source (bwrap resolves it
-/// as that user). Search only: nothing becomes listable or readable. Directories the
-/// worker does not own are left alone (and then must already allow it).
-pub(crate) fn grant_search(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+/// Lets the sandbox identity `uid` (and only it) search every directory above `path`
+/// that it could not search otherwise, so bwrap, running as that identity, can resolve
+/// a mount source: a POSIX ACL entry `user:<uid>:--x` on each such directory the
+/// worker owns. Search only: nothing becomes listable or readable, and no other user
+/// gains anything (`$GROVE_HOME` stays private to everyone else). A filesystem without
+/// ACLs is an error, never a wider mode.
+pub(crate) fn grant_search(path: &Path, uid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     // SAFETY: geteuid has no preconditions and cannot fail.
     let me = unsafe { libc::geteuid() };
     for dir in path.ancestors().skip(1) {
         let meta = std::fs::symlink_metadata(dir)?;
-        let mode = meta.mode() & 0o7777;
-        if meta.is_dir() && mode & 0o001 == 0 && meta.uid() == me {
-            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode | 0o001))?;
+        if !meta.is_dir() || meta.mode() & 0o001 != 0 || meta.uid() != me || meta.uid() == uid {
+            continue;
         }
+        acl::allow_search(dir, uid, meta.mode())?;
     }
     Ok(())
+}
+
+/// The `system.posix_acl_access` extended attribute, read and written whole.
+mod acl {
+    use std::ffi::CString;
+    use std::os::unix::ffi::OsStrExt;
+    use std::path::Path;
+
+    const NAME: &std::ffi::CStr = c"system.posix_acl_access";
+    const VERSION: u32 = 2;
+    const USER_OBJ: u16 = 0x01;
+    const USER: u16 = 0x02;
+    const GROUP_OBJ: u16 = 0x04;
+    const GROUP: u16 = 0x08;
+    const MASK: u16 = 0x10;
+    const OTHER: u16 = 0x20;
+    const UNDEFINED: u32 = u32::MAX;
+    const SEARCH: u16 = 1;
+
+    /// (tag, perm, id)
+    type Entry = (u16, u16, u32);
+
+    /// Adds (or widens) `user:uid:--x`, keeping every other entry, with a mask that
+    /// lets it through. Nothing is written when it is already there.
+    pub fn allow_search(dir: &Path, uid: u32, mode: u32) -> std::io::Result<()> {
+        let c = CString::new(dir.as_os_str().as_bytes())
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::InvalidInput))?;
+        let mut entries = read(&c)?.unwrap_or_else(|| from_mode(mode));
+        let has = |e: &[Entry], tag: u16, id: u32| {
+            e.iter()
+                .any(|&(t, p, i)| t == tag && i == id && p & SEARCH != 0)
+        };
+        if has(&entries, USER, uid) && has(&entries, MASK, UNDEFINED) {
+            return Ok(());
+        }
+        entries.retain(|&(t, _, i)| !(t == USER && i == uid));
+        entries.push((USER, SEARCH, uid));
+        // The mask bounds named users and groups and the owning group: their union.
+        let union = entries
+            .iter()
+            .filter(|(t, _, _)| matches!(*t, USER | GROUP | GROUP_OBJ))
+            .fold(0, |acc, (_, p, _)| acc | p);
+        entries.retain(|(t, _, _)| *t != MASK);
+        entries.push((MASK, union, UNDEFINED));
+        entries.sort_by_key(|&(t, _, i)| (t, i));
+        write(&c, &entries)
+    }
+
+    fn from_mode(mode: u32) -> Vec<Entry> {
+        let bits = |shift: u32| ((mode >> shift) & 7) as u16;
+        vec![
+            (USER_OBJ, bits(6), UNDEFINED),
+            (GROUP_OBJ, bits(3), UNDEFINED),
+            (OTHER, bits(0), UNDEFINED),
+        ]
+    }
+
+    fn read(path: &CString) -> std::io::Result<Option<Vec<Entry>>> {
+        let mut buf = vec![0u8; 4096];
+        // SAFETY: the buffer is valid for its length; the result is checked.
+        let n = unsafe {
+            libc::getxattr(
+                path.as_ptr(),
+                NAME.as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            let e = std::io::Error::last_os_error();
+            return match e.raw_os_error() {
+                Some(libc::ENODATA) => Ok(None),
+                _ => Err(e),
+            };
+        }
+        let buf = &buf[..n as usize];
+        if buf.len() < 4 || u32::from_le_bytes(buf[..4].try_into().unwrap()) != VERSION {
+            return Err(std::io::Error::other("unexpected ACL format"));
+        }
+        Ok(Some(
+            buf[4..]
+                .chunks_exact(8)
+                .map(|e| {
+                    (
+                        u16::from_le_bytes([e[0], e[1]]),
+                        u16::from_le_bytes([e[2], e[3]]),
+                        u32::from_le_bytes([e[4], e[5], e[6], e[7]]),
+                    )
+                })
+                .collect(),
+        ))
+    }
+
+    fn write(path: &CString, entries: &[Entry]) -> std::io::Result<()> {
+        let mut buf = VERSION.to_le_bytes().to_vec();
+        for (t, p, i) in entries {
+            buf.extend_from_slice(&t.to_le_bytes());
+            buf.extend_from_slice(&p.to_le_bytes());
+            buf.extend_from_slice(&i.to_le_bytes());
+        }
+        // SAFETY: the buffer is valid for its length; the result is checked.
+        let r = unsafe {
+            libc::setxattr(
+                path.as_ptr(),
+                NAME.as_ptr(),
+                buf.as_ptr().cast(),
+                buf.len(),
+                0,
+            )
+        };
+        if r < 0 {
+            let e = std::io::Error::last_os_error();
+            return Err(std::io::Error::new(
+                e.kind(),
+                format!("cannot add an ACL entry for the sandbox identity (the filesystem needs POSIX ACLs): {e}"),
+            ));
+        }
+        Ok(())
+    }
 }
 
 fn probe_cgroup_v1() -> Result<(), String> {
@@ -338,5 +459,72 @@ impl Cgroup {
         for dir in [&self.pids, &self.memory] {
             let _ = std::fs::remove_dir(dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    /// Runs `argv` as `uid` (root only); `None` when that cannot be tried here.
+    fn as_user(uid: u32, argv: &[&str]) -> Option<bool> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipped: switching users needs root");
+            return None;
+        }
+        let out = std::process::Command::new("setpriv")
+            .args([
+                "--reuid",
+                &uid.to_string(),
+                "--regid",
+                &uid.to_string(),
+                "--clear-groups",
+                "--",
+            ])
+            .args(argv)
+            .output()
+            .ok()?;
+        Some(out.status.success())
+    }
+
+    #[test]
+    fn search_is_granted_to_the_sandbox_identity_only() {
+        let base = Path::new("/var/tmp/grove-tests");
+        std::fs::create_dir_all(base).unwrap();
+        let root = tempfile_dir(base);
+        let inner = root.join("a/b");
+        std::fs::create_dir_all(&inner).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(root.join("a"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        grant_search(&inner, 60100).unwrap();
+        grant_search(&inner, 60100).unwrap(); // idempotent
+        let inner_s = inner.to_str().unwrap();
+        let root_s = root.to_str().unwrap();
+        if let Some(ok) = as_user(60100, &["stat", inner_s]) {
+            assert!(ok, "the sandbox identity cannot reach {inner_s}");
+            assert_eq!(as_user(60100, &["ls", root_s]), Some(false), "it can list");
+            assert_eq!(
+                as_user(60101, &["stat", inner_s]),
+                Some(false),
+                "another uid reaches it"
+            );
+        }
+        // Others' bits are untouched.
+        let mode = std::fs::metadata(&root).unwrap().permissions().mode();
+        assert_eq!(mode & 0o007, 0);
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+
+    fn tempfile_dir(base: &Path) -> PathBuf {
+        let dir = base.join(format!(
+            "acl-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        dir
     }
 }

@@ -150,11 +150,11 @@ impl LocalRuntimeProvider {
     /// Without isolation there is no sandbox to start it in and this does nothing.
     pub fn with_agent(mut self, binary: Option<PathBuf>) -> Self {
         // bwrap, as the sandbox identity, must reach the binary to bind it.
-        let binary = binary.filter(|b| {
-            self.jail.drop_to.is_none()
-                || jail::grant_search(b)
-                    .map_err(|e| tracing::warn!(error = %e, "exec agent unreachable"))
-                    .is_ok()
+        let binary = binary.filter(|b| match self.jail.drop_to {
+            None => true,
+            Some((uid, _)) => jail::grant_search(b, uid)
+                .map_err(|e| tracing::warn!(error = %e, "exec agent unreachable"))
+                .is_ok(),
         });
         self.agents = match (&self.isolation, binary) {
             (Isolation::Bwrap(_), Some(b)) => Some(std::sync::Arc::new(agent::AgentPool::new(
@@ -308,9 +308,9 @@ impl LocalRuntimeProvider {
 
         let (mode, cgroup) = match &self.isolation {
             Isolation::Bwrap(path) => {
-                if self.jail.drop_to.is_some() {
+                if let Some((uid, _)) = self.jail.drop_to {
                     for m in &mounts {
-                        jail::grant_search(&m.source).map_err(|e| {
+                        jail::grant_search(&m.source, uid).map_err(|e| {
                             RuntimeError::Unavailable(format!(
                                 "cannot let the sandbox identity reach {}: {e}",
                                 m.source.display()

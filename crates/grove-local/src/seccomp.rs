@@ -91,10 +91,8 @@ fn build() -> Result<Vec<u8>, String> {
         "riscv64" => TargetArch::riscv64,
         other => return Err(format!("no seccomp filter for architecture {other}")),
     };
-    let mut rules: BTreeMap<i64, Vec<SeccompRule>> = DENIED
-        .iter()
-        .map(|(_, nr)| (*nr as i64, Vec::new()))
-        .collect();
+    let mut rules: BTreeMap<i64, Vec<SeccompRule>> =
+        DENIED.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
     // New user namespaces: the one bubblewrap made is the only one (no regaining
     // capabilities in a nested namespace). `clone3` passes its flags in memory, which
     // a filter cannot read; bubblewrap's `--disable-userns` covers that path.
@@ -111,8 +109,8 @@ fn build() -> Result<Vec<u8>, String> {
             SeccompRule::new(vec![cond]).map_err(|e| e.to_string())?
         ])
     };
-    rules.insert(libc::SYS_unshare as i64, by_flag(0)?);
-    rules.insert(libc::SYS_clone as i64, by_flag(0)?);
+    rules.insert(libc::SYS_unshare, by_flag(0)?);
+    rules.insert(libc::SYS_clone, by_flag(0)?);
     let filter = SeccompFilter::new(
         rules,
         SeccompAction::Allow,

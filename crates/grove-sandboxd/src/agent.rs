@@ -565,3 +565,17 @@ fn sweep_namespace() {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_and_unknown_ones_are_refused() {
+        let o = Options::from_args(["--sweep-namespace", "--fresh-tmp"].map(String::from)).unwrap();
+        assert!(o.sweep_namespace && o.fresh_tmp);
+        let o = Options::from_args(Vec::<String>::new()).unwrap();
+        assert!(!o.sweep_namespace && !o.fresh_tmp);
+        assert!(Options::from_args(["--nope".to_string()]).is_err());
+    }
+}

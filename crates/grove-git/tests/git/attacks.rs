@@ -513,3 +513,85 @@ fn measuring_a_workspace_never_follows_a_symlink_out() {
     let link_len = s.host.as_os_str().len() as i64;
     assert_eq!(after, before + link_len);
 }
+
+/// Links `rel` inside the edit workspace's `.git` to a host file, then commits.
+fn commit_through_linked(rel: &str) -> (Scene, Result<String, GitError>, String) {
+    let s = Scene::new();
+    let victim = s.host.join("victim");
+    // A valid object id: libgit2 would read it as the ref's value and write over it.
+    let original = format!("{}\n", s.fx.main);
+    std::fs::write(&victim, &original).unwrap();
+    let target = s.edit.join(".git").join(rel);
+    std::fs::remove_file(&target).ok();
+    std::fs::create_dir_all(target.parent().unwrap()).unwrap();
+    std::os::unix::fs::symlink(&victim, &target).unwrap();
+    std::fs::write(s.edit.join("x.txt"), "x\n").unwrap();
+    let r = Git2Adapter::new().commit(&CommitRequest {
+        workspace_dir: &s.edit,
+        message: "m",
+        paths: &[],
+        author: None,
+    });
+    let r = r.map(|c| format!("{c:?}"));
+    (s, r, original)
+}
+
+#[test]
+fn a_branch_ref_linked_to_a_host_file_is_refused_and_the_file_kept() {
+    let (s, r, original) = commit_through_linked(&format!("refs/heads/{EDIT}"));
+    assert!(matches!(r, Err(GitError::Untrusted(_))), "{r:?}");
+    assert_eq!(
+        std::fs::read_to_string(s.host.join("victim")).unwrap(),
+        original
+    );
+}
+
+#[test]
+fn reflogs_linked_to_a_host_file_are_never_appended_to() {
+    for log in ["logs/HEAD".to_string(), format!("logs/refs/heads/{EDIT}")] {
+        let (s, r, original) = commit_through_linked(&log);
+        assert!(r.is_ok(), "{log}: {r:?}");
+        let now = std::fs::read_to_string(s.host.join("victim")).unwrap();
+        assert_eq!(now, original, "{log}");
+    }
+}
+
+#[test]
+fn an_object_directory_linked_to_the_host_is_refused() {
+    let s = Scene::new();
+    std::fs::write(s.edit.join("x.txt"), "x\n").unwrap();
+    let blob = git(&s.edit, &["hash-object", "x.txt"]);
+    std::os::unix::fs::symlink(&s.host, s.edit.join(".git/objects").join(&blob[..2])).unwrap();
+    let before = s.host_state();
+    let r = Git2Adapter::new().commit(&CommitRequest {
+        workspace_dir: &s.edit,
+        message: "m",
+        paths: &[],
+        author: None,
+    });
+    assert!(matches!(r, Err(GitError::Untrusted(_))), "{r:?}");
+    assert_eq!(s.host_state(), before);
+}
+
+#[test]
+fn a_workspace_without_a_record_adopts_only_a_bare_cache_from_its_alternates() {
+    let s = Scene::new();
+    let record = s.fx.path("workspaces/.edit.grove-cache");
+    let task_record = s.fx.path("workspaces/.task.grove-cache");
+    assert!(record.is_file() && task_record.is_file());
+    // An older workspace: no record; its alternates name the repo cache.
+    std::fs::remove_file(&record).unwrap();
+    let g = Git2Adapter::new();
+    assert_eq!(
+        g.status(&s.edit).unwrap().head.as_deref(),
+        Some(s.fx.main.as_str())
+    );
+    assert!(record.is_file(), "the record was adopted");
+    // Alternates naming another workspace's objects (not a bare cache) are not adopted:
+    // the task reads only its own objects, which lack the base history.
+    std::fs::remove_file(&task_record).unwrap();
+    let alternates = s.task.join(".git/objects/info/alternates");
+    std::fs::write(&alternates, format!("{}/.git/objects\n", s.edit.display())).unwrap();
+    assert!(g.log(&s.task, 10).is_err());
+    assert!(!task_record.exists());
+}

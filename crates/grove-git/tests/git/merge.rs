@@ -488,9 +488,11 @@ fn a_target_whose_head_left_its_branch_is_refused() {
     assert_eq!(snapshot(&p.edit), before);
 }
 
+type TrackedView = (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String);
+
 /// The tracked view of a workspace that a switch must keep all-or-nothing: HEAD, the
 /// index entries, every file outside `.git` (bytes and mode), and status.
-fn tracked_view(dir: &Path) -> (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String) {
+fn tracked_view(dir: &Path) -> TrackedView {
     let s = snapshot(dir);
     (
         s.head,
@@ -502,13 +504,7 @@ fn tracked_view(dir: &Path) -> (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)
 
 /// A pair whose task changes, adds, deletes and re-types paths, merged with a journal;
 /// returns the pair, the journal path and the views before and after.
-#[allow(clippy::type_complexity)]
-fn journaled_merge() -> (
-    Pair,
-    PathBuf,
-    (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String),
-    (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String),
-) {
+fn journaled_merge() -> (Pair, PathBuf, TrackedView, TrackedView) {
     let pair = Pair::new();
     commit(
         &pair.task,
