@@ -3,6 +3,7 @@
 mod api;
 mod boundary;
 mod concurrency;
+mod contract;
 mod crash;
 mod docker;
 mod eviction;

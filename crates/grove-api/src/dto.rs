@@ -282,7 +282,9 @@ pub struct ExecRequest {
     /// Text given to the command's stdin (at most 1 MiB).
     #[serde(default)]
     pub stdin: Option<String>,
+    /// Milliseconds before the command is killed (at least 1; default: the runtime's).
     #[serde(default)]
+    #[schema(minimum = 1)]
     pub timeout_ms: Option<u64>,
     #[serde(default)]
     pub max_output_bytes: Option<u64>,

@@ -24,8 +24,8 @@ pub struct ErrorResponse {
 
 #[derive(Debug, Clone, Serialize, ToSchema)]
 pub struct ErrorBody {
-    /// `unauthorized`, `invalid_input`, `not_found`, `conflict`, `rejected`,
-    /// `auth_failed`, `resource_limit`, `unavailable`, `worker_lost` or `internal`.
+    /// What went wrong, one of a fixed set of kinds.
+    #[schema(value_type = crate::contract::ErrorKindName)]
     pub kind: String,
     /// One line naming the problem.
     pub message: String,

@@ -3,7 +3,7 @@
 use axum::body::Bytes;
 use axum::extract::{FromRequest, FromRequestParts, Query, Request};
 use axum::http::request::Parts;
-use axum::http::StatusCode;
+use axum::http::{header, StatusCode};
 use serde::de::DeserializeOwned;
 use uuid::Uuid;
 
@@ -22,11 +22,22 @@ async fn read_json<S: Send + Sync, T: DeserializeOwned>(
     req: Request,
     state: &S,
 ) -> Result<Option<T>, ApiError> {
+    let json_type = req
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(is_json_type);
     let bytes = Bytes::from_request(req, state)
         .await
         .map_err(|e| ApiError::Request(e.status(), e.body_text()))?;
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(None);
+    }
+    if !json_type {
+        return Err(ApiError::Request(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "the body must be sent as Content-Type: application/json".into(),
+        ));
     }
     serde_json::from_slice(&bytes).map(Some).map_err(|e| {
         let status = if e.is_data() {
@@ -56,7 +67,16 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
     }
 }
 
-/// Query parameters.
+/// `application/json`, or a `+json` type, with or without parameters.
+fn is_json_type(value: &str) -> bool {
+    let essence = value.split(';').next().unwrap_or("").trim();
+    essence.eq_ignore_ascii_case("application/json")
+        || (essence.len() > 5
+            && essence.to_ascii_lowercase().starts_with("application/")
+            && essence.to_ascii_lowercase().ends_with("+json"))
+}
+
+/// Query parameters (no NUL bytes).
 pub struct QueryParams<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for QueryParams<T>
@@ -67,6 +87,13 @@ where
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        // A NUL byte can reach no column or path: refused here, before anything reads it.
+        let raw = parts.uri.query().unwrap_or("");
+        if raw.to_ascii_lowercase().contains("%00") {
+            return Err(ApiError::invalid(
+                "invalid query: a parameter contains a NUL byte",
+            ));
+        }
         Query::<T>::from_request_parts(parts, state)
             .await
             .map(|Query(q)| Self(q))

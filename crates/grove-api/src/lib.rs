@@ -19,6 +19,8 @@
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
 //! - [`error`]: the error body and the status of each error kind.
+//! - [`contract`]: what the document declares for every route (descriptions, shared
+//!   statuses).
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect but interactive sessions (runtime state, through the `Sessions` port of the
@@ -28,6 +30,7 @@
 //! response or an error message.
 
 pub mod auth;
+pub mod contract;
 pub mod dto;
 pub mod error;
 pub mod extract;
@@ -193,7 +196,12 @@ impl AppState {
         pulls::get_pull_request,
         pulls::comment_pull_request,
     ),
-    components(schemas(dto::ExecOutput, dto::ExecFinished, error::ErrorResponse)),
+    components(schemas(
+        dto::ExecOutput,
+        dto::ExecFinished,
+        error::ErrorResponse,
+        contract::ErrorKindName
+    )),
     modifiers(&BearerAuth, &ToolSchemas),
     security(("bearer" = []))
 )]
@@ -217,6 +225,7 @@ impl Modify for BearerAuth {
 pub fn openapi_json() -> String {
     let mut doc = ApiDoc::openapi();
     doc.merge(merge_back::MergeBackDoc::openapi());
+    contract::Contract.modify(&mut doc);
     let mut text = doc
         .to_pretty_json()
         .expect("the OpenAPI document serializes");
@@ -290,6 +299,12 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
         .merge(merge_back::routes())
+        .method_not_allowed_fallback(|| async {
+            ApiError::Request(
+                axum::http::StatusCode::METHOD_NOT_ALLOWED,
+                "method not allowed on this route".into(),
+            )
+        })
         .fallback(|| async { ApiError::not_found("no such route") })
         .with_state(state)
 }

@@ -323,6 +323,11 @@ impl Command {
             }
             Self::Exec(e) => {
                 validate_command(&e.argv)?;
+                if e.timeout_ms == Some(0) {
+                    return Err(ValidationError::Request(
+                        "timeout_ms must be at least 1 (leave it out for the default)".into(),
+                    ));
+                }
                 for (k, v) in &e.env {
                     validate_env(k, v)?;
                 }
@@ -513,6 +518,28 @@ mod tests {
         assert!(Command::AcquireWorkspace(acquire(WorkspaceMode::Edit))
             .validate()
             .is_ok());
+    }
+
+    #[test]
+    fn an_exec_with_a_zero_timeout_is_invalid_input() {
+        let exec = |timeout_ms| {
+            Command::Exec(Exec {
+                workspace_id: Uuid::nil(),
+                runtime: "local".into(),
+                argv: vec!["true".into()],
+                env: Default::default(),
+                cwd: None,
+                stdin: None,
+                timeout_ms,
+                max_output_bytes: None,
+                kind: None,
+                network: None,
+            })
+        };
+        let err = exec(Some(0)).validate().unwrap_err();
+        assert!(err.to_string().contains("timeout_ms"), "{err}");
+        assert!(exec(Some(1)).validate().is_ok());
+        assert!(exec(None).validate().is_ok());
     }
 
     #[test]

@@ -119,13 +119,9 @@ pub fn input_schema(name: &str) -> Value {
             json!({
                 "path": path_arg(),
                 "range": {
-                    "description": "[start, end]: 1-based lines, end -1 for the end of the file.",
+                    "description": "[start, end]: 1-based lines (start >= 1), end -1 for the end of the file.",
                     "type": "array",
-                    "prefixItems": [
-                        {"type": "integer", "minimum": 1},
-                        {"type": "integer", "minimum": -1}
-                    ],
-                    "items": false,
+                    "items": {"type": "integer", "minimum": -1},
                     "minItems": 2,
                     "maxItems": 2
                 }
