@@ -163,3 +163,81 @@ async fn an_exec_with_a_zero_timeout_is_refused_and_not_run() {
         .await;
     assert_eq!(status, StatusCode::OK, "{body}");
 }
+
+/// Every workspace id of ALICE's list, page by page with `limit`, acquiring one more
+/// workspace (`c-late`) after the first page.
+async fn page_through(server: &Server, url: &str, limit: u32) -> Vec<String> {
+    let mut seen = vec![];
+    let mut cursor: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/workspaces?limit={limit}");
+        if let Some(c) = &cursor {
+            path.push_str(&format!("&cursor={c}"));
+        }
+        let (status, page) = server.get(&path, ALICE).await;
+        assert_eq!(status, StatusCode::OK, "{page}");
+        let rows = page["workspaces"].as_array().unwrap();
+        assert!(rows.len() <= limit as usize, "{page}");
+        seen.extend(rows.iter().map(|w| w["id"].as_str().unwrap().to_string()));
+        if cursor.is_none() {
+            // A workspace created while the client pages comes after every row seen.
+            server.acquire(ALICE, url, &format!("c-late-{limit}")).await;
+        }
+        match page["next_cursor"].as_str() {
+            Some(c) => cursor = Some(c.to_string()),
+            None => break,
+        }
+    }
+    seen
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_workspace_list_pages_by_cursor_without_skipping_or_repeating() {
+    let env = env_or_skip!("the_workspace_list_pages_by_cursor_without_skipping_or_repeating");
+    let url = env.fixture_repo("fixture", &[("f", "x\n")]);
+    let server = Server::start(&env).await;
+    for c in ["c-1", "c-2", "c-3"] {
+        server.acquire(ALICE, &url, c).await;
+    }
+
+    let seen = page_through(&server, &url, 2).await;
+    let (status, all) = server.get("/v1/workspaces", ALICE).await;
+    assert_eq!(status, StatusCode::OK, "{all}");
+    assert!(
+        all.get("next_cursor").is_none(),
+        "one page by default: {all}"
+    );
+    let all: Vec<String> = all["workspaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(all.len(), 4, "three, and the one created while paging");
+    assert_eq!(seen, all, "pages skipped, repeated or reordered a row");
+    let seen = page_through(&server, &url, 1).await;
+    assert_eq!(seen.len(), 5);
+    assert_eq!(
+        seen[..4],
+        all[..],
+        "pages skipped, repeated or reordered a row"
+    );
+
+    for bad in [
+        "limit=0",
+        "limit=1001",
+        "limit=x",
+        "cursor=nope",
+        "cursor=1.2",
+    ] {
+        let (status, body) = server.get(&format!("/v1/workspaces?{bad}"), ALICE).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+        assert_eq!(body["error"]["kind"], "invalid_input", "{bad}");
+    }
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    let params = doc["paths"]["/v1/workspaces"]["get"]["parameters"].to_string();
+    assert!(
+        params.contains("\"cursor\"") && params.contains("\"limit\""),
+        "{params}"
+    );
+}

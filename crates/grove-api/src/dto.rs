@@ -212,14 +212,26 @@ pub struct ReleaseSessionRequest {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct WorkspaceList {
+    /// Oldest first (by creation time, then id).
     pub workspaces: Vec<Workspace>,
+    /// Pass as `cursor` for the next page; absent on the last page.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next_cursor: Option<String>,
 }
+
+/// The default page size of a workspace list.
+pub const DEFAULT_LIST_LIMIT: u32 = 100;
 
 #[derive(Debug, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct ListQuery {
     /// Operators only: the workspaces of this user (default: every user's).
     pub user: Option<String>,
+    /// Workspaces per page, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// The previous page's `next_cursor` (opaque): the page starts after its last row.
+    pub cursor: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize, ToSchema)]

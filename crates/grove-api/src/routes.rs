@@ -11,6 +11,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use chrono::{DateTime, Utc};
 use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache, Exec};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::idempotency;
@@ -199,11 +200,70 @@ pub async fn list_workspaces(
     } else {
         Some(caller.user_id.clone())
     };
-    let mut conn = state.pool.acquire().await?;
-    let list = rows::workspaces(&mut conn, user.as_deref()).await?;
+    let limit = q.limit.unwrap_or(DEFAULT_LIST_LIMIT);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::invalid(format!(
+            "invalid limit {limit}: expected 1 to 1000"
+        )));
+    }
+    let after = q.cursor.as_deref().map(parse_cursor).transpose()?;
+    let mut list = workspace_page(&state, user.as_deref(), after, limit).await?;
+    let next_cursor = if list.len() > limit as usize {
+        list.truncate(limit as usize);
+        list.last().map(|w| cursor_of(w.created_at, w.id))
+    } else {
+        None
+    };
     Ok(Json(WorkspaceList {
         workspaces: list.into_iter().map(Into::into).collect(),
+        next_cursor,
     }))
+}
+
+/// Up to `limit + 1` workspaces after `after`, by (created_at, id): a row created
+/// while a client pages lands after every row it has seen, so pages never skip or
+/// repeat a row.
+async fn workspace_page(
+    state: &AppState,
+    user: Option<&str>,
+    after: Option<(DateTime<Utc>, Uuid)>,
+    limit: u32,
+) -> Result<Vec<WorkspaceRow>, ApiError> {
+    let sql = format!(
+        "SELECT {} FROM grove.sandbox_workspaces \
+         WHERE ($1::text IS NULL OR user_id = $1) \
+           AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3)) \
+         ORDER BY created_at, id LIMIT $4",
+        rows::WORKSPACE_COLUMNS
+    );
+    let found = sqlx::query(sqlx::AssertSqlSafe(sql))
+        .bind(user)
+        .bind(after.map(|a| a.0))
+        .bind(after.map(|a| a.1))
+        .bind(i64::from(limit) + 1)
+        .fetch_all(&state.pool)
+        .await?;
+    Ok(found
+        .iter()
+        .map(rows::workspace_from_row)
+        .collect::<Result<_, _>>()?)
+}
+
+/// The opaque cursor of a row: its creation time (microseconds) and id.
+fn cursor_of(created_at: DateTime<Utc>, id: Uuid) -> String {
+    format!("{:x}.{}", created_at.timestamp_micros(), id.simple())
+}
+
+fn parse_cursor(raw: &str) -> Result<(DateTime<Utc>, Uuid), ApiError> {
+    raw.split_once('.')
+        .and_then(|(t, id)| {
+            let micros = i64::from_str_radix(t, 16).ok()?;
+            Some((
+                DateTime::from_timestamp_micros(micros)?,
+                Uuid::try_parse(id).ok()?,
+            ))
+        })
+        .ok_or_else(|| ApiError::invalid("invalid cursor: pass a next_cursor unchanged"))
 }
 
 /// One workspace.
