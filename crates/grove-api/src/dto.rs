@@ -107,6 +107,8 @@ impl From<WorkspaceMode> for Mode {
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AcquireSessionRequest {
+    /// 1 to 128 of letters, digits and `. _ - @ +`.
+    #[schema(min_length = 1, max_length = 128)]
     pub project_id: String,
     pub repo_name: String,
     pub repo_url: String,
@@ -285,6 +287,7 @@ impl From<Network> for NetworkPolicy {
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// The command and its arguments (no shell unless you run one).
+    #[schema(min_items = 1)]
     pub argv: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -419,6 +422,7 @@ pub struct EventsQuery {
     /// Events after this position (default: from the beginning).
     pub after: Option<i64>,
     /// Page size, 1 to 1000 (default 100).
+    #[param(minimum = 1, maximum = 1000)]
     pub limit: Option<i64>,
     /// Stream the events as server-sent events, now and as they are appended.
     #[serde(default)]

@@ -194,7 +194,7 @@ pub async fn create_pull_request(
     tag = "pull requests",
     params(
         ("id" = Uuid, Path),
-        ("number" = u64, Path),
+        ("number" = u64, Path, minimum = 1, description = "The pull request number"),
         ("X-Grove-Git-Token" = Option<String>, Header, description = "A platform token, for a private repository; used for this request only"),
     ),
     responses(
@@ -247,7 +247,7 @@ pub async fn get_pull_request(
     request_body = CommentRequest,
     params(
         ("id" = Uuid, Path),
-        ("number" = u64, Path),
+        ("number" = u64, Path, minimum = 1, description = "The pull request number"),
         ("X-Grove-Git-Token" = String, Header, description = "A platform token that may comment; used for this request only, never stored past it or echoed"),
     ),
     responses(

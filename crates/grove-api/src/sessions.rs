@@ -88,6 +88,7 @@ impl SessionHost {
 #[serde(deny_unknown_fields)]
 pub struct StartSessionRequest {
     /// The program and its arguments, e.g. `["sh"]`.
+    #[schema(min_items = 1)]
     pub argv: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -115,6 +116,7 @@ pub struct WriteSessionRequest {
 pub struct PollSessionRequest {
     /// Wait up to this long for output when there is none yet (at most 30000).
     #[serde(default)]
+    #[schema(maximum = 30000)]
     pub wait_ms: Option<u64>,
 }
 
