@@ -94,6 +94,19 @@ async fn malformed_requests_get_typed_errors_in_the_envelope_and_change_nothing(
     .await;
     assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED, "{body}");
     assert_eq!(body["error"]["kind"], "invalid_input");
+    let resp = server
+        .http
+        .delete(server.url("/v1/repo-caches/ensure"))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    let allow = resp.headers().get("allow").and_then(|v| v.to_str().ok());
+    assert_eq!(
+        allow,
+        Some("POST"),
+        "a 405 names the methods the route takes"
+    );
 
     // A body over the limit: 413, documented.
     let big = json!({"repo_name": "o/r", "repo_url": "x".repeat(3 << 20)});
