@@ -115,7 +115,7 @@ impl Inner {
     }
 
     /// [`Self::capture`] through the agent; `None` when there is none or it failed.
-    async fn capture_by_agent(&self, argv: Vec<String>) -> Option<(i64, Vec<u8>)> {
+    pub(crate) async fn capture_by_agent(&self, argv: Vec<String>) -> Option<(i64, Vec<u8>)> {
         let pool = self.agents.as_ref()?;
         let exec = crate::agent::AgentExec {
             argv,
@@ -131,7 +131,7 @@ impl Inner {
     }
 
     /// Runs a short helper command to completion: (exit code, stdout).
-    async fn capture(&self, argv: Vec<String>) -> Result<(i64, Vec<u8>), RuntimeError> {
+    pub(crate) async fn capture(&self, argv: Vec<String>) -> Result<(i64, Vec<u8>), RuntimeError> {
         let exec_id = self.create_exec(argv, Vec::new(), None, false).await?;
         let mut out = Vec::new();
         if let StartExecResults::Attached { mut output, .. } = self
@@ -277,6 +277,15 @@ pub(crate) async fn start(
     inner: Arc<Inner>,
     plan: Plan,
 ) -> Result<BoxStream<'static, Item>, RuntimeError> {
+    // A read-only runtime's command starts on emptied scratch directories.
+    if !inner.workdir_writable {
+        let mut env = inner.env.clone();
+        for kv in &plan.env {
+            let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+            env.push((k.to_string(), v.to_string()));
+        }
+        crate::fresh::reset(&inner, &env).await?;
+    }
     let started_at = Instant::now();
     let deadline = plan.timeout.map(|t| started_at + t);
     // Counters before: from the host (cheap), else from inside (one extra exec).

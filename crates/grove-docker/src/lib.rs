@@ -48,6 +48,12 @@
 //! Unset (the default), or an agent that does not start: engine execs, as described
 //! below.
 //!
+//! # Scratch directories
+//!
+//! A read-only (analysis) runtime's commands each start on emptied `/tmp`,
+//! `/var/tmp`, `/dev/shm`, `/run/lock` and `$HOME` (`fresh.rs`); edit and task
+//! runtimes keep theirs for the container's life.
+//!
 //! # Timeouts, drops and stragglers
 //!
 //! Docker starts each exec as its own session and process-group leader. When a
@@ -102,6 +108,7 @@
 
 pub mod agent;
 mod exec;
+mod fresh;
 mod host;
 pub mod image;
 pub mod preview;

@@ -227,7 +227,7 @@ impl AgentPool {
             argv.push("--fresh-tmp".into());
         }
         let (cmd, seccomp_fd) = self.jail.command(bwrap, &argv, cgroup).map_err(NotTaken)?;
-        let agent = AgentProc::start(cmd, seccomp_fd, backend_id.to_string())
+        let agent = AgentProc::start(cmd, seccomp_fd, backend_id.to_string(), cgroup.cloned())
             .await
             .map_err(NotTaken)?;
         let mut agents = self.lock();
@@ -322,6 +322,7 @@ impl AgentProc {
         cmd: Command,
         seccomp_fd: std::os::fd::OwnedFd,
         backend_id: String,
+        cgroup: Option<crate::jail::Cgroup>,
     ) -> Result<Arc<Self>, String> {
         let (ready_tx, ready_rx) = oneshot::channel::<Result<u32, String>>();
         let (queue, rx) = std::sync::mpsc::channel::<Vec<u8>>();
@@ -331,7 +332,7 @@ impl AgentProc {
             let (routes, input) = (routes.clone(), input.clone());
             std::thread::Builder::new()
                 .name("grove-sandboxd".into())
-                .spawn(move || owner(cmd, seccomp_fd, rx, ready_tx, routes, input))
+                .spawn(move || owner(cmd, seccomp_fd, rx, ready_tx, routes, input, cgroup))
                 .map_err(|e| format!("cannot start a thread for the agent: {e}"))?;
         }
         let pid = match tokio::time::timeout(HELLO_TIMEOUT, ready_rx).await {
@@ -485,7 +486,8 @@ impl Stream for ExecStream {
 }
 
 /// The owner thread: spawns bwrap, starts the reader, writes queued frames until the
-/// last handle is dropped, then kills the agent's process group and reaps it.
+/// last handle is dropped, then kills the agent's process group and reaps it (and
+/// lets go of its cgroup).
 fn owner(
     mut cmd: Command,
     seccomp_fd: std::os::fd::OwnedFd,
@@ -493,6 +495,8 @@ fn owner(
     ready: oneshot::Sender<Result<u32, String>>,
     routes: Arc<Mutex<Routes>>,
     input: Input,
+    // Held until the agent is reaped: the last handle removes the cgroup.
+    _cgroup: Option<crate::jail::Cgroup>,
 ) {
     let spawned = cmd
         // No host variable may reach the sandbox; bwrap itself needs none.

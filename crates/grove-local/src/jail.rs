@@ -7,12 +7,14 @@
 //! command has no capabilities on the host at all. A worker that is not root is
 //! already unprivileged and runs bwrap as itself, the same way.
 
+use std::collections::BTreeMap;
 use std::ffi::{CString, OsStr, OsString};
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
 /// Processes (tasks) one runtime may have at once, unless the spec says otherwise.
 pub const DEFAULT_PIDS: u64 = 1024;
@@ -82,6 +84,9 @@ impl Jail {
         let raw = fd.as_raw_fd();
         let mut cmd = std::process::Command::new(program);
         cmd.arg("--seccomp").arg(raw.to_string()).args(args);
+        if let Some(cg) = cgroup {
+            cg.limit()?;
+        }
         let procs: Vec<CString> = cgroup.map(Cgroup::procs_files).unwrap_or_default();
         let drop_to = self.drop_to;
         let rlimits = !matches!(self.limits, LimitMode::CgroupV1);
@@ -94,10 +99,11 @@ impl Jail {
         Ok((cmd, fd))
     }
 
-    /// Removes the cgroup `name` if it is empty (best effort).
+    /// Removes the cgroup `name` if it is empty and no handle holds it (best effort).
     pub fn remove_cgroup(&self, name: &str) {
         if self.limits == LimitMode::CgroupV1 {
-            Cgroup::at(name).remove();
+            let (pids, memory) = Cgroup::paths(name);
+            Live::try_remove(&pids, &memory);
         }
     }
 
@@ -355,15 +361,115 @@ fn probe_cgroup_v1() -> Result<(), String> {
         std::fs::create_dir_all(&ours)
             .map_err(|e| format!("cannot make {}: {e}", ours.display()))?;
     }
+    let removed = sweep_stale_cgroups();
+    if removed > 0 {
+        tracing::debug!(
+            removed,
+            "removed empty cgroup directories of earlier runtimes"
+        );
+    }
     Ok(())
 }
 
 /// One runtime's cgroup (a directory in each of the `pids` and `memory` v1
-/// controllers).
+/// controllers). Its directories go when the last handle on them (runtime handles,
+/// commands being started, the agent's owner thread) is dropped and no process is
+/// left in them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cgroup {
     pids: PathBuf,
     memory: PathBuf,
+    pids_max: u64,
+    memory_mb: u64,
+    live: Arc<Live>,
+}
+
+/// The cgroups this process holds handles on, by their `pids` directory: a handle
+/// made while an older one is still alive shares it, and the last one removes the
+/// directories.
+static LIVE: Mutex<BTreeMap<PathBuf, Weak<Live>>> = Mutex::new(BTreeMap::new());
+
+fn live() -> std::sync::MutexGuard<'static, BTreeMap<PathBuf, Weak<Live>>> {
+    LIVE.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// How long a dropped cgroup waits for its last processes (an agent's sandbox dies
+/// just after bwrap is reaped) before it is left to the next start's sweep.
+const REMOVE_RETRIES: u32 = 50;
+const REMOVE_PAUSE: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The shared part of a [`Cgroup`]'s handles; dropping the last removes the
+/// directories.
+#[derive(Debug, PartialEq, Eq)]
+struct Live {
+    pids: PathBuf,
+    memory: PathBuf,
+}
+
+impl Live {
+    /// Removes the directories unless a newer handle holds them; `false` while a
+    /// process is still in one of them.
+    fn try_remove(pids: &Path, memory: &Path) -> bool {
+        let mut live = live();
+        if live.get(pids).is_some_and(|w| w.strong_count() > 0) {
+            return true;
+        }
+        live.remove(pids);
+        let mut done = true;
+        for dir in [pids, memory] {
+            match std::fs::remove_dir(dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(_) => done = false,
+            }
+        }
+        done
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if Self::try_remove(&self.pids, &self.memory) {
+            return;
+        }
+        let (pids, memory) = (self.pids.clone(), self.memory.clone());
+        let _ = std::thread::Builder::new()
+            .name("grove-cgroup-rm".into())
+            .spawn(move || {
+                for _ in 0..REMOVE_RETRIES {
+                    std::thread::sleep(REMOVE_PAUSE);
+                    if Self::try_remove(&pids, &memory) {
+                        return;
+                    }
+                }
+            });
+    }
+}
+
+/// Removes every directory under `grove-local/` of both controllers that no handle
+/// of this process holds; one with processes in it fails to go and stays (a worker's
+/// start: runtimes of earlier workers whose handles are gone).
+pub(crate) fn sweep_stale_cgroups() -> usize {
+    let live = live();
+    let mut removed = 0;
+    for controller in ["pids", "memory"] {
+        let ours = Path::new(CGROUP_V1).join(controller).join(CGROUP_DIR);
+        let Ok(entries) = std::fs::read_dir(&ours) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let pids = Path::new(CGROUP_V1)
+                .join("pids")
+                .join(CGROUP_DIR)
+                .join(entry.file_name());
+            let held = live.get(&pids).is_some_and(|w| w.strong_count() > 0);
+            if !held && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                removed += usize::from(std::fs::remove_dir(&path).is_ok());
+            }
+        }
+    }
+    removed
 }
 
 /// How often the limits were hit so far.
@@ -374,7 +480,8 @@ pub(crate) struct Hits {
 }
 
 impl Cgroup {
-    fn at(name: &str) -> Self {
+    /// The `pids` and `memory` directories of `name`.
+    fn paths(name: &str) -> (PathBuf, PathBuf) {
         let safe: String = name
             .chars()
             .map(|c| {
@@ -386,17 +493,43 @@ impl Cgroup {
             })
             .collect();
         let base = Path::new(CGROUP_V1);
-        Self {
-            pids: base.join("pids").join(CGROUP_DIR).join(&safe),
-            memory: base.join("memory").join(CGROUP_DIR).join(&safe),
-        }
+        (
+            base.join("pids").join(CGROUP_DIR).join(&safe),
+            base.join("memory").join(CGROUP_DIR).join(&safe),
+        )
     }
 
     fn make(name: &str, pids: u64, memory_mb: u64) -> Result<Self, String> {
-        let cg = Self::at(name);
+        let (pids_dir, memory_dir) = Self::paths(name);
+        let mut live = live();
+        let shared = live.get(&pids_dir).and_then(Weak::upgrade);
+        let cg = Self {
+            live: shared.unwrap_or_else(|| {
+                Arc::new(Live {
+                    pids: pids_dir.clone(),
+                    memory: memory_dir.clone(),
+                })
+            }),
+            pids: pids_dir,
+            memory: memory_dir,
+            pids_max: pids,
+            memory_mb,
+        };
+        live.insert(cg.pids.clone(), Arc::downgrade(&cg.live));
+        drop(live);
+        cg.limit()?;
+        Ok(cg)
+    }
+
+    /// Makes the directories and sets the limits unless both are there already
+    /// (again before each spawn: another worker's sweep may have removed them while
+    /// nothing ran in them).
+    fn limit(&self) -> Result<(), String> {
+        let cg = self;
+        let (pids, memory_mb) = (self.pids_max, self.memory_mb);
         if cg.pids.join("pids.max").is_file() && cg.memory.join("memory.limit_in_bytes").is_file() {
             // Made (and limited) by an earlier create of the same runtime.
-            return Ok(cg);
+            return Ok(());
         }
         let bytes = memory_mb.saturating_mul(1024 * 1024).to_string();
         let set = |dir: &Path, file: &str, value: &str| -> Result<(), String> {
@@ -413,7 +546,7 @@ impl Cgroup {
         if cg.memory.join("memory.memsw.limit_in_bytes").exists() {
             set(&cg.memory, "memory.memsw.limit_in_bytes", &bytes)?;
         }
-        Ok(cg)
+        Ok(())
     }
 
     fn procs_files(&self) -> Vec<CString> {
@@ -452,13 +585,6 @@ impl Cgroup {
             return Some("the command hit the runtime's process limit".into());
         }
         None
-    }
-
-    /// Removes the cgroup once nothing runs in it (best effort).
-    pub fn remove(&self) {
-        for dir in [&self.pids, &self.memory] {
-            let _ = std::fs::remove_dir(dir);
-        }
     }
 }
 

@@ -124,6 +124,7 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
     let group = Arc::new(Group {
         pgid: pid as libc::pid_t,
         exited: Mutex::new(false),
+        _cgroup: launch.jail.as_ref().and_then(|j| j.cgroup.clone()),
     });
 
     let (tx, rx) = mpsc::unbounded_channel();
@@ -366,6 +367,9 @@ struct Group {
     /// Set once the leader was reaped and the group killed; after that the pgid may
     /// be reused by an unrelated process, so it is never signalled again.
     exited: Mutex<bool>,
+    /// The command's cgroup, held while the command's stream or driver lives, so its
+    /// directories are not removed under it.
+    _cgroup: Option<crate::jail::Cgroup>,
 }
 
 impl Group {

@@ -1117,7 +1117,8 @@ pub async fn a_snapshot_restores_state_outside_the_workspace(h: &dyn Harness) ->
         .snapshotter()
         .unwrap_or_else(|| panic!("provider '{kind}' reports snapshot but has no snapshotter()"));
     let fx = Fixture::new(h);
-    let spec = h.spec(fx.ws(), false, NetworkPolicy::None);
+    // Writable: a read-only (analysis) runtime empties `$HOME` before every exec.
+    let spec = h.spec(fx.ws(), true, NetworkPolicy::None);
     let rt = runtime_from(h, spec.clone()).await;
     let token = unique_token();
     let r = run(

@@ -102,10 +102,8 @@ mod attacks {
         a_fork_bomb_is_a_resource_limit,
         a_memory_hog_is_a_resource_limit,
         a_planted_symlink_reads_nothing_of_the_host,
+        an_analysis_tmp_plant_does_not_reach_the_next_exec,
     );
-    // Not yet here: `an_analysis_tmp_plant_does_not_reach_the_next_exec`. A container
-    // keeps its /tmp between execs, read-only workspace or not; the attack fails
-    // against this runtime today (see ADR 19).
 }
 
 /// The contract again with the provider forbidden to look at the host's /proc and
@@ -220,6 +218,15 @@ mod contract_with_agent {
         };
         with_agent(&mut env).await;
         concurrent_on(&env).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn analysis_execs_start_on_empty_scratch_dirs_under_the_agent() {
+        let Some(mut env) = env_or_skip("fresh_scratch_agent").await else {
+            return;
+        };
+        with_agent(&mut env).await;
+        fresh_on(&env, "fresh-agent").await;
     }
 
     /// A runtime with the agent on a fresh writable workspace.
@@ -1180,6 +1187,64 @@ async fn concurrent_on(env: &TestEnv) {
         }
     };
     tokio::join!(long, timed, quick);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn analysis_execs_start_on_empty_scratch_dirs_and_edit_runtimes_keep_theirs() {
+    let Some(env) = env_or_skip("fresh_scratch").await else {
+        return;
+    };
+    fresh_on(&env, "fresh").await;
+}
+
+/// Plants in every scratch dir of a read-only runtime (one behind a `chmod 000`
+/// directory, one in a `$HOME` the request sets) are gone for the next exec; a
+/// writable runtime's `/tmp` outlives its exec.
+async fn fresh_on(env: &TestEnv, tag: &str) {
+    let ws = env.workspace(&format!("{tag}-ro"));
+    let ro = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, &format!("{tag}-ro")))
+        .await
+        .unwrap();
+    let plant = "for d in /tmp /var/tmp /dev/shm /run/lock \"$HOME\"; do \
+                 [ -w \"$d\" ] && echo PLANT > \"$d/.p\"; done; \
+                 mkdir -p /tmp/locked && echo PLANT > /tmp/locked/p && chmod 000 /tmp/locked; \
+                 ln -s /etc/passwd /tmp/link; echo planted";
+    let r = run(&*ro, sh(plant)).await;
+    assert!(text(&r.stdout).contains("planted"), "{r:?}");
+    let mut req = sh("mkdir -p /var/tmp/h2; echo PLANT > /var/tmp/h2/.gitconfig; echo planted");
+    req.env.insert("HOME".into(), "/var/tmp/h2".into());
+    assert!(text(&run(&*ro, req).await.stdout).contains("planted"));
+    let look = "chmod 700 /tmp/locked 2>/dev/null; \
+                cat /tmp/.p /var/tmp/.p /dev/shm/.p /run/lock/.p /tmp/locked/p \
+                /var/tmp/h2/.gitconfig 2>/dev/null; ls -A /tmp /var/tmp /dev/shm; echo looked";
+    let r = run(&*ro, sh(look)).await;
+    let out = text(&r.stdout);
+    assert!(out.contains("looked"), "{r:?}");
+    assert!(
+        !out.contains("PLANT"),
+        "a plant reached the next exec:\n{out}"
+    );
+    for name in ["locked", "link", "h2", ".p"] {
+        assert!(!out.contains(name), "{name} is left:\n{out}");
+    }
+    assert!(
+        std::fs::read_to_string("/etc/passwd")
+            .unwrap()
+            .contains("root"),
+        "the host file behind the link is intact"
+    );
+
+    let ws = env.workspace(&format!("{tag}-rw"));
+    let rw = env
+        .provider
+        .create(env.spec_for(&ws, true, NetworkPolicy::None, &format!("{tag}-rw")))
+        .await
+        .unwrap();
+    run(&*rw, sh("echo KEPT > /tmp/kept")).await;
+    let r = run(&*rw, sh("cat /tmp/kept")).await;
+    assert_eq!(text(&r.stdout), "KEPT\n", "an edit runtime keeps its /tmp");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -751,3 +751,105 @@ async fn an_unusable_agent_binary_falls_back_to_a_sandbox_per_exec() {
     assert_eq!((r.exit_code, r.stdout.as_slice()), (0, &b"fallback\n"[..]));
     assert_eq!(h.provider.running_agents(), 0);
 }
+
+/// The `pids` and `memory` cgroup directories of runtime `id`, or the printed reason
+/// to skip `test` (limits are cgroups of the worker's own only as root on cgroup v1).
+fn cgroup_dirs(h: &Local, test: &str, id: &str) -> Option<[PathBuf; 2]> {
+    if no_bwrap(h, test) {
+        return None;
+    }
+    if let grove_local::LimitMode::Rlimits(why) = h.provider.limit_mode() {
+        eprintln!("skipped: {test}: no cgroups of our own ({why})");
+        return None;
+    }
+    let name = format!("local_{id}");
+    Some(["pids", "memory"].map(|c| {
+        Path::new("/sys/fs/cgroup")
+            .join(c)
+            .join("grove-local")
+            .join(&name)
+    }))
+}
+
+/// Waits up to 10 s for every path in `dirs` to be gone; whether they went.
+async fn gone(dirs: &[PathBuf]) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while dirs.iter().any(|d| d.exists()) {
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    true
+}
+
+async fn cgroup_runtime(h: &Local, id: &str, run: bool) -> Box<dyn Runtime> {
+    let ws = handed_over(h);
+    let mut spec = default_spec(&ws, false, NetworkPolicy::None);
+    spec.labels.insert("grove.runtime".into(), id.into());
+    let rt = h.provider.create(spec).await.expect("create");
+    if run {
+        let r = rt.exec(request(&["true"])).await.expect("exec");
+        assert_eq!(r.exit_code, 0, "{r:?}");
+    }
+    rt
+}
+
+#[tokio::test]
+async fn a_dropped_runtime_leaves_no_cgroup_directory() {
+    let test = "a_dropped_runtime_leaves_no_cgroup_directory";
+    let h = detected_without_agent();
+    let token = grove_runtime_contract::unique_token();
+    for (id, run) in [
+        (format!("cg-{token}-a"), false),
+        (format!("cg-{token}-b"), true),
+    ] {
+        let Some(dirs) = cgroup_dirs(&h, test, &id) else {
+            return;
+        };
+        let rt = cgroup_runtime(&h, &id, run).await;
+        assert!(dirs.iter().all(|d| d.is_dir()), "no cgroup made for {id}");
+        // A second handle on the same runtime shares the directories.
+        let again = cgroup_runtime(&h, &id, false).await;
+        drop(rt);
+        assert!(
+            dirs.iter().all(|d| d.is_dir()),
+            "removed under a live handle"
+        );
+        let r = again.exec(request(&["true"])).await.expect("exec");
+        assert_eq!(r.exit_code, 0, "{r:?}");
+        drop(again);
+        assert!(
+            gone(&dirs).await,
+            "{dirs:?} left after the runtime was dropped"
+        );
+    }
+}
+
+#[tokio::test]
+async fn an_agents_cgroup_goes_with_the_agent_and_stale_ones_go_at_start() {
+    let test = "an_agents_cgroup_goes_with_the_agent_and_stale_ones_go_at_start";
+    let Some(h) = with_agent(test) else {
+        return;
+    };
+    let id = format!("cg-{}-agent", grove_runtime_contract::unique_token());
+    let Some(dirs) = cgroup_dirs(&h, test, &id) else {
+        return;
+    };
+    let rt = cgroup_runtime(&h, &id, true).await;
+    drop(rt);
+    h.provider.destroy(&format!("local:{id}")).await.unwrap();
+    assert!(gone(&dirs).await, "{dirs:?} left after the agent ended");
+
+    // An empty directory an earlier worker left is removed when a provider starts.
+    let stale = format!("cg-{}-stale", grove_runtime_contract::unique_token());
+    let stale_dirs = cgroup_dirs(&h, test, &stale).unwrap();
+    for d in &stale_dirs {
+        std::fs::create_dir(d).unwrap();
+    }
+    let _later = detected();
+    assert!(
+        stale_dirs.iter().all(|d| !d.exists()),
+        "a stale empty cgroup survived a provider's start"
+    );
+}
