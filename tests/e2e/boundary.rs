@@ -76,6 +76,7 @@ async fn a_cross_tenant_file_url_session_over_http_is_refused() {
         format!("file://{}", env.home().display()),
         format!("file://{}", outside.path().display()),
         format!("ext::sh -c touch% {}", marker.display()),
+        format!("ext::touch%{}", marker.display()),
         "fd::3".to_string(),
     ];
     for (i, attack) in attacks.iter().enumerate() {
