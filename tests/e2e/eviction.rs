@@ -233,26 +233,35 @@ async fn a_dirty_workspace_is_evicted_with_its_work_saved_and_restored_byte_iden
     assert_eq!(e["cause"]["pressure"]["budget_bytes"], 1);
     assert!(e["bytes_freed"].as_i64().unwrap() > 0);
     let saved = &e["saved"];
-    assert_eq!(saved["ref_name"], format!("refs/grove/saved/{id}"));
+    assert_eq!(saved["ref_name"], "refs/grove/work");
     assert_eq!(saved["head_commit"], head.trim());
     let patch = PathBuf::from(saved["patch_path"].as_str().unwrap());
-    assert_eq!(patch, env.home().join("saved").join(format!("{id}.patch")));
+    let store = patch.parent().unwrap().to_path_buf();
+    assert!(
+        store.starts_with(env.home().join("saved")),
+        "{}",
+        store.display()
+    );
+    assert!(store.ends_with(&id), "{}", store.display());
     let patch_text = String::from_utf8_lossy(&std::fs::read(&patch).unwrap()).to_string();
     assert!(patch_text.contains("GIT binary patch"), "{patch_text}");
     assert!(patch_text.contains("out/bin/data.bin") && patch_text.contains("gone.txt"));
-    // The saved commit and the local commit live in the repo cache now.
+    // The saved commit and the local commit live in the private store, not the cache.
+    assert_eq!(
+        grove_e2e::git(&store, &["rev-parse", "refs/grove/work"]).trim(),
+        saved["commit"].as_str().unwrap()
+    );
+    assert_eq!(
+        grove_e2e::git(&store, &["rev-parse", "refs/grove/work^"]).trim(),
+        head.trim()
+    );
     let cache: String = sqlx::query_scalar("SELECT local_path FROM grove.sandbox_repo_caches")
         .fetch_one(&env.pool)
         .await
         .unwrap();
-    let cache = Path::new(&cache);
     assert_eq!(
-        grove_e2e::git(cache, &["rev-parse", &format!("refs/grove/saved/{id}")]).trim(),
-        saved["commit"].as_str().unwrap()
-    );
-    assert_eq!(
-        grove_e2e::git(cache, &["rev-parse", &format!("refs/grove/saved/{id}^")]).trim(),
-        head.trim()
+        grove_e2e::git(Path::new(&cache), &["for-each-ref", "refs/grove"]),
+        ""
     );
     // An exec on an evicted workspace is refused with what to do.
     let refused = env.grove(&["exec", &id, "--", "true"]).await;
@@ -1017,11 +1026,16 @@ async fn repo_caches_go_last_never_with_saved_work_and_come_back_on_the_next_acq
     assert!(Path::new(&caches[0].2).is_dir());
     // Destroying the evicted dirty workspace discards its saved work: ref, patch, record.
     let wy_id = id_of(&wy);
-    let patch = env.home().join("saved").join(format!("{wy_id}.patch"));
+    let evicted = events_of(&env, "workspace.evicted").await;
+    let wy_saved = evicted
+        .iter()
+        .find(|e| e["workspace_id"] == wy_id.as_str())
+        .expect("wy was evicted");
+    let patch = PathBuf::from(wy_saved["saved"]["patch_path"].as_str().unwrap());
     assert!(patch.is_file());
     let out = env.grove(&["workspace", "destroy", &wy_id]).await;
     assert!(out.status.success(), "{:?}", text(&out));
-    assert!(!patch.exists());
+    assert!(!patch.exists() && !patch.parent().unwrap().exists());
     let refs = grove_e2e::git(Path::new(&caches[1].2), &["for-each-ref", "refs/grove"]);
     assert_eq!(refs, "");
     let gone = env.grove(&["workspace", "show", &wy_id]).await;
@@ -1095,6 +1109,203 @@ async fn dirtiness_is_decided_by_git_at_eviction_time_not_by_the_record() {
     assert_eq!(
         std::fs::read_to_string(dir_of(&ws).join("new.txt")).unwrap(),
         "untracked, outside\n"
+    );
+    replay_ok(&env).await;
+}
+
+/// Everything a workspace is, as text: files (bytes, exec bit, symlink targets; `.git`
+/// left out), HEAD (branch or detached), refs, the stash list, the index entries and
+/// status with untracked and ignored files.
+fn full_state(dir: &Path) -> BTreeMap<String, String> {
+    let mut out: BTreeMap<String, String> = snapshot(dir)
+        .into_iter()
+        .map(|(k, (bytes, exec))| (format!("path {k}"), format!("{exec} {bytes:?}")))
+        .collect();
+    for (k, args) in [
+        ("head", vec!["rev-parse", "--symbolic-full-name", "HEAD"]),
+        ("head_commit", vec!["rev-parse", "HEAD"]),
+        (
+            "refs",
+            vec!["for-each-ref", "--format=%(refname) %(objectname)"],
+        ),
+        ("stash", vec!["stash", "list", "--format=%H %gs"]),
+        ("index", vec!["ls-files", "-s"]),
+        (
+            "status",
+            vec!["status", "--porcelain", "--ignored", "-uall"],
+        ),
+    ] {
+        out.insert(k.into(), grove_e2e::git(dir, &args));
+    }
+    out
+}
+
+/// Evicts everything evictable (the clock an hour ahead, a 1-byte budget).
+async fn evict_all(env: &TestEnv) {
+    let report = sweep(env, &["--now", &from_now(3600)]).await;
+    assert!(
+        report["actions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|a| a["outcome"] == "done" && a["action"]["kind"]["kind"] == "evict_workspace"),
+        "{report}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn branches_tags_stash_staged_and_ignored_files_survive_eviction_and_restore_identical() {
+    let mut env = env_or_skip!(
+        "branches_tags_stash_staged_and_ignored_files_survive_eviction_and_restore_identical"
+    );
+    env.spawn_worker_env(&with(&[
+        ("GROVE_DISK_BUDGET", "1"),
+        ("GROVE_PRESSURE_GRACE", "60"),
+        ("GROVE_EVICT_IGNORED_BUDGET_BYTES", "1000"),
+    ]))
+    .await;
+    let url = env.fixture_repo(
+        "fixture",
+        &[
+            ("f.txt", "one\n"),
+            ("g.txt", "g\n"),
+            (".gitignore", "*.log\nbuild/\n"),
+        ],
+    );
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let (id, dir) = (id_of(&ws), dir_of(&ws));
+    let script = "set -e
+        echo a > a.txt && git add a.txt && git commit -qm 'on the branch'
+        git branch side && git checkout -q side
+        echo s > s.txt && git add s.txt && git commit -qm 'side' && git tag -a t1 -m tag && git tag light
+        git checkout -q -
+        echo stash1 > f.txt && git stash push -q -m one
+        echo stash2 > g.txt && git stash push -q -m two
+        echo staged > f.txt && git add f.txt && echo unstaged > f.txt
+        echo new > staged-new.txt && git add staged-new.txt
+        rm g.txt
+        mkdir -p u/v && printf 'bin\\000ary' > u/v/w.bin
+        echo kept > small.log
+        mkdir -p build && head -c 5000 /dev/zero > build/big.out
+        printf '#!/bin/sh\\n' > run.sh && chmod +x run.sh
+        ln -s f.txt link";
+    let out = env.grove(&["exec", &id, "--", "sh", "-c", script]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let before = full_state(&dir);
+    assert!(before["stash"].lines().count() == 2 && before["refs"].contains("refs/tags/t1"));
+    env.grove(&["workspace", "release", &id]).await;
+    evict_all(&env).await;
+    assert_eq!(state_of(&env, &id).await, "evicted");
+    let evicted = events_of(&env, "workspace.evicted").await;
+    let omitted = evicted[0]["omitted"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        omitted
+            .iter()
+            .any(|o| o.as_str().unwrap().contains("build/big.out")),
+        "the ignored file over the budget is named: {omitted:?}"
+    );
+    let restored = env.grove_json(&["workspace", "restore", &id]).await;
+    assert_eq!(restored["state"], "ready");
+    let mut after = full_state(&dir);
+    let mut expected = before.clone();
+    // The one thing left out, by the budget, and named above.
+    expected.remove("path build/big.out");
+    let status = |s: &str| {
+        s.lines()
+            .filter(|l| !l.contains("build/"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    expected.insert("status".into(), status(&expected["status"]));
+    after.insert("status".into(), status(&after["status"]));
+    assert_eq!(after, expected);
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_tenant_sandbox_finds_no_trace_of_evicted_saved_work_in_the_shared_cache() {
+    let mut env = env_or_skip!(
+        "another_tenant_sandbox_finds_no_trace_of_evicted_saved_work_in_the_shared_cache"
+    );
+    env.spawn_worker_env(&with(&[
+        ("GROVE_DISK_BUDGET", "1"),
+        ("GROVE_PRESSURE_GRACE", "60"),
+    ]))
+    .await;
+    let url = env.fixture_repo("fixture", &[("f.txt", "one\n")]);
+    let a = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "ca"]))
+        .await;
+    let a_id = id_of(&a);
+    let secret = "TENANT-A-SECRET-7f3a9c";
+    let script = format!(
+        "set -e; echo {secret} > secret.txt; echo {secret}-committed > c.txt; git add c.txt; git commit -qm wip; git stash list"
+    );
+    let out = env.grove(&["exec", &a_id, "--", "sh", "-c", &script]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    env.grove(&["workspace", "release", &a_id]).await;
+    evict_all(&env).await;
+    assert_eq!(state_of(&env, &a_id).await, "evicted");
+    let evicted = events_of(&env, "workspace.evicted").await;
+    let patch = evicted[0]["saved"]["patch_path"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let store = Path::new(&patch).parent().unwrap().to_path_buf();
+
+    // Tenant B, same repository: its sandbox reads the shared cache every way it can.
+    let mut args = acquire_args(&url, "edit", &["--conversation", "cb"]);
+    args[3] = "u2";
+    let b = env.grove_json(&args).await;
+    let b_id = id_of(&b);
+    let attack = format!(
+        "C=$(dirname \"$(cat .git/objects/info/alternates)\")
+         git --git-dir=\"$C\" for-each-ref | sed 's/^/REF /'
+         git --git-dir=\"$C\" show refs/grove/saved/{a_id}:secret.txt 2>&1
+         git --git-dir=\"$C\" cat-file --batch-all-objects --batch 2>&1 | grep -a -c {secret}
+         cat {patch} 2>&1; ls {store} 2>&1; git --git-dir={store} show refs/grove/work:secret.txt 2>&1
+         true",
+        store = store.display()
+    );
+    let out = env.grove(&["exec", &b_id, "--", "sh", "-c", &attack]).await;
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !stdout.contains(secret) && !stderr.contains(secret),
+        "tenant B read tenant A's saved work: {stdout}\n{stderr}"
+    );
+    assert!(
+        stdout
+            .lines()
+            .any(|l| l.starts_with("REF ") && l.ends_with("refs/heads/main")),
+        "the attack read the cache's refs: {stdout}"
+    );
+    assert!(
+        !stdout
+            .lines()
+            .any(|l| l.starts_with("REF ") && l.contains("refs/grove")),
+        "the cache lists a saved ref: {stdout}"
+    );
+    assert!(
+        stdout.lines().any(|l| l.trim() == "0"),
+        "no object of the cache holds the secret: {stdout}"
+    );
+    // The store itself is private to grove.
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(&store).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o700);
+    // And A's work is still whole for A.
+    let restored = env.grove_json(&["workspace", "restore", &a_id]).await;
+    let dir = dir_of(&restored);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("secret.txt"))
+            .unwrap()
+            .trim(),
+        secret
     );
     replay_ok(&env).await;
 }

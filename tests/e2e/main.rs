@@ -6,6 +6,7 @@ mod concurrency;
 mod crash;
 mod docker;
 mod eviction;
+mod fencing;
 mod input;
 mod lifecycle;
 mod mcp;
@@ -18,6 +19,7 @@ mod remote_placement;
 mod replay;
 mod runtimes;
 mod secrets;
+mod stop;
 mod tools;
 mod tools_http;
 

@@ -86,6 +86,14 @@ async fn runtimes_json_lists_local_and_docker_with_every_capability_flag() {
                 .is_some_and(|d| d.contains("no OS isolation")),
             "an unisolated local runtime says why: {local}"
         );
+    } else {
+        let detail = local["detail"].as_str().unwrap_or_default();
+        for protection in ["user namespace", "no capabilities", "seccomp", "limits:"] {
+            assert!(
+                detail.contains(protection),
+                "an isolated local runtime names its protections ({protection}): {local}"
+            );
+        }
     }
 
     let docker = find(&rows, "docker");

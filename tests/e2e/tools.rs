@@ -417,3 +417,65 @@ async fn a_workspace_handed_to_the_sandbox_user_stays_its_own_after_tool_writes_
         }
     }
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_hostile_git_config_in_the_workspace_redirects_no_push_and_reveals_no_host_file() {
+    let mut env = env_or_skip!(
+        "a_hostile_git_config_in_the_workspace_redirects_no_push_and_reveals_no_host_file"
+    );
+    let (id, dir, upstream) = setup(&mut env, "edit").await;
+    // A listener where a hijacked push would land, and a host directory with a secret.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let hijack = format!("http://{}/stolen.git", listener.local_addr().unwrap());
+    listener.set_nonblocking(true).unwrap();
+    let host = env.dir.path().join("host");
+    std::fs::create_dir_all(&host).unwrap();
+    let secret = format!("host-secret-{}", uuid::Uuid::new_v4().simple());
+    std::fs::write(host.join("secret.txt"), &secret).unwrap();
+    let host_dir = host.to_str().unwrap().to_string();
+    // An included config file that parses and itself points the work tree at the host.
+    let included = env.dir.path().join("included.cfg");
+    std::fs::write(&included, format!("[core]\n\tworktree = {host_dir}\n")).unwrap();
+    let keys: [(&str, &str); 5] = [
+        ("remote.origin.url", &hijack),
+        ("remote.origin.pushurl", &hijack),
+        (&format!("url.{hijack}.insteadOf"), "file://"),
+        ("core.worktree", &host_dir),
+        ("include.path", included.to_str().unwrap()),
+    ];
+    for (key, value) in keys {
+        git(&dir, &["-c", "safe.directory=*", "config", key, value]);
+    }
+
+    let status = tool(&env, &id, &["status"]).await;
+    assert!(!status.to_string().contains("secret.txt"), "{status}");
+    let diff = tool(&env, &id, &["diff"]).await;
+    assert!(!diff.to_string().contains(&secret), "{diff}");
+    tool(&env, &id, &["write", "a.txt", "--content", "a\n"]).await;
+    let c = tool(&env, &id, &["commit", "-m", "a"]).await;
+    let token = format!("ghs_hijack_{}", uuid::Uuid::new_v4().simple());
+    let out = env
+        .grove_env(
+            &["tool", &id, "push", "--token-env", "GIT_TOKEN"],
+            &[("GIT_TOKEN", &token)],
+        )
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    // The commit reached the recorded upstream; the listener saw no connection at all.
+    let pushed = git(&upstream, &["rev-parse", "agent/edits-c1"]);
+    assert_eq!(pushed.trim(), c["commit"].as_str().unwrap());
+    assert!(
+        matches!(listener.accept(), Err(e) if e.kind() == std::io::ErrorKind::WouldBlock),
+        "the hijack URL was contacted"
+    );
+    assert!(!text(&out).0.contains(&token) && !text(&out).1.contains(&token));
+    assert_eq!(
+        std::fs::read_to_string(host.join("secret.txt")).unwrap(),
+        secret
+    );
+    assert_eq!(
+        std::fs::read_dir(&host).unwrap().count(),
+        1,
+        "a file was written to the host dir"
+    );
+}

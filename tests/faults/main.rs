@@ -13,14 +13,20 @@
 //! - `load.rs`: the mixed client load (ensure, acquire, exec, release, destroy).
 //! - `worker_kill.rs`, `postgres_restart.rs`, `contention.rs`, `hostile.rs`,
 //!   `secrets.rs` (with `gitserver.rs`, a token-checking git smart-HTTP server),
-//!   `tenancy.rs`, `fuzz.rs`: one scenario each.
+//!   `tenancy.rs`, `fuzz.rs`, `fencing.rs` (restarts inside mutating execs),
+//!   `panic.rs` (`injected_panic`), `merge_back_kill.rs`: one scenario each;
+//!   `saved_work.rs`: `saved_work_identity` and `saved_work_kill`.
 
 mod contention;
+mod fencing;
 mod fuzz;
 mod gitserver;
 mod hostile;
 mod load;
+mod merge_back_kill;
+mod panic;
 mod postgres_restart;
+mod saved_work;
 mod secrets;
 mod server;
 mod tenancy;
@@ -440,28 +446,7 @@ pub async fn leaked_containers(env: &TestEnv, figures: &mut Figures, patience: D
 
 /// Removes every container of this `$GROVE_HOME` (the test's own cleanup, after counting).
 pub fn remove_containers(env: &TestEnv) {
-    let scope = grove_core::layout::short_hash(&env.home().to_string_lossy(), 12);
-    let Ok(out) = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-aq",
-            "--filter",
-            &format!("label=grove.home={scope}"),
-        ])
-        .output()
-    else {
-        return;
-    };
-    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_string)
-        .collect();
-    if !ids.is_empty() {
-        let _ = std::process::Command::new("docker")
-            .args(["rm", "-f"])
-            .args(&ids)
-            .output();
-    }
+    grove_e2e::remove_containers_of_home(&env.home());
 }
 
 /// `grove replay --verify` passes.

@@ -47,10 +47,10 @@ fn pg_bindir() -> Option<PathBuf> {
 /// A Postgres cluster of this test's own, made and started with `grove db start` under
 /// a `GROVE_HOME` of its own; stopped and removed when dropped. Nothing else uses it,
 /// so restarting it disturbs no other test.
-struct Cluster {
+pub(crate) struct Cluster {
     home: PathBuf,
     bindir: PathBuf,
-    url: String,
+    pub(crate) url: String,
 }
 
 impl Cluster {
@@ -64,7 +64,7 @@ impl Cluster {
             .expect("run grove db")
     }
 
-    fn start() -> Result<Self, String> {
+    pub(crate) fn start() -> Result<Self, String> {
         let bindir = pg_bindir().ok_or("Postgres' initdb/pg_ctl/psql were not found")?;
         // Under /tmp, not in a private temp dir: when the suite runs as root the
         // cluster belongs to the postgres user, who must reach its directory.
@@ -84,7 +84,7 @@ impl Cluster {
     }
 
     /// `pg_ctl stop -m MODE`, run as the cluster's owner, as `grove db` runs it.
-    fn stop(&self, mode: &str) {
+    pub(crate) fn stop(&self, mode: &str) {
         let data = self.home.join("postgres/data");
         let pg_ctl = self.bindir.join("pg_ctl");
         // SAFETY: geteuid has no preconditions.
@@ -110,7 +110,7 @@ impl Cluster {
         );
     }
 
-    fn start_again(&self) {
+    pub(crate) fn start_again(&self) {
         let out = Self::grove_db(&self.home, "start");
         assert!(
             out.status.success(),

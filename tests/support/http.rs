@@ -59,6 +59,24 @@ impl Server {
         }
     }
 
+    /// Sends SIGTERM to the server process.
+    pub fn terminate(&self) {
+        if let Some(pid) = self._child.id() {
+            // SAFETY: kill(2) on a child process this test owns.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+    }
+
+    /// Waits up to `patience` for the server process to exit.
+    pub async fn wait_exit(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        tokio::time::timeout(patience, self._child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

@@ -89,6 +89,20 @@ impl Worker {
         }
         let _ = self.child.wait().await;
     }
+
+    /// SIGTERM, then waits up to `patience` for the exit; `None` if it did not exit.
+    pub async fn terminate(&mut self, patience: Duration) -> Option<std::process::ExitStatus> {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: plain kill(2) on a child we own.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+        tokio::time::timeout(patience, self.child.wait())
+            .await
+            .ok()
+            .and_then(Result::ok)
+    }
 }
 
 impl TestEnv {
@@ -293,11 +307,55 @@ impl TestEnv {
     }
 }
 
+/// Removes every Docker container a test's `$GROVE_HOME` caused: those with its scope
+/// label (`grove.home`, the short hash workers put on them) or naming it as their home
+/// (`grove.home_path`). Returns how many it removed; 0 without a Docker engine.
+pub fn remove_containers_of_home(home: &Path) -> usize {
+    let scope = grove_core::layout::short_hash(&home.to_string_lossy(), 12);
+    let canonical = std::fs::canonicalize(home).unwrap_or_else(|_| home.to_path_buf());
+    let mut ids: Vec<String> = Vec::new();
+    for filter in [
+        format!("label=grove.home={scope}"),
+        format!("label=grove.home_path={}", home.display()),
+        format!("label=grove.home_path={}", canonical.display()),
+    ] {
+        let Ok(out) = std::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter", &filter])
+            .output()
+        else {
+            return 0;
+        };
+        ids.extend(
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter(|l| !l.is_empty())
+                .map(str::to_string),
+        );
+    }
+    ids.sort();
+    ids.dedup();
+    if ids.is_empty() {
+        return 0;
+    }
+    let removed = std::process::Command::new("docker")
+        .args(["rm", "-f"])
+        .args(&ids)
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if removed {
+        ids.len()
+    } else {
+        0
+    }
+}
+
 impl Drop for TestEnv {
     fn drop(&mut self) {
         for w in &mut self.workers {
             let _ = w.child.start_kill();
         }
+        // Nothing a test caused outlives it: its containers go with its home.
+        remove_containers_of_home(&self.home());
         let admin = self.admin_url.clone();
         let db = self.db_name.clone();
         // Drop the database from a thread with its own runtime: Drop cannot await.

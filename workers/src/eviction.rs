@@ -90,7 +90,13 @@ pub struct EvictionSettings {
     /// Test-only (`GROVE_TEST_EVICT_PAUSE_MS`): a pause after each step of a workspace
     /// eviction, so a test can kill the worker in the middle of one.
     pub test_pause: Option<Duration>,
+    /// `GROVE_EVICT_IGNORED_BUDGET_BYTES`: ignored files kept per saved workspace, in
+    /// total bytes; the rest are named in the eviction's events.
+    pub ignored_budget_bytes: u64,
 }
+
+/// Default for `GROVE_EVICT_IGNORED_BUDGET_BYTES` (64 MiB).
+pub const DEFAULT_IGNORED_BUDGET: u64 = 64 << 20;
 
 impl Default for EvictionSettings {
     fn default() -> Self {
@@ -100,6 +106,7 @@ impl Default for EvictionSettings {
             measure_every: DEFAULT_MEASURE_EVERY,
             allow_clock_override: false,
             test_pause: None,
+            ignored_budget_bytes: DEFAULT_IGNORED_BUDGET,
         }
     }
 }
@@ -177,6 +184,14 @@ impl EvictionSettings {
         if let Some(v) = get("GROVE_EVICT_MEASURE_EVERY") {
             s.measure_every = Duration::from_secs(secs("GROVE_EVICT_MEASURE_EVERY", v)?);
         }
+        if let Some(v) = get("GROVE_EVICT_IGNORED_BUDGET_BYTES") {
+            s.ignored_budget_bytes = parse_budget(&v).and_then(|b| match b {
+                DiskBudget::Bytes(n) => Ok(n),
+                _ => Err(format!(
+                    "GROVE_EVICT_IGNORED_BUDGET_BYTES: expected bytes (like 67108864 or 64MiB), got {v:?}"
+                )),
+            })?;
+        }
         s.allow_clock_override = get("GROVE_ALLOW_CLOCK_OVERRIDE").is_some_and(|v| v == "1");
         if let Some(v) = get("GROVE_TEST_EVICT_PAUSE_MS") {
             s.test_pause =
@@ -237,9 +252,9 @@ pub fn on_demand_command_id(node: &str, at: DateTime<Utc>) -> Uuid {
     )
 }
 
-/// `$GROVE_HOME/saved/<workspace id>.patch`.
-pub fn patch_path(home: &Path, workspace_id: Uuid) -> PathBuf {
-    home.join("saved").join(format!("{workspace_id}.patch"))
+/// The private saved-work store of a workspace: `$GROVE_HOME/saved/<user>/<id>/`.
+pub fn store_path(home: &Path, ws: &WorkspaceRow) -> PathBuf {
+    grove_core::layout::Layout::new(home).saved_dir(&ws.user_id, ws.id)
 }
 
 fn trash_dir(home: &Path) -> PathBuf {
@@ -312,7 +327,9 @@ pub async fn load_node(
         .filter(|w| w.saved.is_some())
         .map(|w| w.repo_cache_id)
         .collect();
-    let saved_bytes = grove_git::dir_size_bytes(&home.join("saved")).unwrap_or(0);
+    let saved_bytes = grove_git::tree::tree_size(&home.join("saved"))
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+        .unwrap_or(0);
     let used_bytes = workspaces
         .iter()
         .filter(|w| is_live(&w.state))
@@ -398,8 +415,6 @@ pub fn describe(reason: &Reason) -> String {
 struct Ended {
     outcome: ActionOutcome,
     detail: Option<String>,
-    /// A repo cache that received saved work (re-measured at the end).
-    cache_written: Option<Uuid>,
     /// Leave the target out of the re-plans of this sweep (false: only its record was
     /// stale, and the re-plan sees it as it is now).
     exclude: bool,
@@ -410,7 +425,6 @@ impl Ended {
         Self {
             outcome: ActionOutcome::Done,
             detail: None,
-            cache_written: None,
             exclude: true,
         }
     }
@@ -418,7 +432,6 @@ impl Ended {
         Self {
             outcome: ActionOutcome::Skipped,
             detail: Some(why.into()),
-            cache_written: None,
             exclude: true,
         }
     }
@@ -426,7 +439,6 @@ impl Ended {
         Self {
             outcome: ActionOutcome::Blocked,
             detail: Some(why.into()),
-            cache_written: None,
             exclude: true,
         }
     }
@@ -434,7 +446,6 @@ impl Ended {
         Self {
             outcome: ActionOutcome::Failed,
             detail: Some(why.into()),
-            cache_written: None,
             exclude: true,
         }
     }
@@ -454,14 +465,14 @@ async fn try_lock(
     }
 }
 
-async fn release_all(locks: Vec<AdvisoryLock>) {
+pub(crate) async fn release_all(locks: Vec<AdvisoryLock>) {
     for lock in locks {
         let _ = lock.release().await;
     }
 }
 
 impl Deps {
-    fn home(&self) -> &Path {
+    pub(crate) fn home(&self) -> &Path {
         self.layout.root()
     }
 
@@ -568,7 +579,6 @@ impl Deps {
         self.measure_stale(command_id, &mut report).await?;
 
         let mut excluded: HashSet<Uuid> = HashSet::new();
-        let mut caches_written: HashSet<Uuid> = HashSet::new();
         let mut unhealthy: HashSet<Uuid> = HashSet::new();
         let mut last_plan: Option<Plan> = None;
         for round in 1..=MAX_ROUNDS {
@@ -615,9 +625,6 @@ impl Deps {
                     Ok(ended) => ended,
                     Err(e) => Ended::failed(e.message),
                 };
-                if let Some(cache) = ended.cache_written {
-                    caches_written.insert(cache);
-                }
                 let ok = ended.outcome == ActionOutcome::Done;
                 if !ok {
                     info!(action = ?action.kind, id = %action.id, outcome = ?ended.outcome, detail = ?ended.detail, "eviction action not performed");
@@ -640,9 +647,6 @@ impl Deps {
             if !replan {
                 break;
             }
-        }
-        for cache_id in caches_written {
-            self.remeasure_cache(command_id, cache_id).await;
         }
         let after = load_node(
             &self.pool,
@@ -818,6 +822,7 @@ impl Deps {
                     cause: EvictionCause::Interrupted,
                     bytes_freed: ws.size_bytes,
                     saved: ws.saved.clone(),
+                    omitted: Vec::new(),
                 },
                 "interrupted eviction finished",
             ),
@@ -827,6 +832,7 @@ impl Deps {
                     cause: EvictionCause::DirectoryMissing,
                     bytes_freed: 0,
                     saved: None,
+                    omitted: Vec::new(),
                 },
                 "directory missing: recorded as evicted",
             ),
@@ -844,7 +850,7 @@ impl Deps {
 
     /// The key lock, then the command lock (the order acquire and destroy use), each
     /// without waiting long. `None` when either is held.
-    async fn try_lock_workspace(
+    pub(crate) async fn try_lock_workspace(
         &self,
         ws: &WorkspaceRow,
     ) -> Result<Option<Vec<AdvisoryLock>>, CommandError> {
@@ -922,30 +928,6 @@ impl Deps {
             report.measured += 1;
         }
         Ok(())
-    }
-
-    async fn remeasure_cache(&self, command_id: Uuid, cache_id: Uuid) {
-        let cache = match self.conn().await {
-            Ok(mut conn) => rows::repo_cache(&mut conn, cache_id).await.ok().flatten(),
-            Err(_) => None,
-        };
-        let Some(cache) = cache.filter(|c| c.state == "ready") else {
-            return;
-        };
-        let git = self.git.clone();
-        let dir = PathBuf::from(&cache.local_path);
-        if let Ok(size_bytes) = blocking(move || git.measure(&dir)).await {
-            let _ = self
-                .record(
-                    command_id,
-                    Correlation::default(),
-                    &[Event::RepoCacheSizeMeasured {
-                        repo_cache_id: cache_id,
-                        size_bytes,
-                    }],
-                )
-                .await;
-        }
     }
 
     /// Runtimes whose provider says they are unhealthy (local runtimes always are healthy).
@@ -1159,6 +1141,8 @@ impl Deps {
         }
         let correlation = correlation_of(&ws);
         let cause = EvictionCause::Policy(action.reason);
+        // A merge-back a dead worker left half-done is settled before anything is saved.
+        self.recover_merge_back(&ws).await?;
 
         // Dirtiness is git's answer now, not the record's.
         let git = self.git.clone();
@@ -1211,11 +1195,11 @@ impl Deps {
             };
             let git = self.git.clone();
             let cache_dir = PathBuf::from(&cache.local_path);
-            let (ws_dir, ref_name, patch, base) = (
+            let (ws_dir, store, base, budget) = (
                 dir.clone(),
-                saved_ref_name(ws.id),
-                patch_path(self.home(), ws.id),
+                store_path(self.home(), &ws),
                 ws.base_commit.clone(),
+                self.config.eviction.ignored_budget_bytes,
             );
             let message = format!(
                 "grove: work of workspace {} saved before eviction\n\n{}",
@@ -1226,15 +1210,15 @@ impl Deps {
                 git.save_work(&SaveWorkRequest {
                     workspace_dir: &ws_dir,
                     cache_dir: &cache_dir,
-                    ref_name: &ref_name,
-                    patch_path: &patch,
+                    store_dir: &store,
+                    ignored_budget_bytes: budget,
                     base_commit: &base,
                     message: &message,
                 })
             })
             .await;
             match saved {
-                Ok(report) => report.saved,
+                Ok(report) => (report.saved, report.omitted),
                 Err(e) => {
                     return self
                         .blocked(
@@ -1247,9 +1231,9 @@ impl Deps {
                 }
             }
         } else {
-            None
+            (None, Vec::new())
         };
-        let cache_written = saved.as_ref().map(|_| ws.repo_cache_id);
+        let (saved, omitted) = saved;
         self.record(
             command_id,
             correlation.clone(),
@@ -1257,6 +1241,7 @@ impl Deps {
                 workspace_id: ws.id,
                 cause,
                 saved: saved.clone(),
+                omitted: omitted.clone(),
             }],
         )
         .await?;
@@ -1291,13 +1276,12 @@ impl Deps {
                 cause,
                 bytes_freed: ws.size_bytes,
                 saved,
+                omitted,
             }],
         )
         .await?;
         info!(workspace = %ws.id, reason = %describe(&action.reason), "workspace evicted");
-        let mut ended = Ended::done();
-        ended.cache_written = cache_written;
-        Ok((ended, Some(trash)))
+        Ok((Ended::done(), Some(trash)))
     }
 
     async fn blocked(
@@ -1539,6 +1523,12 @@ impl Deps {
             .map(|s| s.commit.clone());
         let git = self.git.clone();
         let upstream = cache.repo_url.clone();
+        // Work saved by this version is in the private store, with everything it kept.
+        let store = ws
+            .saved
+            .as_ref()
+            .filter(|s| !s.in_cache())
+            .map(|_| store_path(self.home(), &ws));
         let (cache_dir, ws_dir, base_ref, base_commit, branch, h, w) = (
             PathBuf::from(&cache.local_path),
             dir.clone(),
@@ -1570,6 +1560,7 @@ impl Deps {
                 head_commit: &h,
                 work_commit: w.as_deref(),
                 upstream_url: &upstream,
+                store_dir: store.as_deref(),
             })
         })
         .await;
@@ -1595,8 +1586,8 @@ impl Deps {
         })
     }
 
-    /// Deletes a destroyed workspace's saved-work ref and patch (best effort: a leftover
-    /// ref only keeps a few objects in the cache).
+    /// Deletes a destroyed workspace's private store (and a saved-work ref an older
+    /// version left in the cache). Best effort: a leftover is only disk space.
     pub(crate) async fn discard_saved_work(&self, ws: &WorkspaceRow) {
         let cache = match self.conn().await {
             Ok(mut conn) => rows::repo_cache(&mut conn, ws.repo_cache_id)
@@ -1609,9 +1600,9 @@ impl Deps {
         let cache_dir = cache
             .map(|c| PathBuf::from(c.local_path))
             .unwrap_or_default();
-        let (ref_name, patch) = (saved_ref_name(ws.id), patch_path(self.home(), ws.id));
+        let (ref_name, store) = (saved_ref_name(ws.id), store_path(self.home(), ws));
         if let Err(e) =
-            blocking(move || git.discard_saved_work(&cache_dir, &ref_name, &patch)).await
+            blocking(move || git.discard_saved_work(&cache_dir, &ref_name, &store)).await
         {
             warn!(workspace = %ws.id, error = %e.message, "could not discard the saved work of a destroyed workspace");
         }

@@ -153,7 +153,13 @@ impl Deps {
                 .await
                 .map_err(store_error)?;
         match ws {
-            Some(ws) => Ok((ws, lock)),
+            Some(ws) => match self.recover_merge_back(&ws).await {
+                Ok(()) => Ok((ws, lock)),
+                Err(e) => {
+                    lock.release().await.ok();
+                    Err(e)
+                }
+            },
             None => {
                 lock.release().await.ok();
                 Err(CommandError::new(
@@ -778,11 +784,14 @@ impl Deps {
             max_output_bytes: Some(e.max_output_bytes.unwrap_or(DEFAULT_MAX_OUTPUT_BYTES) as usize),
             mutating: kind.is_mutating(),
         };
-        if provider.kind() == "docker" && ws.capabilities.writable {
-            // Containers run as the unprivileged sandbox user, so a writable workspace
+        if let Some(id) = provider
+            .sandbox_identity()
+            .filter(|_| ws.capabilities.writable)
+        {
+            // Commands run as the unprivileged sandbox identity, so a writable workspace
             // is handed over to it (once; later execs find it already owned).
             let dir = ws_dir.clone();
-            tokio::task::spawn_blocking(move || hand_over(&dir, SANDBOX_UID, SANDBOX_GID))
+            tokio::task::spawn_blocking(move || grove_git::tree::hand_over(&dir, id.uid, id.gid))
                 .await
                 .map_err(|e| internal(format!("ownership task failed: {e}")))?
                 .map_err(|e| {
@@ -798,13 +807,47 @@ impl Deps {
                 tracing::warn!(error = %e, "could not tell whether to relay exec output");
                 false
             });
-        let outcome = match provider.create(spec).await {
-            Ok(runtime) if relay => {
-                crate::relay::exec_relayed(runtime.as_ref(), request, self.pool.clone(), command_id)
+        let backend_id = provider.backend_id(&spec);
+        let run = async {
+            match provider.create(spec).await {
+                Ok(runtime) if relay => {
+                    crate::relay::exec_relayed(
+                        runtime.as_ref(),
+                        request,
+                        self.pool.clone(),
+                        command_id,
+                    )
                     .await
+                }
+                Ok(runtime) => runtime.exec(request).await,
+                Err(e) => Err(e),
             }
-            Ok(runtime) => runtime.exec(request).await,
-            Err(e) => Err(e),
+        };
+        // Fencing (ADR 21): if the lock's lease cannot be renewed (the database is
+        // away), the command is stopped before the lease can expire. Dropping `run`
+        // kills its process group in every runtime.
+        let fence_lost = lock.fence_lost();
+        let outcome = tokio::select! {
+            biased;
+            _ = fence_lost => None,
+            outcome = run => Some(outcome),
+        };
+        let Some(outcome) = outcome else {
+            let fenced = self
+                .fenced_exec(
+                    provider.as_ref(),
+                    &backend_id,
+                    runtime_id,
+                    &ws,
+                    command_id,
+                    started,
+                )
+                .await;
+            return Ok(Handled {
+                locks: vec![lock],
+                correlation,
+                ..fenced
+            });
         };
         let duration_ms = started.elapsed().as_millis() as u64;
         let mut events = Vec::new();
@@ -878,6 +921,60 @@ impl Deps {
                 locks: vec![lock],
                 correlation,
             }),
+        }
+    }
+
+    /// The end of an exec stopped because its lock's lease was lost. The command's
+    /// processes were killed as its future dropped; a long-lived runtime (a container, a
+    /// remote sandbox) is also destroyed, bounded by the lease's margin, so nothing of
+    /// the command can still run when another holder takes the lock.
+    async fn fenced_exec(
+        &self,
+        provider: &dyn RuntimeProvider,
+        backend_id: &str,
+        runtime_id: Uuid,
+        ws: &WorkspaceRow,
+        command_id: Uuid,
+        started: Instant,
+    ) -> Handled {
+        let margin = grove_postgres::locks::lease_margin(grove_postgres::locks::lease_length());
+        tracing::warn!(command = %command_id, workspace = %ws.id, "the workspace lock's lease was lost (database unreachable): the command was stopped");
+        let mut events = vec![Event::ExecFinished {
+            exec_id: command_id,
+            workspace_id: ws.id,
+            runtime_id,
+            outcome: "fenced".into(),
+            exit_code: None,
+            timed_out: false,
+            truncated: false,
+            duration_ms: started.elapsed().as_millis() as u64,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+        }];
+        if provider.kind() != "local" {
+            match tokio::time::timeout(margin, provider.destroy(backend_id)).await {
+                Ok(Ok(())) | Ok(Err(grove_core::error::RuntimeError::NotFound(_))) => {
+                    events.push(Event::RuntimeDestroyed {
+                        runtime_id,
+                        reason: "its exec's workspace lock was lost".into(),
+                    })
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(runtime = %runtime_id, error = %e, "destroying a fenced exec's runtime failed")
+                }
+                Err(_) => {
+                    tracing::warn!(runtime = %runtime_id, "destroying a fenced exec's runtime timed out")
+                }
+            }
+        }
+        Handled {
+            result: Err(CommandError::new(
+                ErrorKind::Unavailable,
+                "the database was unreachable for longer than the workspace lock's lease: the command was stopped (it may have run in part) so that no other command could run in the workspace at the same time",
+            )),
+            events,
+            locks: Vec::new(),
+            correlation: correlation_of(ws),
         }
     }
 
@@ -1238,9 +1335,11 @@ impl Deps {
                 set_upstream,
             } => {
                 let token = token.cloned();
+                let url = self.recorded_url(ws).await?;
                 let pushed = blocking(move || {
                     git.push(&PushRequest {
                         workspace_dir: &dir,
+                        remote_url: &url,
                         branch: branch.as_deref(),
                         force_with_lease,
                         expect: expect.as_deref(),
@@ -1255,6 +1354,22 @@ impl Deps {
             other => return Err(internal(format!("{} is not a git tool", other.name()))),
         };
         Ok(output)
+    }
+
+    /// The URL grove recorded for the workspace's repository (its repo cache's
+    /// upstream): the only place a push from the workspace goes.
+    async fn recorded_url(&self, ws: &WorkspaceRow) -> Result<String, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::repo_cache(&mut conn, ws.repo_cache_id)
+            .await
+            .map_err(store_error)?
+            .map(|c| c.repo_url)
+            .ok_or_else(|| {
+                CommandError::new(
+                    ErrorKind::NotFound,
+                    format!("the repo cache of workspace {} is not recorded", ws.id),
+                )
+            })
     }
 
     /// A workspace handed to the sandbox user keeps its `.git` owned by that user after
@@ -1274,7 +1389,7 @@ impl Deps {
             if meta.uid() == unsafe { libc::geteuid() } && owned {
                 return;
             }
-            if let Err(e) = chown_tree(&git_dir, meta.uid(), meta.gid()) {
+            if let Err(e) = grove_git::tree::chown_tree(&git_dir, meta.uid(), meta.gid()) {
                 tracing::warn!(error = %e, "re-owning .git after a git tool failed");
             }
         })
@@ -1291,52 +1406,6 @@ fn is_git_tool(op: &ToolOp) -> bool {
             | ToolOp::GitCommit { .. }
             | ToolOp::GitPush { .. }
     )
-}
-
-/// Gives every entry under `dir` (itself included) to `uid:gid`, symlinks themselves.
-pub(crate) fn chown_tree(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        if (meta.uid(), meta.gid()) != (uid, gid) {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    Ok(())
-}
-
-/// The unprivileged user (and group) containers run as: `nobody:nogroup`.
-pub const SANDBOX_UID: u32 = 65534;
-pub const SANDBOX_GID: u32 = 65534;
-
-/// Gives every file under `dir` to `uid:gid`, unless `dir` already belongs to it.
-/// Symlinks are re-owned themselves, never followed.
-fn hand_over(dir: &std::path::Path, uid: u32, gid: u32) -> std::io::Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    if std::fs::symlink_metadata(dir)?.uid() == uid {
-        return Ok(());
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(path) = stack.pop() {
-        let meta = std::fs::symlink_metadata(&path)?;
-        if meta.is_dir() {
-            for entry in std::fs::read_dir(&path)? {
-                stack.push(entry?.path());
-            }
-        }
-        // The top directory is re-owned last: a tree whose top belongs to `uid` was
-        // handed over completely, and a crash midway repeats the walk next time.
-        if path != dir {
-            std::os::unix::fs::lchown(&path, Some(uid), Some(gid))?;
-        }
-    }
-    std::os::unix::fs::lchown(dir, Some(uid), Some(gid))
 }
 
 pub fn correlation_of(ws: &WorkspaceRow) -> Correlation {

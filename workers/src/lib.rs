@@ -25,6 +25,7 @@ pub mod merge_back;
 pub mod pulls;
 pub mod relay;
 pub mod runner;
+pub mod saved_work;
 
 use std::sync::Arc;
 
@@ -155,9 +156,13 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
 /// `grove serve` and `grove runtimes` use.
 pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
     let local = grove_local::LocalRuntimeProvider::detect(vec![config.home.clone()]);
-    let local_note = local.isolation_unavailable_reason().map(|reason| {
-        tracing::warn!(%reason, "local runtime without OS isolation: write-class commands will be refused");
-        format!("no OS isolation: {reason}")
+    // Exactly which protections are active, or why there are none.
+    let local_note = Some(match local.isolation_unavailable_reason() {
+        Some(reason) => {
+            tracing::warn!(%reason, "local runtime without OS isolation: write-class commands will be refused");
+            format!("no OS isolation: {reason}")
+        }
+        None => local.protections().unwrap_or_default(),
     });
     let mut runtimes = RuntimeRegistry::default().with(Arc::new(local));
     if let Some(note) = local_note {
@@ -170,10 +175,15 @@ pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
         Ok(docker) => {
             // Containers are scoped to this $GROVE_HOME: workers of another deployment on
             // the same engine never sweep them as orphans.
-            let mut docker = docker.with_scope_label(
-                "grove.home",
-                grove_core::layout::short_hash(&config.home.to_string_lossy(), 12),
-            );
+            // Each container also names its home's path: once that directory is gone
+            // (a deleted deployment or test run), any worker on the engine sweeps it.
+            let home_path = std::fs::canonicalize(&config.home).unwrap_or(config.home.clone());
+            let mut docker = docker
+                .with_scope_label(
+                    "grove.home",
+                    grove_core::layout::short_hash(&config.home.to_string_lossy(), 12),
+                )
+                .with_home_path(home_path);
             match &config.docker_image {
                 Some(image) => docker = docker.with_default_image(image.clone()),
                 None => {

@@ -8,6 +8,7 @@ use grove_core::commands::Command;
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
 use grove_core::ports::GitToken;
+use grove_postgres::locks::Fence;
 use grove_postgres::queue::{self, ClaimedJob, Start};
 use grove_postgres::StoreError;
 use sqlx::postgres::PgListener;
@@ -85,12 +86,21 @@ impl Worker {
         let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone(), self.queues.clone()));
         let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
         let eviction_schedule = tokio::spawn(crate::eviction::cron_loop(deps.clone()));
+        let d = deps.clone();
+        tokio::spawn(async move {
+            d.recover_journals().await;
+            d.move_saved_work_out_of_caches().await
+        });
 
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
+        let mut claim_failures = Backoff::default();
+        let mut running = tokio::task::JoinSet::new();
         tokio::pin!(shutdown);
         loop {
+            while running.try_join_next().is_some() {}
             // Claim (and start) as many jobs as there are free slots, queue by queue.
             let mut claimed_any = false;
+            let mut pause = None;
             for q in &self.queues {
                 let free = permits.available_permits();
                 if free == 0 {
@@ -107,7 +117,7 @@ impl Worker {
                                 .expect("semaphore open");
                             let deps = deps.clone();
                             let wake = wake.clone();
-                            tokio::spawn(async move {
+                            running.spawn(async move {
                                 run_job(deps, job, start).await;
                                 drop(permit);
                                 // A slot is free: look for more work at once.
@@ -116,10 +126,11 @@ impl Worker {
                         }
                     }
                     Err(e) => {
-                        warn!(error = %e, "claiming jobs failed; retrying");
-                        tokio::time::sleep(Duration::from_millis(200)).await;
+                        pause = Some(claim_failures.failed(&e));
+                        break;
                     }
                 }
+                claim_failures.succeeded();
             }
             if claimed_any && permits.available_permits() > 0 {
                 continue;
@@ -127,15 +138,100 @@ impl Worker {
             tokio::select! {
                 _ = &mut shutdown => break,
                 _ = wake.notified() => {}
-                _ = tokio::time::sleep(cfg.poll_every) => {}
+                _ = tokio::time::sleep(pause.unwrap_or(cfg.poll_every)) => {}
             }
         }
-        info!("worker stopping: waiting for jobs in flight");
-        let _ = permits.acquire_many(cfg.concurrency as u32).await;
+        self.stop(running).await;
         maintenance.abort();
         listener.abort();
         eviction_schedule.abort();
         Ok(())
+    }
+}
+
+/// How long a stopping worker lets its jobs in flight run: `GROVE_SHUTDOWN_GRACE_MS`,
+/// else 20 s.
+pub fn shutdown_grace() -> Duration {
+    std::env::var("GROVE_SHUTDOWN_GRACE_MS")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(Duration::from_secs(20))
+}
+
+impl Worker {
+    /// Lets the jobs in flight finish within [`shutdown_grace`]; then stops the rest
+    /// (their commands are killed as their futures drop, their locks freed) and hands
+    /// their jobs back to the queue, where another worker takes them up (an exec
+    /// among them ends as `worker_lost`, since it may have run in part).
+    async fn stop(&self, mut running: tokio::task::JoinSet<()>) {
+        let grace = shutdown_grace();
+        info!(
+            jobs = running.len(),
+            grace_ms = grace.as_millis() as u64,
+            "worker stopping: waiting for jobs in flight"
+        );
+        let drained = tokio::time::timeout(grace, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+        if drained {
+            return;
+        }
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+        let left: Vec<String> = self
+            .deps
+            .inflight
+            .lock()
+            .expect("inflight set")
+            .drain()
+            .collect();
+        for job in &left {
+            if let Err(e) = queue::requeue(&self.deps.pool, job).await {
+                warn!(job = %job, error = %e, "handing a job back failed; orphan recovery will");
+            }
+        }
+        warn!(
+            jobs = left.len(),
+            "stopped jobs still running after the grace and handed them back"
+        );
+    }
+}
+
+/// Capped exponential backoff for a claim loop whose database is unreachable: 0.2 s
+/// doubling to 10 s, and one warning per interval of [`Backoff::SAY_EVERY`] rather
+/// than one per failed claim.
+#[derive(Default)]
+struct Backoff {
+    pause: Option<Duration>,
+    said: Option<std::time::Instant>,
+    failures: u64,
+}
+
+impl Backoff {
+    const FIRST: Duration = Duration::from_millis(200);
+    const CAP: Duration = Duration::from_secs(10);
+    const SAY_EVERY: Duration = Duration::from_secs(30);
+
+    /// Counts a failed claim; returns how long to wait before the next.
+    fn failed(&mut self, e: &StoreError) -> Duration {
+        self.failures += 1;
+        let pause = self.pause.map_or(Self::FIRST, |p| (p * 2).min(Self::CAP));
+        self.pause = Some(pause);
+        if self.said.is_none_or(|t| t.elapsed() >= Self::SAY_EVERY) {
+            warn!(error = %e, failures = self.failures, retry_in_ms = pause.as_millis() as u64, "claiming jobs failed (database unreachable?); retrying with backoff");
+            self.said = Some(std::time::Instant::now());
+        }
+        pause
+    }
+
+    fn succeeded(&mut self) {
+        if self.failures > 0 {
+            info!(failures = self.failures, "claiming jobs works again");
+        }
+        *self = Self::default();
     }
 }
 
@@ -179,11 +275,18 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
     let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
     // Due at once: a worker's first tick sweeps what a crash left behind.
     let mut last_orphan_sweep = std::time::Instant::now() - ORPHAN_SWEEP_EVERY;
+    // Since when our heartbeats have gone through without a break. Another worker's
+    // silence proves it lost only if we could have heard it all along: after a
+    // database outage every worker is equally stale, so none recovers another's jobs
+    // until it has itself been connected for the whole bound again.
+    let mut connected_since: Option<std::time::Instant> = None;
     loop {
         tick.tick().await;
         match queue::heartbeat(&deps.pool, &cfg.worker_id).await {
             Err(e) => {
-                warn!(error = %e, "heartbeat failed");
+                if connected_since.take().is_some() {
+                    warn!(error = %e, "heartbeat failed");
+                }
                 continue;
             }
             // Our row is gone (pruned while we were cut off): register again.
@@ -192,6 +295,9 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
             }
             Ok(true) => {}
         }
+        let connected_for = connected_since
+            .get_or_insert_with(std::time::Instant::now)
+            .elapsed();
         let inflight: Vec<String> = deps
             .inflight
             .lock()
@@ -212,7 +318,12 @@ async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
             }
             Err(e) => warn!(error = %e, "sweeping abandoned jobs failed"),
         }
-        match queue::recover_orphans(&deps.pool, cfg.worker_lost_after).await {
+        let recovered = if connected_for >= cfg.worker_lost_after {
+            queue::recover_orphans(&deps.pool, cfg.worker_lost_after).await
+        } else {
+            Ok(0)
+        };
+        match recovered {
             Ok(0) => {}
             Ok(n) => {
                 info!(jobs = n, "recovered jobs of a lost worker");
@@ -311,25 +422,102 @@ fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata
 
 /// Carries one claimed job to its recorded outcome. Database failures on the way leave
 /// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
-/// the retry the next delivery makes.
+/// the retry the next delivery makes. A handler that panics ends its job as failed
+/// with `internal` (retried later when its kind is idempotent and attempts remain);
+/// either way the job leaves the in-flight set.
 async fn run_job(deps: Arc<Deps>, job: ClaimedJob, start: Start) {
+    use futures::FutureExt;
     deps.inflight
         .lock()
         .expect("inflight set")
         .insert(job.job_id.clone());
-    if let Err(e) = run_job_inner(&deps, &job, start).await {
-        // The outcome could not be recorded (typically Postgres went away). The ledger
-        // row is left as it is: the next delivery of this job then sees an attempt that
-        // started and never finished, and re-runs it if it is idempotent or ends it as
-        // worker_lost if it is an exec. The job row is handed back here if the
-        // database answers, else by the next sweep of our own stale jobs.
-        warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
-        let _ = queue::requeue(&deps.pool, &job.job_id).await;
+    let attempt = match &start {
+        Start::Run {
+            command,
+            attempt,
+            max_attempts,
+            ..
+        } => Some((command.is_idempotent(), *attempt, *max_attempts)),
+        Start::AlreadyFinished => None,
+    };
+    let ran = std::panic::AssertUnwindSafe(run_job_inner(&deps, &job, start))
+        .catch_unwind()
+        .await;
+    match ran {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            // The outcome could not be recorded even after waiting for the database.
+            // The ledger row is left as it is: the next delivery of this job then sees
+            // an attempt that started and never finished, and re-runs it if it is
+            // idempotent or ends it as worker_lost if it is an exec. The job row is
+            // handed back here if the database answers, else by the next sweep of our
+            // own stale jobs.
+            warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
+            let _ = queue::requeue(&deps.pool, &job.job_id).await;
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".into());
+            tracing::error!(command = %job.command_id, job = %job.job_id, panic = %what, "a job handler panicked");
+            if let Some(attempt) = attempt {
+                if let Err(e) = finish_panicked(&deps, &job, attempt).await {
+                    warn!(command = %job.command_id, error = %e, "recording a panicked job's failure failed");
+                    let _ = queue::requeue(&deps.pool, &job.job_id).await;
+                }
+            }
+        }
     }
     deps.inflight
         .lock()
         .expect("inflight set")
         .remove(&job.job_id);
+}
+
+/// Ends a job whose handler panicked: a retry later for an idempotent kind with
+/// attempts left, else failed with `internal`, and an exec it started is finished as
+/// `internal_error`. The locks the handler held were freed as its future unwound.
+async fn finish_panicked(
+    deps: &Deps,
+    job: &ClaimedJob,
+    (idempotent, attempt, max_attempts): (bool, i32, i32),
+) -> Result<(), StoreError> {
+    let err = CommandError::new(
+        ErrorKind::Internal,
+        "an internal error stopped this command; the worker logged it with the command id",
+    );
+    if idempotent && attempt < max_attempts {
+        return queue::retry_later(&deps.pool, job, &err, queue::backoff(attempt)).await;
+    }
+    let mut conn = deps.pool.acquire().await?;
+    let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
+    drop(conn);
+    let events: Vec<Event> = started
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ExecStarted {
+                workspace_id,
+                runtime_id,
+                ..
+            } => Some(Event::ExecFinished {
+                exec_id: job.command_id,
+                workspace_id: *workspace_id,
+                runtime_id: *runtime_id,
+                outcome: "internal_error".into(),
+                exit_code: None,
+                timed_out: false,
+                truncated: false,
+                duration_ms: 0,
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            }),
+            _ => None,
+        })
+        .collect();
+    let md = metadata(deps, job, Correlation::default());
+    finish_patiently(deps, job, &Err(err), &events, &md, now(), &[]).await
 }
 
 /// Runs a job that `queue::claim_and_start` claimed and started.
@@ -375,51 +563,14 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
     };
     match outcome {
         Ok(handled) => {
-            let md = metadata(deps, job, handled.correlation);
-            // Rows in results were folded at `at`; an exec's finish happens after its
-            // start events, so it is stamped now.
+            // An exec's finish happens after its start events, so it is stamped now;
+            // rows in other results were folded at `at`.
             let at = if matches!(command, Command::Exec(_)) {
                 now()
             } else {
                 at
             };
-            let mut locks = handled.locks.into_iter();
-            // On the first lock's connection when there is one (no further checkout),
-            // announced in the round trip that frees that lock, after the commit.
-            match locks.next() {
-                Some(mut first) => {
-                    let res = queue::finish_on(
-                        first.conn(),
-                        job,
-                        &deps.config.worker_id,
-                        &handled.result,
-                        &handled.events,
-                        &md,
-                        at,
-                    )
-                    .await;
-                    let _ = match res {
-                        Ok(true) => first.release_announcing(job.command_id).await,
-                        _ => first.release().await,
-                    };
-                    for lock in locks {
-                        let _ = lock.release().await;
-                    }
-                    res.map(|_| ())
-                }
-                None => {
-                    queue::finish(
-                        &deps.pool,
-                        job,
-                        &deps.config.worker_id,
-                        &handled.result,
-                        &handled.events,
-                        &md,
-                        at,
-                    )
-                    .await
-                }
-            }
+            record_handled(deps, job, handled, at).await
         }
         Err(e) if e.transient && attempt < max_attempts => {
             let delay = queue::backoff(attempt);
@@ -428,16 +579,132 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
         }
         Err(e) => {
             let md = metadata(deps, job, Correlation::default());
-            queue::finish(
-                &deps.pool,
+            finish_patiently(deps, job, &Err(e), &[], &md, at, &[]).await
+        }
+    }
+}
+
+/// Records a handled job's outcome with its events, its locks still held, and frees
+/// the locks after. First on the first lock's connection (no further checkout),
+/// announced in the round trip that frees that lock; if that connection failed (the
+/// database restarted while the effect ran), through [`finish_patiently`]. Every write
+/// checks that the locks still hold their leases.
+async fn record_handled(
+    deps: &Deps,
+    job: &ClaimedJob,
+    handled: Handled,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), StoreError> {
+    let md = metadata(deps, job, handled.correlation);
+    let fences: Vec<Fence> = handled.locks.iter().map(|l| l.fence()).collect();
+    let mut locks = handled.locks.into_iter();
+    let Some(mut first) = locks.next() else {
+        return finish_patiently(deps, job, &handled.result, &handled.events, &md, at, &[]).await;
+    };
+    let fast = queue::finish_fenced(
+        first.conn(),
+        job,
+        &deps.config.worker_id,
+        &handled.result,
+        &handled.events,
+        &md,
+        at,
+        &fences,
+    )
+    .await;
+    let res = match fast {
+        Ok(recorded) => {
+            let _ = if recorded {
+                first.release_announcing(job.command_id).await
+            } else {
+                first.release().await
+            };
+            Ok(())
+        }
+        Err(e) => {
+            debug!(command = %job.command_id, error = %e, "recording on the lock's connection failed; retrying on others");
+            let res = finish_patiently(
+                deps,
                 job,
-                &deps.config.worker_id,
-                &Err(e),
-                &[],
+                &handled.result,
+                &handled.events,
                 &md,
                 at,
+                &fences,
+            )
+            .await;
+            let _ = first.release().await;
+            res
+        }
+    };
+    for lock in locks {
+        let _ = lock.release().await;
+    }
+    res
+}
+
+/// How long a worker keeps trying to record an outcome while the database is away.
+const OUTCOME_PATIENCE: Duration = Duration::from_secs(600);
+
+/// Records an outcome through the pool, retrying with capped backoff (0.1 s doubling
+/// to 5 s, a warning every 10 s) while the database cannot be reached, for up to
+/// [`OUTCOME_PATIENCE`]: a command that finished while the database was away keeps its
+/// outcome. If a lock's lease was lost meanwhile (another holder may have run since),
+/// the outcome is recorded without the state changes the lock guarded: only its
+/// `exec.finished` and `runtime.destroyed` events are kept.
+async fn finish_patiently(
+    deps: &Deps,
+    job: &ClaimedJob,
+    result: &Result<grove_core::commands::CommandResult, CommandError>,
+    events: &[Event],
+    md: &Metadata,
+    at: chrono::DateTime<chrono::Utc>,
+    fences: &[Fence],
+) -> Result<(), StoreError> {
+    let worker = &deps.config.worker_id;
+    let give_up = std::time::Instant::now() + OUTCOME_PATIENCE;
+    let mut pause = Duration::from_millis(100);
+    let mut warned: Option<std::time::Instant> = None;
+    loop {
+        let attempt = async {
+            let mut conn = deps.pool.acquire().await?;
+            let recorded = match queue::finish_fenced(
+                &mut conn, job, worker, result, events, md, at, fences,
             )
             .await
+            {
+                Err(StoreError::Fenced(why)) => {
+                    warn!(command = %job.command_id, %why, "recording the outcome without the changes its locks guarded");
+                    let kept: Vec<Event> = events
+                        .iter()
+                        .filter(|e| {
+                            matches!(
+                                e,
+                                Event::ExecFinished { .. } | Event::RuntimeDestroyed { .. }
+                            )
+                        })
+                        .cloned()
+                        .collect();
+                    queue::finish_on(&mut conn, job, worker, result, &kept, md, at).await?
+                }
+                other => other?,
+            };
+            if recorded {
+                queue::announce(&mut conn, job.command_id).await;
+            }
+            Ok::<_, StoreError>(())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e @ StoreError::Database(_)) if std::time::Instant::now() < give_up => {
+                if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    warn!(command = %job.command_id, error = %e, "the database is unreachable; holding the outcome and retrying");
+                    warned = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
         }
     }
 }
@@ -562,6 +829,12 @@ async fn handle(
 ) -> Result<Handled, CommandError> {
     // A local repository URL its submitter may not use is refused before any effect.
     deps.check_repo_source(command, job.command_id).await?;
+    // A test hook, compiled into debug builds only: the fault suite injects a panic into
+    // the handler of one command kind.
+    #[cfg(debug_assertions)]
+    if std::env::var("GROVE_TEST_PANIC_ON").is_ok_and(|k| k == command.kind()) {
+        panic!("injected panic (GROVE_TEST_PANIC_ON={})", command.kind());
+    }
     match command {
         Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
         Command::AcquireWorkspace(c) => {

@@ -69,6 +69,9 @@ pub struct AppState {
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Which local repository URLs callers may name (the worker checks again).
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
+    /// Set when the server is stopping: open event follows end at once, so they do
+    /// not hold the graceful shutdown.
+    pub stopping: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 impl AppState {
@@ -90,6 +93,7 @@ impl AppState {
                     .map(Into::into)
                     .unwrap_or_default(),
             ),
+            stopping: None,
         })
     }
 
@@ -103,6 +107,22 @@ impl AppState {
     pub fn with_sessions(mut self, host: sessions::SessionHost) -> Self {
         self.sessions = Some(host);
         self
+    }
+
+    /// Ends long-lived streams (event follows) when `stopping` turns true.
+    pub fn with_stop(mut self, stopping: tokio::sync::watch::Receiver<bool>) -> Self {
+        self.stopping = Some(stopping);
+        self
+    }
+
+    /// Resolves once the server is stopping (never, without [`Self::with_stop`]).
+    pub async fn stopped(&self) {
+        match self.stopping.clone() {
+            Some(mut rx) => {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+            None => std::future::pending().await,
+        }
     }
 
     /// Reads pull requests through `platform`.

@@ -60,6 +60,25 @@ impl SessionHost {
         }
     }
 
+    /// Kills every session this server started (a stopping server leaves none behind);
+    /// returns how many it ended.
+    pub async fn end_all(&self) -> usize {
+        let ids: Vec<SessionId> = self.owners().drain().map(|(id, _)| id).collect();
+        let Some(provider) = self.runtimes.get(SESSION_RUNTIME) else {
+            return 0;
+        };
+        let Some(sessions) = provider.sessions() else {
+            return 0;
+        };
+        let mut ended = 0;
+        for id in &ids {
+            if sessions.kill(id).await.is_ok() {
+                ended += 1;
+            }
+        }
+        ended
+    }
+
     fn owners(&self) -> std::sync::MutexGuard<'_, HashMap<SessionId, Uuid>> {
         self.owners.lock().unwrap_or_else(|e| e.into_inner())
     }

@@ -235,7 +235,7 @@ impl Relay {
 }
 
 /// Follows a workspace's events as server-sent events (SSE id = position), from `after`
-/// on, until the client leaves or the workspace is destroyed.
+/// on, until the client leaves, the workspace is destroyed or the server stops.
 pub fn follow_events(state: Arc<AppState>, workspace_id: Uuid, after: Option<i64>) -> Response {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
@@ -289,6 +289,9 @@ pub fn follow_events(state: Arc<AppState>, workspace_id: Uuid, after: Option<i64
                 // (and re-reads transactions that were still open below xmin).
                 tokio::select! {
                     _ = tx.closed() => return,
+                    // The server is stopping: end the stream (the client resumes with
+                    // Last-Event-ID elsewhere or after the restart).
+                    _ = state.stopped() => return,
                     _ = tokio::time::timeout(Duration::from_millis(500), log.changed()) => {}
                 }
             }

@@ -587,6 +587,28 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
             .unwrap_or_else(|| "the exec agent is not in use".into());
         out.emit(skipped("exec_local_agent", why));
     }
+    // A cold runtime start: a fresh exec agent pool each time, so the first exec
+    // pays for bwrap, the user namespace, the seccomp filter and the agent's hello.
+    if let Some(binary) = provider.agent().map(std::path::Path::to_path_buf) {
+        let mut cold = vec![];
+        for _ in 0..ctx.args.n.min(20) {
+            let fresh = provider.clone().with_agent(Some(binary.clone()));
+            let t = Instant::now();
+            let rt = fresh.create_local(spec.clone())?;
+            let r = rt.exec(req()).await?;
+            cold.push(ms(t));
+            if r.exit_code != 0 {
+                bail!("cold start: true exited {}", r.exit_code);
+            }
+        }
+        let mut row = latency("exec_local_cold", &cold, &floor);
+        row.insert("floor_is".into(), json!("spawn true"));
+        row.insert(
+            "path".into(),
+            json!("first exec of a runtime: agent started in a new sandbox"),
+        );
+        out.emit(row);
+    }
     Ok(())
 }
 

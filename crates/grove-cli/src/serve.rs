@@ -56,6 +56,7 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
     if worker.is_none() {
         grove_postgres::migrate::migrate(&pool).await?;
     }
+    let (stop, stopped) = watch::channel(false);
     let mut state = AppState::new(pool, tokens, WaitOptions::from_env())
         .await
         .context("listening for notifications")?
@@ -65,7 +66,8 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
                 .ok()
                 .as_deref(),
             crate::grove_home(),
-        ));
+        ))
+        .with_stop(stopped.clone());
     // Pull request reads ask the platform directly; a bad configuration is reported
     // here and those reads answer 503 (the worker reports it for its jobs too).
     match grove_github::GitHubProvider::from_env() {
@@ -85,14 +87,13 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
         }
         out.flush()?;
     }
-    let (stop, stopped) = watch::channel(false);
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
     let worker = worker.map(|w| tokio::spawn(w.run(until_stopped(stopped.clone()))));
     let mut server = tokio::spawn(grove_api::serve(
         listener,
-        state,
+        state.clone(),
         until_stopped(stopped.clone()),
     ));
     tokio::select! {
@@ -101,11 +102,22 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
             served.context("the HTTP server task failed")??;
         }
     }
+    // Stopping: event follows end at once (the flag reaches them), requests in
+    // progress get up to 5 s, the in-process worker finishes or hands back its jobs
+    // (within its own grace), and the sessions this server started are killed.
     let _ = stop.send(true);
-    // Followers' event streams stay open: give requests a few seconds, then stop.
     let _ = tokio::time::timeout(Duration::from_secs(5), &mut server).await;
     if let Some(worker) = worker {
         worker.await.context("the worker task failed")??;
+    }
+    if let Some(host) = &state.sessions {
+        let ended = host.end_all().await;
+        if ended > 0 {
+            tracing::info!(
+                sessions = ended,
+                "ended the interactive sessions this server started"
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

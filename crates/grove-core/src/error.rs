@@ -31,6 +31,11 @@ pub enum GitError {
     /// A local filesystem or repository failure.
     #[error("git failed: {0}")]
     Other(String),
+    /// The workspace's git directory is shaped to redirect host-side git (a `.git` file
+    /// or symlink, a `commondir`, a forbidden config key for the git CLI). Handling:
+    /// do not retry; nothing was read or changed (rejected).
+    #[error("refused: {0}")]
+    Untrusted(String),
 }
 
 impl GitError {
@@ -165,6 +170,7 @@ impl From<GitError> for CommandError {
             GitError::NothingToCommit => ErrorKind::Rejected,
             GitError::InvalidInput(_) => ErrorKind::InvalidInput,
             GitError::Other(_) => ErrorKind::Internal,
+            GitError::Untrusted(_) => ErrorKind::Rejected,
         };
         let err = Self::new(kind, e.to_string());
         if e.is_transient() {

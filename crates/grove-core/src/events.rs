@@ -149,6 +149,10 @@ pub enum Event {
         workspace_id: Uuid,
         cause: EvictionCause,
         saved: Option<SavedWork>,
+        /// What the save deliberately left out (ignored files over the budget, ...),
+        /// one line each: what, and why.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        omitted: Vec<String>,
     },
     /// The workspace's files are gone; the record stays so it can be restored.
     #[serde(rename = "workspace.evicted")]
@@ -157,8 +161,31 @@ pub enum Event {
         cause: EvictionCause,
         /// The cached size the eviction freed (apparent bytes).
         bytes_freed: i64,
-        /// Where the work was saved: ref and commit in the repo cache, patch artifact.
+        /// Where the work was saved: the workspace's private store (ref, commit, patch).
         saved: Option<SavedWork>,
+        /// What the save deliberately left out, as in `workspace.evicting`.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        omitted: Vec<String>,
+    },
+    /// Work an older version saved in the shared repo cache (`from_ref`) was moved
+    /// into the workspace's private store, and the cache's ref deleted.
+    #[serde(rename = "workspace.saved_work_moved")]
+    WorkspaceSavedWorkMoved {
+        workspace_id: Uuid,
+        repo_cache_id: Uuid,
+        from_ref: String,
+        saved: SavedWork,
+    },
+    /// A merge-back interrupted by a crash was finished (`rolled_forward`) or undone
+    /// (`rolled_back`) from its journal: the workspace's HEAD, index and files are all
+    /// at `head`. Changes no projection.
+    #[serde(rename = "workspace.merge_back_recovered")]
+    WorkspaceMergeBackRecovered {
+        workspace_id: Uuid,
+        outcome: String,
+        previous_head: String,
+        new_head: String,
+        head: String,
     },
     /// An eviction did not happen and the files are untouched: preserving the work
     /// failed, or an interrupted eviction was rolled back. `state`, when set, is the state
@@ -316,6 +343,8 @@ impl Event {
             Self::WorkspaceEvicted { .. } => "workspace.evicted",
             Self::WorkspaceEvictionBlocked { .. } => "workspace.eviction_blocked",
             Self::WorkspaceRestored { .. } => "workspace.restored",
+            Self::WorkspaceSavedWorkMoved { .. } => "workspace.saved_work_moved",
+            Self::WorkspaceMergeBackRecovered { .. } => "workspace.merge_back_recovered",
             Self::RepoCacheSizeMeasured { .. } => "repo_cache.size_measured",
             Self::RepoCacheEvicted { .. } => "repo_cache.evicted",
             Self::SweepFinished { .. } => "eviction.sweep_finished",
@@ -347,6 +376,8 @@ impl Event {
             | Self::WorkspaceEvicted { workspace_id, .. }
             | Self::WorkspaceEvictionBlocked { workspace_id, .. }
             | Self::WorkspaceRestored { workspace_id, .. }
+            | Self::WorkspaceSavedWorkMoved { workspace_id, .. }
+            | Self::WorkspaceMergeBackRecovered { workspace_id, .. }
             | Self::ExecStarted { workspace_id, .. }
             | Self::ExecFinished { workspace_id, .. }
             | Self::WorkspaceFileWritten { workspace_id, .. }

@@ -54,6 +54,13 @@ impl Layout {
             .join("repos")
             .join(format!("{}.git", segment_with(last, identity)))
     }
+    /// The private saved-work store of one workspace (never mounted into a sandbox).
+    pub fn saved_dir(&self, user_id: &str, workspace_id: uuid::Uuid) -> PathBuf {
+        self.root
+            .join("saved")
+            .join(segment(user_id))
+            .join(workspace_id.to_string())
+    }
     /// The checkout of one workspace.
     pub fn workspace_dir(&self, key: &WorkspaceKey) -> PathBuf {
         self.root

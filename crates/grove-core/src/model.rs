@@ -187,7 +187,9 @@ pub struct WorkspaceRow {
 /// The work of an evicted workspace, kept in its repo cache so it can be restored.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SavedWork {
-    /// The internal ref in the repo cache, `refs/grove/saved/<workspace id>`.
+    /// The ref naming `commit`: [`SAVED_STORE_REF`] in the workspace's private store
+    /// (`$GROVE_HOME/saved/<user>/<workspace id>/`), or, for work saved before stores
+    /// existed and not yet migrated, `refs/grove/saved/<workspace id>` in the repo cache.
     pub ref_name: String,
     /// The commit the ref points at: the working tree (tracked and untracked files, not
     /// ignored ones) as a commit whose parent is `head_commit`, or `head_commit` itself
@@ -195,8 +197,8 @@ pub struct SavedWork {
     pub commit: String,
     /// The workspace's HEAD at eviction: its branch is restored at this commit.
     pub head_commit: String,
-    /// The binary-safe patch of the uncommitted changes against `head_commit`
-    /// (`$GROVE_HOME/saved/<workspace id>.patch`); `None` when there were none.
+    /// The binary-safe patch of the uncommitted changes against `head_commit` (in the
+    /// store: `work.patch`); `None` when there were none.
     pub patch_path: Option<String>,
 }
 
@@ -205,12 +207,25 @@ impl SavedWork {
     pub fn has_changes(&self) -> bool {
         self.commit != self.head_commit
     }
+    /// Whether this work is still in the shared repo cache (saved before private
+    /// stores existed): the worker moves it out at start.
+    pub fn in_cache(&self) -> bool {
+        self.ref_name.starts_with(LEGACY_SAVED_REF_PREFIX)
+    }
 }
 
-/// The internal ref that holds a workspace's saved work in its repo cache.
+/// The internal ref that held a workspace's saved work in its repo cache before saved
+/// work moved to private stores; only the migration out of caches still reads it.
 pub fn saved_ref_name(workspace_id: uuid::Uuid) -> String {
-    format!("refs/grove/saved/{workspace_id}")
+    format!("{LEGACY_SAVED_REF_PREFIX}{workspace_id}")
 }
+
+/// Where saved work lived in a shared repo cache (migrated out at worker start).
+pub const LEGACY_SAVED_REF_PREFIX: &str = "refs/grove/saved/";
+
+/// The ref, inside a workspace's private saved-work store, naming the working-tree
+/// snapshot.
+pub const SAVED_STORE_REF: &str = "refs/grove/work";
 
 impl WorkspaceRow {
     pub fn key(&self) -> WorkspaceKey {

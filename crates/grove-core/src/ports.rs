@@ -72,11 +72,13 @@ pub struct CheckoutRequest<'a> {
 #[derive(Debug, Clone)]
 pub struct SaveWorkRequest<'a> {
     pub workspace_dir: &'a Path,
+    /// The repo cache, read (never written) for the objects the workspace borrows.
     pub cache_dir: &'a Path,
-    /// The internal ref to write in the cache (`refs/grove/saved/<workspace id>`).
-    pub ref_name: &'a str,
-    /// Where to write the binary-safe patch of the uncommitted changes.
-    pub patch_path: &'a Path,
+    /// The workspace's private store (`Layout::saved_dir`), replaced as a whole.
+    pub store_dir: &'a Path,
+    /// Ignored files are kept up to this many bytes in total; the rest are named in
+    /// the report's `omitted`.
+    pub ignored_budget_bytes: u64,
     /// The commit the workspace was created at: a clean workspace whose HEAD is still
     /// there has nothing to save.
     pub base_commit: &'a str,
@@ -90,8 +92,11 @@ pub struct SaveWorkReport {
     /// The working tree differed from HEAD (tracked or untracked files, not ignored ones).
     pub dirty: bool,
     pub head_commit: String,
-    /// `None` when there was nothing to save (clean, HEAD at the base commit).
+    /// `None` when there was nothing to save (clean, HEAD at the base commit, no
+    /// other refs, stash or ignored files).
     pub saved: Option<SavedWork>,
+    /// What was deliberately not kept, one line each (what: why).
+    pub omitted: Vec<String>,
 }
 
 /// The request to check an evicted workspace out again.
@@ -110,6 +115,10 @@ pub struct RestoreRequest<'a> {
     /// top of `head_commit`.
     pub work_commit: Option<&'a str>,
     pub upstream_url: &'a str,
+    /// The workspace's private store: when it holds a manifest, everything (refs,
+    /// stash, HEAD state, index, working tree) is restored from it and `head_commit`
+    /// / `work_commit` are not used.
+    pub store_dir: Option<&'a Path>,
 }
 
 /// A commit in a workspace (the `git_commit` tool).
@@ -128,6 +137,9 @@ pub struct CommitRequest<'a> {
 #[derive(Debug, Clone)]
 pub struct PushRequest<'a> {
     pub workspace_dir: &'a Path,
+    /// Where the push goes: the URL grove recorded for the workspace's repository
+    /// (its repo cache's upstream). Never a remote URL read from the workspace.
+    pub remote_url: &'a str,
     /// The branch; `None`: the checked-out one.
     pub branch: Option<&'a str>,
     pub force_with_lease: bool,
@@ -152,6 +164,21 @@ pub struct MergeBackRequest<'a> {
     pub task_dir: &'a Path,
     /// The task branch whose commits are brought in.
     pub task_branch: &'a str,
+    /// Where the switch's journal goes (a path grove owns, outside the workspace);
+    /// `None` switches without one (a crash may then leave a half-written tree).
+    pub journal: Option<&'a Path>,
+}
+
+/// What recovering an interrupted merge-back from its journal did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JournalRecovery {
+    /// The branch had moved (the commit point): the switch was finished. Otherwise it
+    /// was undone.
+    pub rolled_forward: bool,
+    pub previous_head: String,
+    pub new_head: String,
+    /// Where HEAD, index and files are now.
+    pub head: String,
 }
 
 /// Repo caches and workspace checkouts. Blocking: callers run it on a blocking thread.
@@ -183,13 +210,36 @@ pub trait GitPort: Send + Sync {
     /// Recreates a checkout at `workspace_dir` (which must not exist) with HEAD at
     /// `head_commit` and, when given, the working tree of `work_commit` left uncommitted.
     fn restore_checkout(&self, req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError>;
-    /// Deletes a saved-work ref from the cache and its patch artifact (absent is Ok).
+    /// Deletes a workspace's private store, and a saved-work ref left in the cache by
+    /// an older version (absent is Ok).
     fn discard_saved_work(
         &self,
         cache_dir: &Path,
         ref_name: &str,
-        patch_path: &Path,
+        store_dir: &Path,
     ) -> Result<(), GitError>;
+    /// Moves work saved in the repo cache by an older version (`saved.ref_name` in
+    /// the cache) into the workspace's private store; `branch` is the workspace's
+    /// branch. Idempotent: an existing store is replaced. The cache ref is kept (see
+    /// [`GitPort::drop_cache_ref`]).
+    fn move_saved_out_of_cache(
+        &self,
+        cache_dir: &Path,
+        saved: &SavedWork,
+        branch: Option<&str>,
+        store_dir: &Path,
+    ) -> Result<SavedWork, GitError>;
+    /// Finishes or undoes a merge-back interrupted by a crash, from the journal at
+    /// `journal` (`None`: there was none). Idempotent.
+    fn recover_journal(
+        &self,
+        journal: &Path,
+        workspace_dir: &Path,
+    ) -> Result<Option<JournalRecovery>, GitError>;
+    /// The names of every `refs/grove/saved/*` ref in a repo cache.
+    fn cache_saved_refs(&self, cache_dir: &Path) -> Result<Vec<String>, GitError>;
+    /// Deletes one ref from a repo cache (absent is Ok).
+    fn drop_cache_ref(&self, cache_dir: &Path, ref_name: &str) -> Result<(), GitError>;
     /// Apparent size of a directory tree in bytes (file lengths; see `dir_size_bytes`).
     fn measure(&self, dir: &Path) -> Result<i64, GitError>;
     /// Deletes a workspace or repo cache directory that was moved into grove's trash.
@@ -209,7 +259,8 @@ pub trait GitPort: Send + Sync {
     fn log(&self, workspace_dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitError>;
     /// Stages the request's paths (or everything) and commits on the current branch.
     fn commit(&self, req: &CommitRequest<'_>) -> Result<Committed, GitError>;
-    /// Pushes a branch to `origin`; a rejected update is [`GitError::Rejected`].
+    /// Pushes a branch to the request's recorded URL; a rejected update is
+    /// [`GitError::Rejected`].
     fn push(&self, req: &PushRequest<'_>) -> Result<Pushed, GitError>;
     /// What a merge-back would bring: the task's commits the target branch lacks and
     /// the files the task changed since the merge base. Changes nothing in either
@@ -402,6 +453,12 @@ pub trait RuntimeProvider: Send + Sync {
             .map(String::as_str)
             .unwrap_or("");
         format!("{}:{runtime}", self.kind())
+    }
+    /// The unprivileged host identity this provider's commands run as when that is
+    /// not the worker's own user: a writable workspace is handed over to it (files
+    /// re-owned) before the first command. `None`: nothing to hand over.
+    fn sandbox_identity(&self) -> Option<crate::identity::SandboxIdentity> {
+        None
     }
     /// Stops (hibernates) a runtime; its workspace is untouched. A provider that runs a
     /// fresh process tree per exec has nothing to stop, hence the default.

@@ -62,6 +62,8 @@ impl Reads {
                 | Event::WorkspaceEvicted { workspace_id, .. }
                 | Event::WorkspaceEvictionBlocked { workspace_id, .. }
                 | Event::WorkspaceRestored { workspace_id, .. }
+                | Event::WorkspaceSavedWorkMoved { workspace_id, .. }
+                | Event::WorkspaceMergeBackRecovered { workspace_id, .. }
                 | Event::WorkspaceFileWritten { workspace_id, .. }
                 | Event::WorkspaceCommitted { workspace_id, .. }
                 | Event::WorkspacePushed { workspace_id, .. }
@@ -227,8 +229,15 @@ impl Projections {
             | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
                 self.update_workspace(workspace_id, at, |_| {});
             }
-            // A conflicted merge-back left the workspace exactly as it was.
-            Event::WorkspaceMergeBackConflicted { .. } => {}
+            // A conflicted merge-back left the workspace exactly as it was; a recovered
+            // one is where its journal put it, which no column records.
+            Event::WorkspaceMergeBackConflicted { .. }
+            | Event::WorkspaceMergeBackRecovered { .. } => {}
+            Event::WorkspaceSavedWorkMoved {
+                workspace_id,
+                saved,
+                ..
+            } => self.change_workspace(workspace_id, at, |row| row.saved = Some(saved)),
             Event::WorkspaceDestroyed { workspace_id } => {
                 self.workspaces.remove(&workspace_id);
                 self.touched.workspaces.insert(workspace_id);
@@ -542,6 +551,7 @@ mod tests {
                 workspace_id: id,
                 cause: crate::events::EvictionCause::DirectoryMissing,
                 saved: Some(saved.clone()),
+                omitted: vec![],
             },
             at(4),
         );
@@ -552,6 +562,7 @@ mod tests {
                 cause: crate::events::EvictionCause::Interrupted,
                 bytes_freed: 500,
                 saved: Some(saved.clone()),
+                omitted: vec!["ignored file big.bin (9 bytes): over the budget".into()],
             },
             at(5),
         );
@@ -560,6 +571,24 @@ mod tests {
         assert_eq!(row.size_bytes, 0);
         assert_eq!(row.saved.as_ref(), Some(&saved));
         assert_eq!(row.evicted_at, Some(at(5)));
+        let moved = crate::model::SavedWork {
+            ref_name: crate::model::SAVED_STORE_REF.into(),
+            patch_path: Some("/g/saved/u/x/work.patch".into()),
+            ..saved.clone()
+        };
+        p.apply(
+            &Event::WorkspaceSavedWorkMoved {
+                workspace_id: id,
+                repo_cache_id: Uuid::from_u128(9),
+                from_ref: crate::model::saved_ref_name(id),
+                saved: moved.clone(),
+            },
+            at(5),
+        );
+        let row = &p.workspaces[&id];
+        assert_eq!(row.saved.as_ref(), Some(&moved));
+        assert!(!moved.in_cache() && saved.in_cache());
+        assert_eq!((row.state.as_str(), row.last_used_at), ("evicted", at(1)));
         p.apply(
             &Event::WorkspaceRestored {
                 workspace_id: id,
@@ -597,6 +626,7 @@ mod tests {
                 workspace_id: id,
                 cause: crate::events::EvictionCause::DirectoryMissing,
                 saved: None,
+                omitted: vec![],
             },
             at(3),
         );

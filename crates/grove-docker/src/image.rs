@@ -2,7 +2,8 @@
 //! is ever asked for an image.
 //!
 //! - [`build_minimal`]: a static busybox (Debian package `busybox-static`) with its
-//!   applet links, `/tmp`, and `/etc/passwd` with root and nobody (65534). About 2 MB;
+//!   applet links, `/tmp`, and `/etc/passwd` with root, nobody (65534) and the
+//!   sandbox identity (`sandbox`, default 60100). About 2 MB;
 //!   for tests and shell-only work. Tag `grove-sandbox:minimal-<hash of the rootfs>`.
 //! - [`build_debian`]: `debootstrap --variant=minbase --include=git,ca-certificates`
 //!   of this machine's suite (`VERSION_CODENAME` of `/etc/os-release`) from the first
@@ -593,12 +594,16 @@ fn minimal_rootfs(busybox: &Path) -> Result<Vec<u8>, ImageError> {
         tar.append_link(&mut h, applet, "/bin/busybox")
             .map_err(io)?;
     }
+    let id = crate::sandbox_identity();
+    let passwd = format!(
+        "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n\
+         sandbox:x:{}:{}:sandbox:/tmp:/bin/sh\n",
+        id.uid, id.gid
+    );
+    let group = format!("root:x:0:\nnogroup:x:65534:\nsandbox:x:{}:\n", id.gid);
     for (path, content) in [
-        (
-            "etc/passwd",
-            "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n",
-        ),
-        ("etc/group", "root:x:0:\nnogroup:x:65534:\n"),
+        ("etc/passwd", passwd.as_str()),
+        ("etc/group", group.as_str()),
         (
             "etc/os-release",
             "NAME=\"grove minimal (busybox)\"\nID=grove-minimal\n",

@@ -17,9 +17,11 @@
 //!   spec's labels;
 //! - `Entrypoint ["sleep"]`, `Cmd ["2147483647"]`, `HostConfig.Init = true`;
 //! - `User`: the provider's configured user, else the owner `uid:gid` of
-//!   `spec.workdir` when that is not root, else [`FALLBACK_USER`] (65534:65534). A
-//!   user resolving to uid 0 is refused. With a root-owned workspace the caller must
-//!   make the workspace writable for 65534 (or configure a user that can write it);
+//!   `spec.workdir` when that is not root, else [`fallback_user`], the sandbox
+//!   identity shared with the local runtime (`GROVE_SANDBOX_UID`/`GID`, default
+//!   60100:60100). A user resolving to uid 0 is refused. With a root-owned workspace
+//!   the caller hands the workspace over to that identity first
+//!   ([`RuntimeProvider::sandbox_identity`]) (or configures a user that can write it);
 //! - `Env`: `PATH`, `HOME=/tmp`, `LANG=C.UTF-8`, then the spec's env. Nothing from the
 //!   worker's environment. Each exec adds its request's env;
 //! - `HostConfig.Mounts`: exactly the spec's mounts as bind mounts, read-only unless
@@ -141,6 +143,10 @@ pub const LABEL_MANAGED: &str = "grove.managed";
 pub const LABEL_WORKSPACE: &str = "grove.workspace";
 /// The runtime id; the container is named [`CONTAINER_PREFIX`] + this.
 pub const LABEL_RUNTIME: &str = "grove.runtime";
+/// The `$GROVE_HOME` of the deployment that made the container (its absolute path):
+/// any worker on the engine removes a managed container whose home no longer exists
+/// ([`DockerRuntimeProvider::sweep_homeless`]).
+pub const LABEL_HOME_PATH: &str = "grove.home_path";
 /// Hash of the container config; a spec that hashes differently replaces the container.
 pub const LABEL_SPEC: &str = "grove.spec";
 /// Prefix of every container name.
@@ -152,8 +158,16 @@ pub const DEFAULT_PIDS: u64 = 512;
 pub const DEFAULT_MEMORY_MB: u64 = 1024;
 /// Default CPU limit, clamped to the engine's CPU count.
 pub const DEFAULT_CPUS: f64 = 2.0;
-/// User of the container when none is configured and the workspace is owned by root.
-pub const FALLBACK_USER: &str = "65534:65534";
+/// User of the container when none is configured and the workspace is owned by root:
+/// the sandbox identity (the local runtime's too), `uid:gid`.
+pub fn fallback_user() -> String {
+    sandbox_identity().user_spec()
+}
+
+fn sandbox_identity() -> grove_core::identity::SandboxIdentity {
+    grove_core::identity::SandboxIdentity::from_env()
+        .unwrap_or(grove_core::identity::SandboxIdentity::DEFAULT)
+}
 /// Output kept per command (stdout + stderr combined) when the request names no cap.
 pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
 
@@ -190,6 +204,8 @@ pub struct DockerRuntimeProvider {
     default_image: Option<String>,
     user: Option<String>,
     scope: BTreeMap<String, String>,
+    /// The `$GROVE_HOME` put on containers as [`LABEL_HOME_PATH`].
+    home_path: Option<PathBuf>,
     host_access: bool,
     /// Interactive sessions started by this provider (shared by its clones).
     sessions: Arc<SessionTable>,
@@ -252,6 +268,7 @@ impl DockerRuntimeProvider {
             default_image: None,
             user: None,
             scope: BTreeMap::new(),
+            home_path: None,
             host_access: true,
             sessions: Arc::default(),
             previews: Arc::default(),
@@ -304,6 +321,14 @@ impl DockerRuntimeProvider {
     /// container it lists or sweeps (e.g. `grove.node=<name>`).
     pub fn with_scope_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.scope.insert(key.into(), value.into());
+        self
+    }
+
+    /// Labels every container this provider creates with its deployment's home
+    /// ([`LABEL_HOME_PATH`]), so that once that directory is gone any worker on the
+    /// engine sweeps them ([`Self::sweep_homeless`]).
+    pub fn with_home_path(mut self, home: impl Into<PathBuf>) -> Self {
+        self.home_path = Some(home.into());
         self
     }
 
@@ -521,6 +546,43 @@ impl DockerRuntimeProvider {
         let mut labels = vec![format!("{LABEL_MANAGED}=true")];
         labels.extend(self.scope.iter().map(|(k, v)| format!("{k}={v}")));
         labels.extend(extra.iter().map(|(k, v)| format!("{k}={v}")));
+        self.list_labelled(labels).await
+    }
+
+    /// Removes managed containers of any scope whose [`LABEL_HOME_PATH`] names a
+    /// directory that no longer exists (a deployment or test run whose `$GROVE_HOME`
+    /// was deleted: no worker of its own is left to sweep them), sparing those younger
+    /// than `grace`. Only with host access (the paths are the engine host's); a label
+    /// that is not an absolute path, or a path whose existence cannot be told (not
+    /// "not found"), keeps its container. Returns the names removed.
+    pub async fn sweep_homeless(&self, grace: Duration) -> Result<Vec<String>, RuntimeError> {
+        if !self.host_access {
+            return Ok(Vec::new());
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0);
+        let mut removed = Vec::new();
+        let labels = vec![format!("{LABEL_MANAGED}=true"), LABEL_HOME_PATH.to_string()];
+        for c in self.list_labelled(labels).await? {
+            let Some(home) = c.labels.get(LABEL_HOME_PATH).map(Path::new) else {
+                continue;
+            };
+            let gone = home.is_absolute()
+                && matches!(std::fs::symlink_metadata(home), Err(e) if e.kind() == std::io::ErrorKind::NotFound);
+            if !gone || now - c.created < grace.as_secs() as i64 {
+                continue;
+            }
+            if self.remove(&c.id).await? {
+                tracing::info!(container = %c.name, home = %home.display(), "removed a runtime container whose GROVE_HOME is gone");
+                removed.push(c.name);
+            }
+        }
+        Ok(removed)
+    }
+
+    async fn list_labelled(&self, labels: Vec<String>) -> Result<Vec<ContainerInfo>, RuntimeError> {
         let filters: HashMap<String, Vec<String>> = [("label".to_string(), labels)].into();
         let options = ListContainersOptionsBuilder::default()
             .all(true)
@@ -665,7 +727,7 @@ impl DockerRuntimeProvider {
                     RuntimeError::NotFound(format!("workspace {}: {e}", spec.workdir.display()))
                 })?;
                 if meta.uid() == 0 {
-                    FALLBACK_USER.to_string()
+                    fallback_user()
                 } else {
                     format!("{}:{}", meta.uid(), meta.gid())
                 }
@@ -704,6 +766,9 @@ impl DockerRuntimeProvider {
         validate_runtime_id(&runtime_id)?;
         labels.insert(LABEL_RUNTIME.into(), runtime_id.clone());
         labels.insert(LABEL_MANAGED.into(), "true".into());
+        if let Some(home) = &self.home_path {
+            labels.insert(LABEL_HOME_PATH.into(), home.to_string_lossy().into_owned());
+        }
 
         let mut env = vec![
             format!("PATH={BASE_PATH}"),
@@ -877,6 +942,12 @@ impl RuntimeProvider for DockerRuntimeProvider {
         "docker"
     }
 
+    /// Without a configured user, containers of a root-owned workspace run as the
+    /// sandbox identity, so a writable workspace is handed over to it first.
+    fn sandbox_identity(&self) -> Option<grove_core::identity::SandboxIdentity> {
+        self.user.is_none().then(sandbox_identity)
+    }
+
     fn capabilities(&self) -> RuntimeCapabilities {
         Self::CAPABILITIES
     }
@@ -955,6 +1026,11 @@ impl RuntimeProvider for DockerRuntimeProvider {
     ) -> BoxFuture<'a, Result<Vec<String>, RuntimeError>> {
         Box::pin(async move {
             let removed = self.sweep_orphans_older_than(owned, grace).await?;
+            // Containers of deleted homes belong to no record of this deployment: they
+            // are removed, not reported as this deployment's orphans.
+            if let Err(e) = self.sweep_homeless(grace).await {
+                tracing::warn!(error = %e, "sweeping containers of deleted homes failed");
+            }
             Ok(removed
                 .iter()
                 .filter_map(|name| Self::runtime_id_of(name).map(str::to_string))

@@ -90,7 +90,7 @@ fn open_complete(cache_dir: &Path) -> Result<Option<Repository>, GitError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(map_io("cannot inspect the cache directory", &e)),
     }
-    let repo = match Repository::open_bare(cache_dir) {
+    let repo = match crate::trusted::open_cache(cache_dir) {
         Ok(repo) => repo,
         Err(e) if e.code() == ErrorCode::NotFound => return Ok(None),
         Err(e) => return Err(map_git2(&e, Phase::Local, None)),
@@ -108,6 +108,7 @@ fn init_mirror(path: &Path, url: &str) -> Result<Repository, GitError> {
     let local = |e: git2::Error| map_git2(&e, Phase::Local, None);
     let mut opts = RepositoryInitOptions::new();
     opts.bare(true).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(path, &opts).map_err(local)?;
     repo.remote_with_fetch(REMOTE, url, HEADS_REFSPEC)
         .map_err(local)?;
@@ -139,7 +140,7 @@ fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result
     set_origin_url(repo, url)?;
     let mut remote = repo.find_remote(REMOTE).map_err(local)?;
 
-    let auth = Auth::new(token);
+    let auth = Auth::for_url(token, url);
     let remote_err = |e: git2::Error| -> GitError {
         if auth.refused.get() {
             return GitError::AuthFailed;
@@ -184,14 +185,20 @@ fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result
 /// failure whatever libgit2 reports afterwards).
 pub(crate) struct Auth<'t> {
     token: Option<&'t GitToken>,
+    /// The host (and port) of the URL grove chose; the token is only ever handed to a
+    /// request for that same origin, whatever a redirect says.
+    origin: Option<String>,
     calls: Cell<u32>,
     pub(crate) refused: Cell<bool>,
 }
 
 impl<'t> Auth<'t> {
-    pub(crate) fn new(token: Option<&'t GitToken>) -> Self {
+    /// The callback state for one operation on `url`: the token is handed only to
+    /// requests for `url`'s scheme, host and port.
+    pub(crate) fn for_url(token: Option<&'t GitToken>, url: &str) -> Self {
         Self {
             token,
+            origin: Some(origin_of(url)),
             calls: Cell::new(0),
             refused: Cell::new(false),
         }
@@ -199,7 +206,7 @@ impl<'t> Auth<'t> {
 
     pub(crate) fn callbacks(&self) -> RemoteCallbacks<'_> {
         let mut cb = RemoteCallbacks::new();
-        cb.credentials(move |_url, _username, allowed| {
+        cb.credentials(move |url, _username, allowed| {
             let calls = self.calls.get() + 1;
             self.calls.set(calls);
             let refuse = |why: &str| {
@@ -212,6 +219,9 @@ impl<'t> Auth<'t> {
             let Some(token) = self.token else {
                 return refuse("the remote asked for credentials and none were given");
             };
+            if self.origin.as_ref().is_some_and(|o| *o != origin_of(url)) {
+                return refuse("credentials were asked for by another host than grove's record");
+            }
             if !allowed.contains(CredentialType::USER_PASS_PLAINTEXT) {
                 return refuse("the remote asked for an unsupported credential type");
             }
@@ -220,6 +230,18 @@ impl<'t> Auth<'t> {
         });
         cb
     }
+}
+
+/// `scheme://host:port` of a URL (userinfo dropped, lower-cased), or the whole string
+/// when it has no scheme.
+pub(crate) fn origin_of(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_ascii_lowercase();
+    };
+    let rest = &url[scheme_end + 3..];
+    let authority = &rest[..rest.find('/').unwrap_or(rest.len())];
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    format!("{}://{}", &url[..scheme_end], host).to_ascii_lowercase()
 }
 
 /// The URL with any userinfo removed, for log lines. Callers promise URLs without

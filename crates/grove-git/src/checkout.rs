@@ -34,7 +34,7 @@ struct Base {
 }
 
 pub(crate) fn create_checkout(req: &CheckoutRequest<'_>) -> Result<CheckoutReport, GitError> {
-    let cache = Repository::open_bare(req.cache_dir).map_err(|e| {
+    let cache = crate::trusted::open_cache(req.cache_dir).map_err(|e| {
         GitError::Other(format!(
             "cannot open the repo cache: {}",
             crate::errors::scrub(e.message(), None)
@@ -57,6 +57,7 @@ pub(crate) fn create_checkout(req: &CheckoutRequest<'_>) -> Result<CheckoutRepor
         partial_sibling(ws).map_err(|e| map_io("cannot name a partial workspace", &e))?,
     );
     build(partial.path(), &objects, &base, req)?;
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the checkout into place", &e))?;
@@ -158,6 +159,7 @@ fn build(
 ) -> Result<(), GitError> {
     let mut opts = RepositoryInitOptions::new();
     opts.bare(false).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(dir, &opts).map_err(local)?;
     let info_dir: PathBuf = repo.path().join("objects").join("info");
     drop(repo);
@@ -168,7 +170,7 @@ fn build(
         .map_err(|e| map_io("cannot write objects/info/alternates", &e))?;
 
     // Reopen so the object database loads the alternates file just written.
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     let commit = repo.find_commit(base.commit).map_err(local)?;
 
     if let Some(branch) = &base.branch {
@@ -210,24 +212,15 @@ fn build(
 ///
 /// Through the git CLI `git` (`read-tree -u --reset HEAD`, with parallel checkout) where one
 /// is installed: on the benchmark's 5,000-file repository it writes the tree 2–3 times
-/// faster than libgit2's checkout (ADR 03). The CLI runs with a cleared environment,
-/// no system or global configuration and hooks pointed nowhere, so nothing but the
-/// workspace's own config (written above by grove) shapes it. Without one (`None`),
+/// faster than libgit2's checkout (ADR 03). The CLI runs through
+/// [`crate::trusted::git_command`] on the fresh repository grove just built (its config
+/// is grove's, checked anyway). Without one (`None`),
 /// libgit2 does the same in one forced checkout of HEAD.
 fn write_tree(dir: &Path, git: Option<&Path>) -> Result<(), GitError> {
     if let Some(git) = git {
-        let out = std::process::Command::new(git)
-            .env_clear()
-            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-            .env("LC_ALL", "C")
-            .env("GIT_CONFIG_NOSYSTEM", "1")
-            .env("GIT_CONFIG_GLOBAL", "/dev/null")
-            .env("GIT_TERMINAL_PROMPT", "0")
-            .env("GIT_OPTIONAL_LOCKS", "0")
-            .current_dir(dir)
-            .args(["-c", "core.hooksPath=/dev/null", "-c", "checkout.workers=0"])
+        let out = crate::trusted::git_command(git, &dir.join(".git"), dir)?
+            .args(["-c", "checkout.workers=0"])
             .args(["read-tree", "-u", "--reset", "HEAD"])
-            .stdin(std::process::Stdio::null())
             .output()
             .map_err(|e| map_io("cannot run git read-tree", &e))?;
         if !out.status.success() {
@@ -244,7 +237,7 @@ fn write_tree(dir: &Path, git: Option<&Path>) -> Result<(), GitError> {
     }
     // One pass: the working tree and index are empty, so a forced checkout of HEAD
     // writes every file once and the index with it.
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     let mut checkout = CheckoutBuilder::new();
     checkout.force();
     repo.checkout_head(Some(&mut checkout)).map_err(local)
@@ -269,8 +262,7 @@ fn git_cli() -> Option<&'static Path> {
 }
 
 pub(crate) fn is_dirty(workspace_dir: &Path) -> Result<bool, GitError> {
-    // `open`, not `discover`: a missing checkout must not report on an enclosing repo.
-    let repo = Repository::open(workspace_dir).map_err(local)?;
+    let repo = crate::trusted::open_workspace(workspace_dir)?;
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .include_ignored(false)
@@ -290,13 +282,14 @@ pub(crate) fn remove_checkout(workspace_dir: &Path) -> Result<(), GitError> {
     // entry, a bare cache does not. Deleting a workspace itself never affects the
     // cache, since alternates only point from the workspace to the cache.
     let has_dot_git = std::fs::symlink_metadata(workspace_dir.join(".git")).is_ok();
-    if !has_dot_git && Repository::open_bare(workspace_dir).is_ok() {
+    if !has_dot_git && crate::trusted::open_cache(workspace_dir).is_ok() {
         return Err(GitError::Other(format!(
             "refusing to remove {}: it is a bare repository, not a workspace",
             workspace_dir.display()
         )));
     }
     remove_path(workspace_dir).map_err(|e| map_io("cannot remove the workspace", &e))?;
+    crate::trusted::forget_cache(workspace_dir)?;
     tracing::info!(path = %workspace_dir.display(), "workspace checkout removed");
     Ok(())
 }

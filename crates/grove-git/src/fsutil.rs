@@ -1,5 +1,6 @@
 //! Filesystem helpers of the git adapter: apparent sizes, partial sibling directories
-//! (build next to the target, then rename into place) and robust directory removal.
+//! (build next to the target, then rename into place) and directory removal, the walks
+//! done by descriptors in [`crate::tree`].
 
 use std::collections::hash_map::RandomState;
 use std::ffi::OsString;
@@ -11,45 +12,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Apparent size of a directory tree: the sum of the lengths of its regular files and
 /// symlinks (the link itself, never its target). Directories count as zero, so the
-/// number does not depend on the filesystem's block size.
-///
-/// Entries that vanish while the walk runs are skipped: a size is a report, and a
-/// concurrent writer (an agent editing its workspace) must not make it fail.
+/// number does not depend on the filesystem's block size. Walked by descriptors
+/// ([`crate::tree::tree_size`]): a symlink swapped in mid-walk is never followed.
 pub fn dir_size_bytes(path: &Path) -> io::Result<i64> {
     let root = std::fs::symlink_metadata(path)?;
     if !root.is_dir() {
         return Ok(clamp(root.len()));
     }
-    let mut total: u64 = 0;
-    // An explicit stack instead of recursion: deep trees (node_modules) cannot
-    // overflow the thread's stack.
-    let mut stack = vec![path.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(entries) => entries,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        };
-        for entry in entries {
-            let entry = match entry {
-                Ok(entry) => entry,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            // `DirEntry::metadata` does not follow symlinks, which is what we want.
-            let meta = match entry.metadata() {
-                Ok(meta) => meta,
-                Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-                Err(e) => return Err(e),
-            };
-            if meta.is_dir() {
-                stack.push(entry.path());
-            } else {
-                total = total.saturating_add(meta.len());
-            }
-        }
-    }
-    Ok(clamp(total))
+    crate::tree::tree_size(path).map(clamp)
 }
 
 fn clamp(n: u64) -> i64 {
@@ -134,62 +104,11 @@ fn parent_of(target: &Path) -> io::Result<PathBuf> {
     }
 }
 
-/// Removes a file, symlink or directory tree; absent is Ok.
-///
-/// Workspaces can hold read-only directories (Go's module cache writes them 0555),
-/// which `remove_dir_all` cannot empty; on a permission error the tree is made
-/// writable by its owner and removal is tried once more.
+/// Removes a file, symlink or directory tree; absent is Ok. Walked by descriptors
+/// ([`crate::tree::remove_tree`]): nothing outside `path` is ever followed or removed.
 pub(crate) fn remove_path(path: &Path) -> io::Result<()> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(meta) => meta,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !meta.is_dir() {
-        return match std::fs::remove_file(path) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-            _ => Ok(()),
-        };
-    }
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            make_dirs_writable(path);
-            match std::fs::remove_dir_all(path) {
-                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
-                _ => Ok(()),
-            }
-        }
-        Err(e) => Err(e),
-    }
+    crate::tree::remove_tree(path)
 }
-
-/// Best effort: adds owner rwx to every directory of the tree (symlinks not followed).
-#[cfg(unix)]
-fn make_dirs_writable(root: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        if let Ok(meta) = std::fs::symlink_metadata(&dir) {
-            if !meta.is_dir() {
-                continue;
-            }
-            let mode = meta.permissions().mode() | 0o700;
-            let _ = std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(mode));
-        }
-        if let Ok(entries) = std::fs::read_dir(&dir) {
-            for entry in entries.flatten() {
-                if entry.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                    stack.push(entry.path());
-                }
-            }
-        }
-    }
-}
-
-#[cfg(not(unix))]
-fn make_dirs_writable(_root: &Path) {}
 
 /// Removes a partial directory on drop unless disarmed: every early return of a build
 /// cleans up after itself, and a crash leaves a `.partial-*` that the next attempt

@@ -11,7 +11,15 @@
 //!   at the same path (read-only suffices), or git inside it cannot read history.
 //!
 //! `workdir` runs git as an agent tool inside a workspace (status, diff, log, commit,
-//! push); a push's token goes through the same credentials callback as a fetch's.
+//! push); a push goes to the URL grove recorded, never a remote read from the
+//! workspace, and its token goes through the same credentials callback as a fetch's.
+//!
+//! `trusted` is the only way any of them opens a repository or runs the git CLI: the
+//! workspace's `.git` is treated as hostile (ADR 23).
+//!
+//! `saved` keeps a workspace's whole state (refs, stash, HEAD, index, working tree,
+//! ignored files within a budget) in a private per-workspace store before eviction;
+//! `restore` gives it back; `journal` makes merge-back's switch all-or-nothing.
 //!
 //! `merge` brings a task workspace's commits into an edit workspace's branch (merge or
 //! cherry-pick), computed in memory and written only when clean.
@@ -26,9 +34,13 @@ mod cache;
 mod checkout;
 mod errors;
 mod fsutil;
+mod journal;
 mod merge;
 mod preserve;
+mod restore;
+mod saved;
 pub mod tree;
+mod trusted;
 mod workdir;
 
 use std::path::Path;
@@ -36,9 +48,11 @@ use std::time::Duration;
 
 use grove_core::error::GitError;
 use grove_core::merge_back::{MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy};
+use grove_core::model::SavedWork;
 use grove_core::ports::{
     CacheReport, CheckoutReport, CheckoutRequest, CommitRequest, GitPort, GitToken,
-    MergeBackRequest, PushRequest, RestoreRequest, SaveWorkReport, SaveWorkRequest,
+    JournalRecovery, MergeBackRequest, PushRequest, RestoreRequest, SaveWorkReport,
+    SaveWorkRequest,
 };
 use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
 
@@ -112,7 +126,7 @@ impl GitPort for Git2Adapter {
     }
 
     fn save_work(&self, req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
-        preserve::save_work(req)
+        saved::save_work(req)
     }
 
     fn restore_checkout(&self, req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError> {
@@ -123,13 +137,41 @@ impl GitPort for Git2Adapter {
         &self,
         cache_dir: &Path,
         ref_name: &str,
-        patch_path: &Path,
+        store_dir: &Path,
     ) -> Result<(), GitError> {
-        preserve::discard_saved_work(cache_dir, ref_name, patch_path)
+        preserve::discard_saved_work(cache_dir, ref_name, store_dir)
+    }
+
+    fn move_saved_out_of_cache(
+        &self,
+        cache_dir: &Path,
+        saved: &SavedWork,
+        branch: Option<&str>,
+        store_dir: &Path,
+    ) -> Result<SavedWork, GitError> {
+        saved::move_out_of_cache(cache_dir, saved, branch, store_dir)
+    }
+
+    fn recover_journal(
+        &self,
+        journal: &Path,
+        workspace_dir: &Path,
+    ) -> Result<Option<JournalRecovery>, GitError> {
+        journal::recover(journal, workspace_dir)
+    }
+
+    fn cache_saved_refs(&self, cache_dir: &Path) -> Result<Vec<String>, GitError> {
+        preserve::cache_saved_refs(cache_dir)
+    }
+
+    fn drop_cache_ref(&self, cache_dir: &Path, ref_name: &str) -> Result<(), GitError> {
+        preserve::drop_cache_ref(cache_dir, ref_name)
     }
 
     fn measure(&self, dir: &Path) -> Result<i64, GitError> {
-        dir_size_bytes(dir).map_err(|e| errors::map_io("cannot measure a directory", &e))
+        tree::tree_size(dir)
+            .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+            .map_err(|e| errors::map_io("cannot measure a directory", &e))
     }
 
     fn remove_trash(&self, trash_dir: &Path) -> Result<(), GitError> {

@@ -21,7 +21,6 @@ use git2::{
     Commit, Delta, DiffFindOptions, DiffOptions, ErrorCode, Index, MergeOptions, Oid, Patch,
     Repository, RepositoryState, Signature, Sort, StatusOptions,
 };
-use grove_core::error::GitError;
 use grove_core::merge_back::{
     BranchCommit, ChangedFile, MergeBackDiff, MergeBackError, MergeBackReport, MergeStrategy,
     MAX_DIFF_COMMITS, MAX_DIFF_FILES,
@@ -49,8 +48,8 @@ struct Pair {
 /// Opens the target with the task's objects readable (in memory only) and checks that
 /// its HEAD is on the branch that will move.
 fn open_pair(req: &MergeBackRequest<'_>) -> Result<Pair, MergeBackError> {
-    let edit = Repository::open(req.edit_dir).map_err(local)?;
-    let task = Repository::open(req.task_dir).map_err(local)?;
+    let edit = crate::trusted::open_workspace(req.edit_dir).map_err(MergeBackError::Git)?;
+    let task = crate::trusted::open_workspace(req.task_dir).map_err(MergeBackError::Git)?;
     let edit_ref = format!("refs/heads/{}", req.edit_branch);
     let head = match edit.head() {
         Ok(h) => h,
@@ -79,16 +78,12 @@ fn open_pair(req: &MergeBackRequest<'_>) -> Result<Pair, MergeBackError> {
             ))
         })?
         .id();
-    let task_objects = task.path().join("objects");
-    let task_objects = task_objects.to_str().ok_or_else(|| {
-        MergeBackError::Git(GitError::Other(
-            "the task workspace's path is not UTF-8".into(),
-        ))
-    })?;
-    edit.odb()
-        .map_err(local)?
-        .add_disk_alternate(task_objects)
-        .map_err(local)?;
+    // The task's own objects only: never the alternates file inside its `.git`.
+    {
+        let odb = edit.odb().map_err(local)?;
+        crate::trusted::add_objects(&odb, &task.path().join("objects"), true)
+            .map_err(MergeBackError::Git)?;
+    }
     Ok(Pair {
         edit,
         edit_head,
@@ -464,28 +459,61 @@ pub(crate) fn merge_back(
 
     // Clean: make it real. Objects first (children before parents), then the files and
     // index, then the branch — the branch moves only if it is still where we read it.
-    let target = Repository::open(req.edit_dir).map_err(local)?;
+    let target = crate::trusted::open_workspace(req.edit_dir).map_err(MergeBackError::Git)?;
     crate::preserve::copy_missing(repo, &target, new_head)?;
     drop(odb);
-    let new_tree = target
-        .find_commit(new_head)
-        .and_then(|c| c.tree())
-        .map_err(local)?;
-    let mut cb = CheckoutBuilder::new();
-    cb.safe().overwrite_ignored(false);
-    target
-        .checkout_tree(new_tree.as_object(), Some(&mut cb))
-        .map_err(local)?;
-    let message = format!("merge-back ({}) of {}", strategy.as_str(), req.task_branch);
-    target
-        .reference_matching(
-            &format!("refs/heads/{}", req.edit_branch),
-            new_head,
-            true,
-            pair.edit_head,
-            &message,
-        )
-        .map_err(local)?;
+    switch(&target, req, pair.edit_head, new_head, strategy)?;
     report.new_head = new_head.to_string();
     Ok(report)
+}
+
+/// Switches the target's files, index and branch to `new_head` (every object already
+/// in its store) under a journal: a crash is repaired by `journal::recover`, and a
+/// failure here (a full disk) is rolled back at once.
+fn switch(
+    target: &Repository,
+    req: &MergeBackRequest<'_>,
+    old_head: Oid,
+    new_head: Oid,
+    strategy: MergeStrategy,
+) -> Result<(), MergeBackError> {
+    let branch = format!("refs/heads/{}", req.edit_branch);
+    if let Some(path) = req.journal {
+        let journal = crate::journal::Journal {
+            version: 1,
+            operation: "merge_back".into(),
+            branch: branch.clone(),
+            old_head: old_head.to_string(),
+            new_head: new_head.to_string(),
+        };
+        crate::journal::begin(path, &journal).map_err(MergeBackError::Git)?;
+    }
+    let result = (|| {
+        let new_tree = target
+            .find_commit(new_head)
+            .and_then(|c| c.tree())
+            .map_err(local)?;
+        let mut cb = CheckoutBuilder::new();
+        cb.safe().overwrite_ignored(false);
+        target
+            .checkout_tree(new_tree.as_object(), Some(&mut cb))
+            .map_err(local)?;
+        let message = format!("merge-back ({}) of {}", strategy.as_str(), req.task_branch);
+        target
+            .reference_matching(&branch, new_head, true, old_head, &message)
+            .map_err(local)?;
+        Ok(())
+    })();
+    let Some(path) = req.journal else {
+        return result;
+    };
+    match result {
+        Ok(()) => crate::journal::finish(path).map_err(MergeBackError::Git),
+        Err(e) => {
+            if let Err(undo) = crate::journal::recover(path, req.edit_dir) {
+                tracing::error!(error = %undo, "rolling back a failed merge-back failed; the journal stays for the next attempt");
+            }
+            Err(e)
+        }
+    }
 }

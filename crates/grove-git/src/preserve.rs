@@ -1,42 +1,26 @@
-//! Preserving a workspace's work in its repo cache before eviction, and restoring it.
+//! Repo-cache side of saved work: the object copy merge-back uses, restoring work an
+//! older version saved in the cache (`refs/grove/saved/<id>`, until the worker moves it
+//! into the workspace's private store), dropping such refs, and emptying the trash.
 //!
-//! **Save.** The working tree is snapshotted through the workspace's index, in memory
-//! only (`add_all` + `update_all` on the loaded index, `write_tree`, never `write`): new
-//! untracked files are included, ignored ones are not, and the index file on disk is
-//! left as it was. When the tree differs from HEAD's, a commit with that tree and HEAD as
-//! its parent is written. Every object that commit needs and the cache lacks (the
-//! snapshot's new blobs and trees, and the workspace's local commits with theirs) is
-//! then copied into the cache's object store — children before parents, commits after
-//! their trees and parents, so an object present in the cache always has its whole
-//! closure there even if a copy is interrupted. The ref is written last. The patch (the
-//! same change as a binary-safe `git diff --binary --full-index HEAD` would print) is
-//! written next to it, atomically.
-//!
-//! **Restore.** A fresh checkout borrowing the cache's objects, like a new workspace,
-//! built in a partial sibling and renamed into place: the branch at the saved HEAD,
-//! the working tree from the saved commit, the index at HEAD — so the files are
-//! byte-identical and `git status` shows the changes as unstaged (the staged/unstaged
-//! split of the evicted workspace is not kept).
+//! **Legacy restore.** A fresh checkout borrowing the cache's objects, built in a
+//! partial sibling and renamed into place: the branch at the saved HEAD, the working
+//! tree from the saved commit, the index at HEAD. Work saved by this version lives in a
+//! private store and is restored by `restore` (everything, staged state included).
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
 use git2::build::CheckoutBuilder;
-use git2::{
-    DiffFormat, DiffOptions, ErrorCode, IndexAddOption, ObjectType, Odb, Oid, Repository,
-    RepositoryInitOptions, Signature, Sort,
-};
+use git2::{ErrorCode, ObjectType, Odb, Oid, Repository, RepositoryInitOptions, Sort};
 use grove_core::error::GitError;
-use grove_core::model::SavedWork;
-use grove_core::ports::{CheckoutReport, RestoreRequest, SaveWorkReport, SaveWorkRequest};
+use grove_core::model::LEGACY_SAVED_REF_PREFIX;
+use grove_core::ports::{CheckoutReport, RestoreRequest};
 
 use crate::errors::{map_git2, map_io, Phase};
 use crate::fsutil::{
     dir_size_bytes, ensure_parent, partial_sibling, remove_path, remove_stale_partials, PartialDir,
 };
 
-const SAVER_NAME: &str = "grove";
-const SAVER_EMAIL: &str = "grove@grove.invalid";
 const AGENT_NAME: &str = "grove agent";
 const AGENT_EMAIL: &str = "agent@grove.invalid";
 
@@ -44,93 +28,12 @@ fn local(e: git2::Error) -> GitError {
     map_git2(&e, Phase::Local, None)
 }
 
-fn open_cache(cache_dir: &Path) -> Result<Repository, GitError> {
-    Repository::open_bare(cache_dir).map_err(|e| {
+pub(crate) fn open_cache(cache_dir: &Path) -> Result<Repository, GitError> {
+    crate::trusted::open_cache(cache_dir).map_err(|e| {
         GitError::Other(format!(
             "cannot open the repo cache: {}",
             crate::errors::scrub(e.message(), None)
         ))
-    })
-}
-
-pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
-    // `open`, not `discover`: a missing checkout must not save an enclosing repo.
-    let ws = Repository::open(req.workspace_dir).map_err(local)?;
-    let head = ws
-        .head()
-        .and_then(|h| h.peel_to_commit())
-        .map_err(|e| GitError::Other(format!("workspace HEAD: {}", e.message())))?;
-    let head_tree = head.tree().map_err(local)?;
-
-    // The working tree as a tree object, through the index loaded in memory: files that
-    // did not change are not re-hashed (the index's stat data says so).
-    let tree_id = {
-        let mut index = ws.index().map_err(local)?;
-        index
-            .add_all(["*"], IndexAddOption::DEFAULT, None)
-            .map_err(local)?;
-        index.update_all(["*"], None).map_err(local)?;
-        index.write_tree().map_err(local)?
-        // Dropped without `write`: the workspace's index file is untouched.
-    };
-    let dirty = tree_id != head_tree.id();
-    let head_id = head.id();
-    let at_base = Oid::from_str(req.base_commit).ok() == Some(head_id);
-    if !dirty && at_base {
-        remove_file(req.patch_path)?;
-        return Ok(SaveWorkReport {
-            dirty,
-            head_commit: head_id.to_string(),
-            saved: None,
-        });
-    }
-
-    let commit_id = if dirty {
-        let sig = Signature::now(SAVER_NAME, SAVER_EMAIL).map_err(local)?;
-        let tree = ws.find_tree(tree_id).map_err(local)?;
-        ws.commit(None, &sig, &sig, req.message, &tree, &[&head])
-            .map_err(local)?
-    } else {
-        head_id
-    };
-
-    let cache = open_cache(req.cache_dir)?;
-    copy_missing(&ws, &cache, commit_id)?;
-
-    let patch_path = if dirty {
-        let tree = ws.find_tree(tree_id).map_err(local)?;
-        let patch = diff_patch(&ws, &head_tree, &tree)?;
-        write_atomic(req.patch_path, &patch)?;
-        Some(req.patch_path.to_string_lossy().into_owned())
-    } else {
-        remove_file(req.patch_path)?;
-        None
-    };
-
-    // Last: the ref only ever names a commit whose objects are all in the cache.
-    cache
-        .reference(
-            req.ref_name,
-            commit_id,
-            true,
-            "grove: work saved before eviction",
-        )
-        .map_err(local)?;
-    tracing::info!(
-        workspace = %req.workspace_dir.display(),
-        saved = %commit_id,
-        dirty,
-        "workspace work saved in the repo cache"
-    );
-    Ok(SaveWorkReport {
-        dirty,
-        head_commit: head_id.to_string(),
-        saved: Some(SavedWork {
-            ref_name: req.ref_name.to_string(),
-            commit: commit_id.to_string(),
-            head_commit: head_id.to_string(),
-            patch_path,
-        }),
     })
 }
 
@@ -220,51 +123,12 @@ fn copy_object(src: &Odb<'_>, dst: &Odb<'_>, id: Oid) -> Result<(), GitError> {
     Ok(())
 }
 
-/// `git diff --binary --full-index` from `old` to `new`, as bytes.
-fn diff_patch(
-    repo: &Repository,
-    old: &git2::Tree<'_>,
-    new: &git2::Tree<'_>,
-) -> Result<Vec<u8>, GitError> {
-    let mut opts = DiffOptions::new();
-    opts.show_binary(true).id_abbrev(40);
-    let diff = repo
-        .diff_tree_to_tree(Some(old), Some(new), Some(&mut opts))
-        .map_err(local)?;
-    let mut out = Vec::new();
-    diff.print(DiffFormat::Patch, |_delta, _hunk, line| {
-        if matches!(line.origin(), '+' | '-' | ' ') {
-            out.push(line.origin() as u8);
-        }
-        out.extend_from_slice(line.content());
-        true
-    })
-    .map_err(local)?;
-    Ok(out)
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), GitError> {
-    ensure_parent(path).map_err(|e| map_io("cannot create the saved-work directory", &e))?;
-    let tmp = partial_sibling(path).map_err(|e| map_io("cannot name a partial patch", &e))?;
-    let result = std::fs::write(&tmp, bytes)
-        .and_then(|()| std::fs::File::open(&tmp)?.sync_all())
-        .and_then(|()| std::fs::rename(&tmp, path));
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(map_io("cannot write the saved-work patch", &e));
-    }
-    Ok(())
-}
-
-fn remove_file(path: &Path) -> Result<(), GitError> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(map_io("cannot remove a stale saved-work patch", &e)),
-    }
-}
-
 pub(crate) fn restore_checkout(req: &RestoreRequest<'_>) -> Result<CheckoutReport, GitError> {
+    if let Some(store) = req.store_dir {
+        if let Some(manifest) = crate::saved::read_manifest(store)? {
+            return crate::restore::restore_from_store(req, store, &manifest);
+        }
+    }
     let ws = req.workspace_dir;
     match std::fs::symlink_metadata(ws) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -310,6 +174,7 @@ pub(crate) fn restore_checkout(req: &RestoreRequest<'_>) -> Result<CheckoutRepor
         partial_sibling(ws).map_err(|e| map_io("cannot name a partial workspace", &e))?,
     );
     build(partial.path(), &objects, req, head, work, base_origin)?;
+    crate::trusted::record_cache(ws, &objects)?;
     partial
         .commit_to(ws)
         .map_err(|e| map_io("cannot move the restored checkout into place", &e))?;
@@ -331,6 +196,7 @@ fn build(
 ) -> Result<(), GitError> {
     let mut opts = RepositoryInitOptions::new();
     opts.bare(false).no_reinit(true).mkpath(true);
+    crate::trusted::init();
     let repo = Repository::init_opts(dir, &opts).map_err(local)?;
     let info_dir: PathBuf = repo.path().join("objects").join("info");
     drop(repo);
@@ -340,7 +206,7 @@ fn build(
     std::fs::write(info_dir.join("alternates"), alternates)
         .map_err(|e| map_io("cannot write objects/info/alternates", &e))?;
 
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     if let Some((branch, base)) = base_origin {
         repo.reference(
             &format!("refs/remotes/origin/{branch}"),
@@ -395,18 +261,36 @@ fn build(
 pub(crate) fn discard_saved_work(
     cache_dir: &Path,
     ref_name: &str,
-    patch_path: &Path,
+    store_dir: &Path,
 ) -> Result<(), GitError> {
-    if cache_dir.is_dir() {
-        let cache = open_cache(cache_dir)?;
-        let found = cache.find_reference(ref_name);
-        match found {
-            Ok(mut r) => r.delete().map_err(local)?,
-            Err(e) if e.code() == ErrorCode::NotFound => {}
-            Err(e) => return Err(local(e)),
-        };
+    if cache_dir.is_dir() && ref_name.starts_with(LEGACY_SAVED_REF_PREFIX) {
+        drop_cache_ref(cache_dir, ref_name)?;
     }
-    remove_file(patch_path)
+    crate::saved::discard_store(store_dir)
+}
+
+/// Deletes one ref from a repo cache (absent is Ok).
+pub(crate) fn drop_cache_ref(cache_dir: &Path, ref_name: &str) -> Result<(), GitError> {
+    let cache = open_cache(cache_dir)?;
+    let found = cache.find_reference(ref_name);
+    match found {
+        Ok(mut r) => r.delete().map_err(local),
+        Err(e) if e.code() == ErrorCode::NotFound => Ok(()),
+        Err(e) => Err(local(e)),
+    }
+}
+
+/// The names of every saved-work ref an older version left in a repo cache.
+pub(crate) fn cache_saved_refs(cache_dir: &Path) -> Result<Vec<String>, GitError> {
+    let cache = open_cache(cache_dir)?;
+    let glob = format!("{LEGACY_SAVED_REF_PREFIX}*");
+    let mut out = Vec::new();
+    for r in cache.references_glob(&glob).map_err(local)? {
+        if let Ok(name) = r.map_err(local)?.name() {
+            out.push(name.to_string());
+        }
+    }
+    Ok(out)
 }
 
 /// Removes a directory moved into grove's trash. Refuses anything not directly inside a
@@ -422,5 +306,12 @@ pub(crate) fn remove_trash(trash_dir: &Path) -> Result<(), GitError> {
             trash_dir.display()
         )));
     }
-    remove_path(trash_dir).map_err(|e| map_io("cannot empty the trash", &e))
+    // Descriptor-based, never following a symlink the agent left in the tree; a tree
+    // with read-only directories (a non-root worker) falls back to making them writable.
+    crate::tree::remove_tree(trash_dir)
+        .or_else(|e| match e.kind() {
+            std::io::ErrorKind::PermissionDenied => remove_path(trash_dir),
+            _ => Err(e),
+        })
+        .map_err(|e| map_io("cannot empty the trash", &e))
 }

@@ -28,9 +28,7 @@ fn local(e: git2::Error) -> GitError {
 }
 
 fn open(dir: &Path) -> Result<Repository, GitError> {
-    // `open`, not `discover`: a path that is not a workspace must not reach an
-    // enclosing repository.
-    Repository::open(dir).map_err(local)
+    crate::trusted::open_workspace(dir)
 }
 
 /// The checked-out branch's short name, or `None` when HEAD is detached or unborn.
@@ -318,9 +316,11 @@ pub(crate) fn push(req: &PushRequest<'_>) -> Result<Pushed, GitError> {
     let local_ref = format!("refs/heads/{branch}");
     let tracking_ref = format!("refs/remotes/{REMOTE}/{branch}");
     let oid = peel(&repo, &local_ref).ok_or_else(|| GitError::RefNotFound(branch.clone()))?;
-    let mut remote = repo.find_remote(REMOTE).map_err(local)?;
-    let url = remote.url().unwrap_or("").to_string();
-    let auth = Auth::new(req.token);
+    // grove's record, never `remote.origin.url`/`pushurl`/`insteadOf` of the workspace
+    // (the repository's config is grove's own here: no `url.*` rewrite exists).
+    let url = req.remote_url.to_string();
+    let mut remote = repo.remote_anonymous(&url).map_err(local)?;
+    let auth = Auth::for_url(req.token, &url);
     let remote_err = |e: git2::Error| -> GitError {
         if auth.refused.get() {
             return GitError::AuthFailed;
@@ -380,7 +380,8 @@ pub(crate) fn push(req: &PushRequest<'_>) -> Result<Pushed, GitError> {
             Ok(())
         });
         let mut opts = PushOptions::new();
-        opts.remote_callbacks(callbacks);
+        opts.remote_callbacks(callbacks)
+            .proxy_options(git2::ProxyOptions::new());
         conn.remote()
             .push(&[refspec.as_str()], Some(&mut opts))
             .map_err(remote_err)?;
@@ -392,11 +393,7 @@ pub(crate) fn push(req: &PushRequest<'_>) -> Result<Pushed, GitError> {
     repo.reference(&tracking_ref, oid, true, "grove: push")
         .map_err(local)?;
     if req.set_upstream {
-        let mut b = repo
-            .find_branch(&branch, git2::BranchType::Local)
-            .map_err(local)?;
-        b.set_upstream(Some(&format!("{REMOTE}/{branch}")))
-            .map_err(local)?;
+        crate::trusted::set_upstream(req.workspace_dir, &branch, REMOTE)?;
     }
     Ok(Pushed {
         branch,

@@ -110,6 +110,8 @@ pub(crate) struct AgentKey {
     /// (device, inode) of each mount source: a directory deleted and made anew at the
     /// same path is another view (the old agent still holds the old one).
     pub mount_ids: Vec<(u64, u64)>,
+    /// A read-only view: the agent empties `/tmp` (and so `$HOME`) between execs.
+    pub fresh_tmp: bool,
 }
 
 /// One exec as the agent runs it.
@@ -131,13 +133,15 @@ pub(crate) struct NotTaken(pub String);
 #[derive(Debug)]
 pub(crate) struct AgentPool {
     binary: PathBuf,
+    jail: Arc<crate::jail::Jail>,
     agents: Mutex<HashMap<AgentKey, Arc<AgentProc>>>,
 }
 
 impl AgentPool {
-    pub fn new(binary: PathBuf) -> Self {
+    pub fn new(binary: PathBuf, jail: Arc<crate::jail::Jail>) -> Self {
         Self {
             binary,
+            jail,
             agents: Mutex::new(HashMap::new()),
         }
     }
@@ -167,6 +171,7 @@ impl AgentPool {
         key: &AgentKey,
         bwrap: &OsString,
         backend_id: &str,
+        cgroup: Option<&crate::jail::Cgroup>,
         exec: AgentExec,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, NotTaken> {
         let exec = Arc::new(exec);
@@ -174,7 +179,7 @@ impl AgentPool {
         // A second try only when the first agent was found gone before it got the
         // request: nothing ran, so nothing runs twice.
         for _ in 0..2 {
-            let agent = self.get_or_start(key, bwrap, backend_id).await?;
+            let agent = self.get_or_start(key, bwrap, backend_id, cgroup).await?;
             match agent.submit(exec.clone()).await {
                 Ok(stream) => return Ok(stream),
                 Err(e) => {
@@ -194,6 +199,7 @@ impl AgentPool {
         key: &AgentKey,
         bwrap: &OsString,
         backend_id: &str,
+        cgroup: Option<&crate::jail::Cgroup>,
     ) -> Result<Arc<AgentProc>, NotTaken> {
         {
             let mut agents = self.lock();
@@ -217,7 +223,11 @@ impl AgentPool {
         argv.extend(["--chdir", "/", "--"].map(OsString::from));
         argv.push(inside.into());
         argv.push("--sweep-namespace".into());
-        let agent = AgentProc::start(bwrap.clone(), argv, backend_id.to_string())
+        if key.fresh_tmp {
+            argv.push("--fresh-tmp".into());
+        }
+        let (cmd, seccomp_fd) = self.jail.command(bwrap, &argv, cgroup).map_err(NotTaken)?;
+        let agent = AgentProc::start(cmd, seccomp_fd, backend_id.to_string())
             .await
             .map_err(NotTaken)?;
         let mut agents = self.lock();
@@ -307,10 +317,10 @@ fn frame(req: &Request, payload: &[u8]) -> Vec<u8> {
 }
 
 impl AgentProc {
-    /// Spawns `program args` (bwrap around the agent) and waits for its hello.
+    /// Spawns `cmd` (bwrap around the agent, jailed) and waits for its hello.
     async fn start(
-        program: OsString,
-        args: Vec<OsString>,
+        cmd: Command,
+        seccomp_fd: std::os::fd::OwnedFd,
         backend_id: String,
     ) -> Result<Arc<Self>, String> {
         let (ready_tx, ready_rx) = oneshot::channel::<Result<u32, String>>();
@@ -321,7 +331,7 @@ impl AgentProc {
             let (routes, input) = (routes.clone(), input.clone());
             std::thread::Builder::new()
                 .name("grove-sandboxd".into())
-                .spawn(move || owner(program, args, rx, ready_tx, routes, input))
+                .spawn(move || owner(cmd, seccomp_fd, rx, ready_tx, routes, input))
                 .map_err(|e| format!("cannot start a thread for the agent: {e}"))?;
         }
         let pid = match tokio::time::timeout(HELLO_TIMEOUT, ready_rx).await {
@@ -477,15 +487,14 @@ impl Stream for ExecStream {
 /// The owner thread: spawns bwrap, starts the reader, writes queued frames until the
 /// last handle is dropped, then kills the agent's process group and reaps it.
 fn owner(
-    program: OsString,
-    args: Vec<OsString>,
+    mut cmd: Command,
+    seccomp_fd: std::os::fd::OwnedFd,
     rx: std::sync::mpsc::Receiver<Vec<u8>>,
     ready: oneshot::Sender<Result<u32, String>>,
     routes: Arc<Mutex<Routes>>,
     input: Input,
 ) {
-    let spawned = Command::new(&program)
-        .args(&args)
+    let spawned = cmd
         // No host variable may reach the sandbox; bwrap itself needs none.
         .env_clear()
         .current_dir("/")
@@ -494,6 +503,8 @@ fn owner(
         .stderr(Stdio::piped())
         .process_group(0)
         .spawn();
+    // bwrap has its own copy of the seccomp program's descriptor now.
+    drop(seccomp_fd);
     let mut child = match spawned {
         Ok(c) => c,
         Err(e) => {

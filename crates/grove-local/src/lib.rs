@@ -30,10 +30,14 @@
 //! sandbox's network is either none or the host's own, where a port needs no URL).
 
 mod agent;
+mod jail;
 mod process;
 mod sandbox;
+mod seccomp;
 
 pub use agent::{AGENT_ENV, AGENT_FILE};
+pub use jail::{LimitMode, DEFAULT_MEMORY_MB, DEFAULT_PIDS};
+pub use seccomp::denied_syscalls;
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -42,8 +46,9 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use futures::stream::BoxStream;
+use futures::stream::{BoxStream, StreamExt};
 use grove_core::error::RuntimeError;
+use grove_core::identity::SandboxIdentity;
 use grove_core::ports::{
     ExecChunk, ExecRequest, ExecResult, Mount, NetworkPolicy, Runtime, RuntimeCapabilities,
     RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
@@ -72,6 +77,8 @@ enum Isolation {
 #[derive(Debug, Clone)]
 pub struct LocalRuntimeProvider {
     isolation: Isolation,
+    /// Who commands run as (when the worker is root) and under which limits.
+    jail: std::sync::Arc<jail::Jail>,
     hidden: Vec<PathBuf>,
     sessions: SessionHolder,
     /// The exec agents, when isolation works and the agent binary was found.
@@ -93,11 +100,13 @@ impl LocalRuntimeProvider {
     /// works here. `hidden` are host dirs commands must not see (the worker passes
     /// `$GROVE_HOME`); the spec's mounts inside them are bound back on top.
     pub fn detect(hidden: Vec<PathBuf>) -> Self {
-        let isolation = match find_bwrap() {
-            None => Isolation::Unavailable(format!(
+        let (jail, identity_error) = make_jail();
+        let isolation = match (find_bwrap(), identity_error) {
+            (_, Some(why)) => Isolation::Unavailable(why),
+            (None, None) => Isolation::Unavailable(format!(
                 "bwrap not found (install bubblewrap or set {BWRAP_ENV})"
             )),
-            Some(path) => match probe(&path) {
+            (Some(path), None) => match probe(&path, &jail) {
                 Ok(()) => Isolation::Bwrap(path),
                 Err(why) => Isolation::Unavailable(format!(
                     "bwrap at {} does not work here: {why}",
@@ -129,6 +138,7 @@ impl LocalRuntimeProvider {
         };
         Self {
             isolation,
+            jail,
             hidden,
             sessions: SessionHolder::default(),
             agents: None,
@@ -139,8 +149,18 @@ impl LocalRuntimeProvider {
     /// Uses the exec agent at `binary` (or none: every exec builds its own sandbox).
     /// Without isolation there is no sandbox to start it in and this does nothing.
     pub fn with_agent(mut self, binary: Option<PathBuf>) -> Self {
+        // bwrap, as the sandbox identity, must reach the binary to bind it.
+        let binary = binary.filter(|b| {
+            self.jail.drop_to.is_none()
+                || jail::grant_search(b)
+                    .map_err(|e| tracing::warn!(error = %e, "exec agent unreachable"))
+                    .is_ok()
+        });
         self.agents = match (&self.isolation, binary) {
-            (Isolation::Bwrap(_), Some(b)) => Some(std::sync::Arc::new(agent::AgentPool::new(b))),
+            (Isolation::Bwrap(_), Some(b)) => Some(std::sync::Arc::new(agent::AgentPool::new(
+                b,
+                self.jail.clone(),
+            ))),
             _ => None,
         };
         self
@@ -166,10 +186,38 @@ impl LocalRuntimeProvider {
     pub fn without_isolation(hidden: Vec<PathBuf>) -> Self {
         Self {
             isolation: Isolation::Unavailable("isolation disabled by configuration".into()),
+            jail: make_jail().0,
             hidden,
             sessions: SessionHolder::default(),
             agents: None,
         }
+    }
+
+    /// Exactly which protections commands run under, for `grove runtimes`; `None`
+    /// without isolation (see [`Self::isolation_unavailable_reason`]).
+    pub fn protections(&self) -> Option<String> {
+        match &self.isolation {
+            Isolation::Bwrap(_) => Some(format!(
+                "bubblewrap; {}; allow-listed read-only system tree, no /sys, /proc/sys \
+                 read-only; exec agent: {}",
+                self.jail.describe(),
+                if self.agents.is_some() { "on" } else { "off" }
+            )),
+            Isolation::Unavailable(_) => None,
+        }
+    }
+
+    /// How a runtime's processes and memory are bounded here.
+    pub fn limit_mode(&self) -> &LimitMode {
+        &self.jail.limits
+    }
+
+    /// The identity bwrap (and so every command) runs as when the worker is root;
+    /// `None` when the worker is not root (it runs as the worker's own user).
+    pub fn runs_as(&self) -> Option<SandboxIdentity> {
+        self.jail
+            .drop_to
+            .map(|(uid, gid)| SandboxIdentity { uid, gid })
     }
 
     /// The bwrap binary in use, if isolation works.
@@ -258,12 +306,32 @@ impl LocalRuntimeProvider {
             }
         };
 
-        let mode = match &self.isolation {
-            Isolation::Bwrap(path) => Mode::Bwrap {
-                program: path.clone().into_os_string(),
-                prefix: sandbox::runtime_prefix(&self.hidden, &mounts, spec.network),
-            },
-            Isolation::Unavailable(why) => Mode::Direct { why: why.clone() },
+        let (mode, cgroup) = match &self.isolation {
+            Isolation::Bwrap(path) => {
+                if self.jail.drop_to.is_some() {
+                    for m in &mounts {
+                        jail::grant_search(&m.source).map_err(|e| {
+                            RuntimeError::Unavailable(format!(
+                                "cannot let the sandbox identity reach {}: {e}",
+                                m.source.display()
+                            ))
+                        })?;
+                    }
+                }
+                let name = jail::cgroup_name(&self.backend_id(&spec), &workdir);
+                let pids = spec.resources.pids.unwrap_or(jail::DEFAULT_PIDS);
+                let memory = spec.resources.memory_mb.unwrap_or(jail::DEFAULT_MEMORY_MB);
+                let cgroup = self
+                    .jail
+                    .cgroup(&name, pids, memory)
+                    .map_err(RuntimeError::Unavailable)?;
+                let mode = Mode::Bwrap {
+                    program: path.clone().into_os_string(),
+                    prefix: sandbox::runtime_prefix(&self.hidden, &mounts, spec.network),
+                };
+                (mode, cgroup)
+            }
+            Isolation::Unavailable(why) => (Mode::Direct { why: why.clone() }, None),
         };
         let agent = match (&mode, &self.agents) {
             (Mode::Bwrap { program, prefix }, Some(pool)) => {
@@ -283,6 +351,7 @@ impl LocalRuntimeProvider {
                     key: agent::AgentKey {
                         prefix: prefix.clone(),
                         mount_ids,
+                        fresh_tmp: !mounts.iter().any(|m| m.writable),
                     },
                     bwrap: program.clone(),
                     backend_id: self.backend_id(&spec),
@@ -298,6 +367,8 @@ impl LocalRuntimeProvider {
 
         Ok(LocalRuntime {
             mode,
+            jail: self.jail.clone(),
+            cgroup,
             agent,
             workdir,
             inside_workdir,
@@ -348,7 +419,18 @@ impl RuntimeProvider for LocalRuntimeProvider {
         if let Some(pool) = &self.agents {
             pool.remove_backend(backend_id);
         }
+        // Best effort: the agent's processes may take a moment to go; an empty cgroup
+        // left behind holds nothing.
+        self.jail
+            .remove_cgroup(&jail::cgroup_name(backend_id, Path::new("")));
         Box::pin(futures::future::ready(Ok(())))
+    }
+
+    fn sandbox_identity(&self) -> Option<SandboxIdentity> {
+        match self.isolation {
+            Isolation::Bwrap(_) => self.runs_as(),
+            Isolation::Unavailable(_) => None,
+        }
     }
 
     fn sessions(&self) -> Option<&dyn Sessions> {
@@ -454,6 +536,9 @@ struct AgentRoute {
 #[derive(Debug, Clone)]
 pub struct LocalRuntime {
     mode: Mode,
+    jail: std::sync::Arc<jail::Jail>,
+    /// The runtime's cgroup, when limits are cgroups of our own.
+    cgroup: Option<jail::Cgroup>,
     /// Where execs go first when the provider has an exec agent (isolated mode only).
     agent: Option<AgentRoute>,
     /// Canonical host path of the workspace root.
@@ -542,6 +627,10 @@ impl LocalRuntime {
                     timeout: req.timeout,
                     max_output,
                     sandboxed: true,
+                    jail: Some(process::JailRun {
+                        jail: self.jail.clone(),
+                        cgroup: self.cgroup.clone(),
+                    }),
                     shown_name,
                 })
             }
@@ -559,6 +648,7 @@ impl LocalRuntime {
                     timeout: req.timeout,
                     max_output,
                     sandboxed: false,
+                    jail: None,
                     shown_name,
                 })
             }
@@ -615,6 +705,32 @@ impl LocalRuntime {
         &self,
         req: ExecRequest,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
+        let Some(cgroup) = self.cgroup.clone() else {
+            return self.start_unwatched(req).await;
+        };
+        let before = cgroup.hits();
+        let stream = self.start_unwatched(req).await?;
+        // A command that hit a limit ends as `resource_limit`, not as an exit code.
+        Ok(stream
+            .map(move |item| match item {
+                Ok(ExecChunk::Finished(r)) => match cgroup.hit_since(before) {
+                    Some(why) => Err(RuntimeError::ResourceLimit(format!(
+                        "{why} (exit {}{})",
+                        r.exit_code,
+                        if r.timed_out { ", timed out" } else { "" }
+                    ))),
+                    None => Ok(ExecChunk::Finished(r)),
+                },
+                other => other,
+            })
+            .boxed())
+    }
+
+    /// [`Self::start`] without the limit check.
+    async fn start_unwatched(
+        &self,
+        req: ExecRequest,
+    ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, RuntimeError> {
         let Some(route) = &self.agent else {
             return process::start(self.prepare(req)?);
         };
@@ -629,7 +745,13 @@ impl LocalRuntime {
         };
         match route
             .pool
-            .exec(&route.key, &route.bwrap, &route.backend_id, exec)
+            .exec(
+                &route.key,
+                &route.bwrap,
+                &route.backend_id,
+                self.cgroup.as_ref(),
+                exec,
+            )
             .await
         {
             Ok(stream) => Ok(stream),
@@ -668,6 +790,22 @@ impl Runtime for LocalRuntime {
     }
 }
 
+/// The jail of this process: the sandbox identity from the environment, and the
+/// reason isolation is off when that identity is invalid.
+fn make_jail() -> (std::sync::Arc<jail::Jail>, Option<String>) {
+    let (identity, error) = match SandboxIdentity::from_env() {
+        Ok(id) => (id, None),
+        Err(e) => (
+            SandboxIdentity::DEFAULT,
+            Some(format!("invalid sandbox identity: {e}")),
+        ),
+    };
+    (
+        std::sync::Arc::new(jail::Jail::detect((identity.uid, identity.gid))),
+        error,
+    )
+}
+
 fn find_bwrap() -> Option<PathBuf> {
     if let Some(p) = std::env::var_os(BWRAP_ENV).filter(|p| !p.is_empty()) {
         return Some(PathBuf::from(p));
@@ -684,16 +822,17 @@ fn is_executable(p: &Path) -> bool {
 }
 
 /// Runs `true` under the same setup a command gets; blocking, once per `detect`.
-fn probe(bwrap: &Path) -> Result<(), String> {
-    let mut child = std::process::Command::new(bwrap)
-        .args(sandbox::probe_args())
+fn probe(bwrap: &Path, jail: &jail::Jail) -> Result<(), String> {
+    let (mut cmd, seccomp_fd) = jail.command(bwrap.as_os_str(), &sandbox::probe_args(), None)?;
+    let spawned = cmd
         .env_clear()
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot start it: {e}"))?;
+        .spawn();
+    drop(seccomp_fd);
+    let mut child = spawned.map_err(|e| format!("cannot start it: {e}"))?;
     let deadline = Instant::now() + PROBE_TIMEOUT;
     let status = loop {
         match child.try_wait() {

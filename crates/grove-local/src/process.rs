@@ -44,8 +44,17 @@ pub(crate) struct Launch {
     pub max_output: usize,
     /// Whether `program` is bwrap (its setup failures become `Unavailable`).
     pub sandboxed: bool,
+    /// For bwrap: who runs it, under which seccomp filter, in which cgroup.
+    pub jail: Option<JailRun>,
     /// The user's program name, for "command not found" messages.
     pub shown_name: String,
+}
+
+/// The jail of one sandboxed launch.
+#[derive(Clone)]
+pub(crate) struct JailRun {
+    pub jail: Arc<crate::jail::Jail>,
+    pub cgroup: Option<crate::jail::Cgroup>,
 }
 
 /// What the process reads on stdin.
@@ -63,8 +72,22 @@ type Item = Result<ExecChunk, RuntimeError>;
 
 /// Starts the process; must be called inside a tokio runtime.
 pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeError> {
-    let mut cmd = tokio::process::Command::new(&launch.program);
-    cmd.args(&launch.args)
+    let (std_cmd, seccomp_fd) = match &launch.jail {
+        Some(j) => {
+            let (cmd, fd) = j
+                .jail
+                .command(&launch.program, &launch.args, j.cgroup.as_ref())
+                .map_err(RuntimeError::Unavailable)?;
+            (cmd, Some(fd))
+        }
+        None => {
+            let mut cmd = std::process::Command::new(&launch.program);
+            cmd.args(&launch.args);
+            (cmd, None)
+        }
+    };
+    let mut cmd = tokio::process::Command::from(std_cmd);
+    cmd
         // No host variable may reach the command; bwrap itself needs none.
         .env_clear()
         .envs(launch.env.iter().map(|(k, v)| (k, v)))
@@ -81,7 +104,10 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
         .process_group(0)
         .kill_on_drop(true);
 
-    let mut child = match cmd.spawn() {
+    let spawned = cmd.spawn();
+    // bwrap has its own copy of the seccomp program's descriptor now.
+    drop(seccomp_fd);
+    let mut child = match spawned {
         Ok(child) => child,
         Err(e) if launch.sandboxed => {
             return Err(RuntimeError::Unavailable(format!(

@@ -1,29 +1,69 @@
 //! The bubblewrap command line: what a sandboxed command can see of the host.
 //!
-//! The shape is "the host root, read-only, minus everything that could hold secrets,
-//! plus exactly the mounts of the spec". Building it is pure (apart from `exists`
-//! checks on host paths) so the argv can be inspected and tested on its own.
+//! The shape is "an empty root with an allow-list of system directories read-only,
+//! the few `/etc` files a build needs, private `/tmp`, `/var/tmp` and `/run`, fresh
+//! `/dev` and `/proc`, no `/sys`, plus exactly the mounts of the spec". Building it is
+//! pure (apart from `exists` checks on host paths) so the argv can be inspected and
+//! tested on its own. Who runs it, under which seccomp filter and limits, is
+//! `jail.rs`.
 
 use std::ffi::OsString;
 use std::path::{Component, Path, PathBuf};
 
 use grove_core::ports::{Mount, NetworkPolicy};
 
-/// Host directories that are always covered with an empty tmpfs: `/tmp` is shared
-/// scratch of every host process, `/root` and `/home` hold users' credentials (ssh
-/// keys, cloud configs, git credentials), `/run` holds sockets such as Docker's.
-const ALWAYS_COVERED: &[&str] = &["/tmp", "/root", "/home", "/run"];
+/// System directories bound read-only (or re-created as the same symlink, on hosts
+/// where they are links into `/usr`). Nothing else of the host's root is visible.
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// The only files of `/etc` a command sees: name services, the dynamic linker, TLS
+/// roots, time zone, and the alternatives links. No `shadow`, `gshadow`, `sudoers`,
+/// ssh host keys or any other credential: they are simply not there.
+const ETC_FILES: &[&str] = &[
+    "passwd",
+    "group",
+    "hosts",
+    "host.conf",
+    "nsswitch.conf",
+    "gai.conf",
+    "services",
+    "protocols",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "ssl",
+    "ca-certificates",
+    "ca-certificates.conf",
+    "pki",
+    "crypto-policies",
+    "alternatives",
+    "localtime",
+    "timezone",
+    "mime.types",
+    "os-release",
+    "debian_version",
+    "profile",
+    "bash.bashrc",
+    "inputrc",
+];
+
+/// Empty, private, writable directories of every sandbox.
+const PRIVATE_DIRS: &[&str] = &["/tmp", "/var/tmp", "/run"];
 
 /// Namespace and process flags shared by every invocation (and by the probe, so the
-/// probe fails exactly when a real invocation would).
-///
-/// `--cap-drop ALL` matters when the worker runs as root: without a user namespace
-/// bwrap keeps the caller's capabilities, and with CAP_SYS_ADMIN the command could
-/// simply `mount -o remount,rw` a read-only workspace (verified on this host).
+/// probe fails exactly when a real invocation would). bwrap runs unprivileged (see
+/// `jail.rs`), so the user namespace is what lets it build the sandbox at all;
+/// `--disable-userns` keeps the command from making another one, and
+/// `--cap-drop ALL` leaves it no capability even inside its own namespace.
 const PROCESS_FLAGS: &[&str] = &[
+    "--unshare-user",
+    "--disable-userns",
     "--unshare-pid",
     "--unshare-ipc",
     "--unshare-uts",
+    "--unshare-cgroup-try",
     "--die-with-parent",
     "--new-session",
     "--cap-drop",
@@ -45,7 +85,7 @@ pub(crate) const BASE_ENV: &[(&str, &str)] = &[
 /// works here: the same filesystem and namespace setup as a real command, with the
 /// network unshared too (the most demanding variant).
 pub(crate) fn probe_args() -> Vec<OsString> {
-    let mut args = filesystem_base();
+    let mut args = filesystem_base(&[]);
     args.extend(PROCESS_FLAGS.iter().map(OsString::from));
     args.push("--unshare-net".into());
     push_env(&mut args, BASE_ENV.iter().map(|(k, v)| (*k, *v)));
@@ -55,34 +95,21 @@ pub(crate) fn probe_args() -> Vec<OsString> {
 
 /// The part of the argv fixed for the lifetime of one runtime: filesystem view,
 /// namespaces, and `--clearenv`. Per-command `--setenv`, `--chdir` and argv follow.
+/// `hidden` dirs that lie inside a bound system dir are covered with an empty tmpfs.
 pub(crate) fn runtime_prefix(
     hidden: &[PathBuf],
     mounts: &[Mount],
     network: NetworkPolicy,
 ) -> Vec<OsString> {
-    let mut args = filesystem_base();
+    let mut args = filesystem_base(hidden);
 
-    // Covered parents first, so that nested hidden dirs and the mounts below land on
-    // top of them rather than being shadowed by them.
-    let mut covered: Vec<PathBuf> = ALWAYS_COVERED.iter().map(PathBuf::from).collect();
-    let mut hidden: Vec<&PathBuf> = hidden.iter().filter(|p| p.is_dir()).collect();
-    hidden.sort_by_key(|p| depth(p));
-    for dir in hidden {
-        args.push("--tmpfs".into());
-        args.push(dir.into());
-        covered.push(dir.clone());
-    }
-
-    // With network access the resolver config must stay readable; on systemd hosts
-    // /etc/resolv.conf points into /run, which was just covered. Bind back only that
-    // one file, read-only.
+    // With network access the resolver config must be readable; on systemd hosts
+    // /etc/resolv.conf points into /run. Bind the file it resolves to, read-only.
     if network != NetworkPolicy::None {
         if let Ok(resolv) = std::fs::canonicalize("/etc/resolv.conf") {
-            if covered.iter().any(|c| resolv.starts_with(c)) {
-                args.push("--ro-bind-try".into());
-                args.push(resolv.clone().into());
-                args.push(resolv.into());
-            }
+            args.push("--ro-bind-try".into());
+            args.push(resolv.into());
+            args.push("/etc/resolv.conf".into());
         }
     }
 
@@ -91,7 +118,7 @@ pub(crate) fn runtime_prefix(
     mounts.sort_by_key(|m| depth(&m.target));
     for m in mounts {
         // `--ro-bind` is the kernel-enforced read-only the workspace capabilities
-        // promise; bwrap creates the target inside a tmpfs when it is missing.
+        // promise; bwrap creates the target inside its tmpfs root when it is missing.
         args.push(if m.writable { "--bind" } else { "--ro-bind" }.into());
         args.push(m.source.clone().into());
         args.push(m.target.clone().into());
@@ -116,17 +143,45 @@ pub(crate) fn push_env<'a>(
     }
 }
 
-/// The host root read-only, fresh /dev and /proc, and the always-covered dirs that
-/// exist here (a tmpfs over a missing dir would need a mkdir on the read-only root).
-fn filesystem_base() -> Vec<OsString> {
-    let mut args: Vec<OsString> = ["--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc"]
-        .map(OsString::from)
-        .to_vec();
-    for dir in ALWAYS_COVERED {
-        if Path::new(dir).is_dir() {
-            args.push("--tmpfs".into());
-            args.push(dir.into());
+/// The allow-listed system tree, `/etc` files, fresh `/dev` and `/proc`, and the
+/// private dirs; `/sys` is not there at all. bwrap itself re-binds `/proc/sys`,
+/// `/proc/sysrq-trigger`, `/proc/irq` and `/proc/bus` read-only when they are
+/// writable; as the unprivileged sandbox identity they are not writable anyway.
+fn filesystem_base(hidden: &[PathBuf]) -> Vec<OsString> {
+    let mut args: Vec<OsString> = Vec::new();
+    let mut push = |a: &[&dyn AsRef<std::ffi::OsStr>]| {
+        args.extend(a.iter().map(|x| x.as_ref().to_os_string()));
+    };
+    for dir in SYSTEM_DIRS {
+        let path = Path::new(dir);
+        match std::fs::symlink_metadata(path) {
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(path) {
+                    push(&[&"--symlink", &target, dir]);
+                }
+            }
+            Ok(m) if m.is_dir() => push(&[&"--ro-bind", dir, dir]),
+            _ => {}
         }
+    }
+    push(&[&"--dir", &"/etc"]);
+    for name in ETC_FILES {
+        let path = Path::new("/etc").join(name);
+        if path.exists() {
+            push(&[&"--ro-bind", &path, &path]);
+        }
+    }
+    push(&[&"--dev", &"/dev", &"--proc", &"/proc"]);
+    for dir in PRIVATE_DIRS {
+        push(&[&"--tmpfs", dir]);
+    }
+    let mut covered: Vec<&PathBuf> = hidden
+        .iter()
+        .filter(|h| h.is_dir() && SYSTEM_DIRS.iter().any(|d| h.starts_with(d)))
+        .collect();
+    covered.sort_by_key(|p| depth(p));
+    for dir in covered {
+        push(&[&"--tmpfs", dir]);
     }
     args
 }
@@ -180,24 +235,29 @@ mod tests {
     }
 
     #[test]
-    fn hidden_dirs_are_covered_before_mounts_and_missing_ones_are_skipped() {
-        let home = std::env::temp_dir();
-        let args = strs(&runtime_prefix(
-            &[home.clone(), "/definitely/not/here".into()],
-            &[Mount {
-                source: home.join("ws"),
-                target: home.join("ws"),
-                writable: false,
-            }],
-            NetworkPolicy::None,
-        ));
-        let home = home.to_string_lossy().into_owned();
-        let tmpfs = args
-            .windows(2)
-            .position(|w| w[0] == "--tmpfs" && w[1] == home)
-            .unwrap();
-        let bind = args.iter().rposition(|a| a == "--ro-bind").unwrap();
-        assert!(tmpfs < bind);
-        assert!(!args.iter().any(|a| a == "/definitely/not/here"));
+    fn the_host_root_and_its_secrets_are_not_bound() {
+        let args = strs(&runtime_prefix(&[], &[], NetworkPolicy::Default));
+        assert!(
+            !args.windows(3).any(|w| w[1] == "/" && w[2] == "/"),
+            "the host root must not be bound: {args:?}"
+        );
+        for secret in [
+            "/etc/shadow",
+            "/etc/gshadow",
+            "/etc/sudoers",
+            "/etc/ssh",
+            "/sys",
+            "/root",
+            "/home",
+        ] {
+            assert!(
+                !args.iter().any(|a| a == secret),
+                "{secret} is bound: {args:?}"
+            );
+        }
+        assert!(args.windows(2).any(|w| w == ["--proc", "/proc"]));
+        for flag in ["--unshare-user", "--disable-userns"] {
+            assert!(args.iter().any(|a| a == flag), "{flag} missing: {args:?}");
+        }
     }
 }

@@ -15,6 +15,11 @@ pub enum StoreError {
     /// Another attempt now holds the command. Handling: drop this attempt's outcome.
     #[error("superseded: {0}")]
     Superseded(String),
+    /// A lock's lease is no longer this holder's (it lapsed while the database was away
+    /// and another holder took it): writes made under that lock are refused. Handling:
+    /// record the outcome without the state changes the lock guarded.
+    #[error("fenced: {0}")]
+    Fenced(String),
     /// A stored value could not be decoded (a bug or a hand-edited row).
     #[error("corrupt record: {0}")]
     Corrupt(String),

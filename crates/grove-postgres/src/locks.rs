@@ -1,16 +1,24 @@
-//! Advisory locks shared across every worker: repo cache creation, workspace creation,
-//! and commands on a workspace (shared for reads, exclusive for writes).
+//! Locks shared across every worker: repo cache creation, workspace creation, and
+//! commands on a workspace (shared for reads, exclusive for writes).
 //!
-//! A lock lives on one pooled connection for the length of an effect. That connection is
-//! idle (not in a transaction) while git or a command runs, so it stalls neither vacuum
-//! nor readers; if the worker dies, the connection drops and Postgres frees the lock.
+//! A lock is a session-level advisory lock on one pooled connection (Postgres queues the
+//! waiters) plus a lease (`grove.lock_leases`) that outlives that connection (ADR 21).
+//! The connection is idle (not in a transaction) while git or a command runs, so it
+//! stalls neither vacuum nor readers. A task renews the lease every third of its length;
+//! if it cannot before a local deadline that falls a margin before the lease's expiry,
+//! the lock reports itself lost ([`AdvisoryLock::fence_lost`]) and its holder stops the
+//! effect, so no other holder can start while it still runs. Writes made under the lock
+//! check that its lease is still this holder's ([`AdvisoryLock::fence`]).
 
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use grove_core::model::WorkspaceRow;
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
+use tokio::sync::watch;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 use crate::{rows, trusted, StoreError};
@@ -53,16 +61,87 @@ pub fn lock_key(scope: LockScope, value: &str) -> i64 {
     i64::from_be_bytes([d[0], d[1], d[2], d[3], d[4], d[5], d[6], d[7]])
 }
 
-/// A held advisory lock. Release it with [`AdvisoryLock::release`]; dropping it closes
-/// the connection instead, which also frees the lock.
+/// The lease length when `GROVE_LOCK_LEASE_MS` is unset.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(10);
+
+/// How long a lock's lease lasts: `GROVE_LOCK_LEASE_MS` (at least 1000), else 10 s.
+/// Read once per process.
+pub fn lease_length() -> Duration {
+    static LEASE: OnceLock<Duration> = OnceLock::new();
+    *LEASE.get_or_init(|| {
+        std::env::var("GROVE_LOCK_LEASE_MS")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(|ms| Duration::from_millis(ms.max(1000)))
+            .unwrap_or(DEFAULT_LEASE)
+    })
+}
+
+/// How long before the lease's expiry a holder that could not renew gives up: a
+/// quarter of the lease, the time its effect has to stop.
+pub fn lease_margin(lease: Duration) -> Duration {
+    lease / 4
+}
+
+/// A lock's fencing identity: one acquisition of one key. Writes made under the lock
+/// check that it still holds the lease ([`crate::store::check_fences`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence {
+    pub key: i64,
+    pub holder: Uuid,
+}
+
+/// The lease of a held lock and the task that renews it.
+struct Lease {
+    lost: watch::Receiver<bool>,
+    renewer: tokio::task::JoinHandle<()>,
+}
+
+/// A held lock: the advisory lock and its lease. Release it with
+/// [`AdvisoryLock::release`]; dropping it closes the connection instead, which frees the
+/// advisory lock, and removes the lease in the background.
 pub struct AdvisoryLock {
     conn: Option<PoolConnection<Postgres>>,
-    key: i64,
+    pool: PgPool,
+    fence: Fence,
     shared: bool,
+    lease: Option<Lease>,
+}
+
+fn millis(d: Duration) -> i32 {
+    i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX)
+}
+
+fn busy(e: sqlx::Error, scope: LockScope, timeout: Duration) -> StoreError {
+    match StoreError::from(e) {
+        StoreError::Locked(_) => StoreError::Locked(format!(
+            "{} is busy (waited {} ms)",
+            scope.tag(),
+            timeout.as_millis()
+        )),
+        other => other,
+    }
 }
 
 impl AdvisoryLock {
-    /// Waits up to `timeout` for the lock; [`StoreError::Locked`] when it stays taken.
+    /// A guard that owns a fresh pool connection: from here an early return closes that
+    /// connection (Drop), so a lock taken just as the wait timed out cannot stay behind.
+    async fn checkout(pool: &PgPool, key: i64, shared: bool) -> Result<Self, StoreError> {
+        let conn = pool.acquire().await?;
+        Ok(Self {
+            conn: Some(conn),
+            pool: pool.clone(),
+            fence: Fence {
+                key,
+                holder: Uuid::new_v4(),
+            },
+            shared,
+            lease: None,
+        })
+    }
+
+    /// Waits up to `timeout` for the lock and its lease; [`StoreError::Locked`] when it
+    /// stays taken.
     pub async fn acquire(
         pool: &PgPool,
         scope: LockScope,
@@ -71,43 +150,25 @@ impl AdvisoryLock {
         timeout: Duration,
     ) -> Result<Self, StoreError> {
         let key = lock_key(scope, value);
-        let conn = pool.acquire().await?;
-        // From here the guard owns the connection: on any early return its Drop detaches
-        // and closes it, so a lock taken just as the wait timed out cannot stay behind.
-        let mut guard = Self {
-            conn: Some(conn),
-            key,
-            shared,
-        };
-        let conn = guard.conn.as_mut().expect("connection present");
-        // One round trip: both statements in one simple-protocol message. Only numbers
-        // this function computed are formatted in.
-        let function = if shared {
-            "pg_advisory_lock_shared"
-        } else {
-            "pg_advisory_lock"
-        };
-        let sql = trusted(format!(
-            "SET lock_timeout = {}; SELECT {function}({key})",
-            timeout.as_millis().max(1)
-        ));
-        match sqlx::raw_sql(sql).execute(&mut **conn).await {
-            Ok(_) => Ok(guard),
-            Err(e) => match StoreError::from(e) {
-                StoreError::Locked(_) => Err(StoreError::Locked(format!(
-                    "{} is busy (waited {} ms)",
-                    scope.tag(),
-                    timeout.as_millis()
-                ))),
-                other => Err(other),
-            },
-        }
+        let mut guard = Self::checkout(pool, key, shared).await?;
+        let started = Instant::now();
+        sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5)")
+            .bind(key)
+            .bind(shared)
+            .bind(millis(timeout))
+            .bind(guard.fence.holder)
+            .bind(millis(lease_length()))
+            .execute(guard.conn())
+            .await
+            .map_err(|e| busy(e, scope, timeout))?;
+        guard.keep_lease(started).await?;
+        Ok(guard)
     }
 
     /// Takes the command lock of workspace `id` (as [`Self::acquire`] with
     /// [`LockScope::WorkspaceCommands`]) and reads the workspace's row once it is held,
-    /// in one statement (`grove.lock_workspace`). The row is `None` when the workspace
-    /// is gone; the lock is held either way.
+    /// in one statement (`grove.lock_workspace_leased`). The row is `None` when the
+    /// workspace is gone; the lock is held either way.
     pub async fn acquire_workspace(
         pool: &PgPool,
         id: Uuid,
@@ -116,34 +177,82 @@ impl AdvisoryLock {
     ) -> Result<(Self, Option<WorkspaceRow>), StoreError> {
         let scope = LockScope::WorkspaceCommands;
         let key = lock_key(scope, &id.to_string());
-        let conn = pool.acquire().await?;
-        // As in `acquire`: from here an early return closes the connection.
-        let mut guard = Self {
-            conn: Some(conn),
-            key,
-            shared,
-        };
-        let conn = guard.conn.as_mut().expect("connection present");
-        let row = sqlx::query("SELECT * FROM grove.lock_workspace($1, $2, $3, $4)")
+        let mut guard = Self::checkout(pool, key, shared).await?;
+        let started = Instant::now();
+        let row = sqlx::query("SELECT * FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6)")
             .bind(key)
             .bind(shared)
-            .bind(i32::try_from(timeout.as_millis().max(1)).unwrap_or(i32::MAX))
+            .bind(millis(timeout))
             .bind(id)
-            .fetch_optional(&mut **conn)
-            .await;
-        match row {
-            Ok(row) => {
-                let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
-                Ok((guard, row))
+            .bind(guard.fence.holder)
+            .bind(millis(lease_length()))
+            .fetch_optional(guard.conn())
+            .await
+            .map_err(|e| busy(e, scope, timeout))?;
+        let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
+        guard.keep_lease(started).await?;
+        Ok((guard, row))
+    }
+
+    /// Starts renewing the lease just taken. Its expiry was set by the database at some
+    /// moment after `started`, so `started + lease - margin` falls at least the margin
+    /// before it. A long wait for the lock would leave little of that: then the lease is
+    /// renewed once first, from a fresh start.
+    async fn keep_lease(&mut self, started: Instant) -> Result<(), StoreError> {
+        let lease = lease_length();
+        let mut since = started;
+        if started.elapsed() > lease_margin(lease) / 2 {
+            since = Instant::now();
+            let fence = self.fence;
+            if !renew(self.conn(), fence, lease).await? {
+                return Err(StoreError::Locked(
+                    "the lock's lease lapsed as it was taken".into(),
+                ));
             }
-            Err(e) => match StoreError::from(e) {
-                StoreError::Locked(_) => Err(StoreError::Locked(format!(
-                    "{} is busy (waited {} ms)",
-                    scope.tag(),
-                    timeout.as_millis()
-                ))),
-                other => Err(other),
-            },
+        }
+        let (tx, rx) = watch::channel(false);
+        let deadline = since + lease - lease_margin(lease);
+        let renewer = tokio::spawn(renew_until_lost(
+            self.pool.clone(),
+            self.fence,
+            lease,
+            deadline,
+            tx,
+        ));
+        self.lease = Some(Lease { lost: rx, renewer });
+        Ok(())
+    }
+
+    /// This lock's fencing identity, for the writes made under it.
+    pub fn fence(&self) -> Fence {
+        self.fence
+    }
+
+    /// Whether the lease is lost (could not be renewed in time, or was taken over).
+    pub fn is_lost(&self) -> bool {
+        self.lease.as_ref().is_some_and(|l| *l.lost.borrow())
+    }
+
+    /// Resolves once the lease is lost: the holder must stop its effect at once (it has
+    /// the margin, a quarter of the lease, before another holder may start). Never
+    /// resolves while the lease is kept.
+    pub fn fence_lost(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let rx = self.lease.as_ref().map(|l| l.lost.clone());
+        async move {
+            let Some(mut rx) = rx else {
+                return std::future::pending().await;
+            };
+            loop {
+                if *rx.borrow_and_update() {
+                    return;
+                }
+                if rx.changed().await.is_err() {
+                    if *rx.borrow() {
+                        return;
+                    }
+                    return std::future::pending().await;
+                }
+            }
         }
     }
 
@@ -171,6 +280,10 @@ impl AdvisoryLock {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
+        let lease = self.lease.take();
+        if let Some(lease) = &lease {
+            lease.renewer.abort();
+        }
         let function = if self.shared {
             "pg_advisory_unlock_shared"
         } else {
@@ -185,9 +298,12 @@ impl AdvisoryLock {
                 )
             })
             .unwrap_or_default();
+        // The lease's removal commits before the advisory lock is freed, so the next
+        // holder, woken by the unlock, finds no lease in its way.
+        let Fence { key, holder } = self.fence;
         let sql = trusted(format!(
-            "{announce}SELECT {function}({}); RESET lock_timeout",
-            self.key
+            "BEGIN; DELETE FROM grove.lock_leases WHERE key = {key} AND holder = '{holder}'; COMMIT; \
+             {announce}SELECT {function}({key}); RESET lock_timeout"
         ));
         let unlocked = sqlx::raw_sql(sql)
             .execute(&mut *conn)
@@ -198,8 +314,12 @@ impl AdvisoryLock {
             // Unlocked cleanly: dropping the pooled connection returns it to the pool.
             Ok(()) => Ok(()),
             Err(e) => {
-                // The lock may still be held: close the session rather than pool it.
+                // The lock may still be held: close the session rather than pool it,
+                // and remove the lease through another connection.
                 drop(conn.detach());
+                if lease.is_some() {
+                    forget_lease(&self.pool, self.fence);
+                }
                 Err(e)
             }
         }
@@ -212,5 +332,85 @@ impl Drop for AdvisoryLock {
             // Not released: close the session so Postgres frees the lock with it.
             drop(conn.detach());
         }
+        if let Some(lease) = self.lease.take() {
+            lease.renewer.abort();
+            forget_lease(&self.pool, self.fence);
+        }
     }
+}
+
+/// Removes a lease in the background (best effort: if the database is away, the lease
+/// expires by itself).
+fn forget_lease(pool: &PgPool, fence: Fence) {
+    let Ok(handle) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    let pool = pool.clone();
+    handle.spawn(async move {
+        let _ = sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
+            .bind(fence.key)
+            .bind(fence.holder)
+            .execute(&pool)
+            .await;
+    });
+}
+
+/// Extends the lease by `lease` from now; `false` when it is gone or expired.
+async fn renew(conn: &mut PgConnection, fence: Fence, lease: Duration) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar("SELECT grove.lease_renew($1, $2, $3)")
+        .bind(fence.key)
+        .bind(fence.holder)
+        .bind(millis(lease))
+        .fetch_one(conn)
+        .await?)
+}
+
+/// Renews the lease every third of its length (every quarter second while the database
+/// does not answer) until a renewal reports it gone or `deadline` passes without one;
+/// then reports it lost. Each successful renewal moves the deadline to its own start
+/// plus the lease minus the margin: the database set the new expiry after that start.
+async fn renew_until_lost(
+    pool: PgPool,
+    fence: Fence,
+    lease: Duration,
+    mut deadline: Instant,
+    lost: watch::Sender<bool>,
+) {
+    let every = lease / 3;
+    let mut next = Instant::now() + every;
+    loop {
+        tokio::time::sleep_until(next.min(deadline)).await;
+        if Instant::now() >= deadline {
+            break;
+        }
+        let started = Instant::now();
+        let attempt = async {
+            let mut conn = pool.acquire().await?;
+            renew(&mut conn, fence, lease).await
+        };
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(Ok(true)) => {
+                deadline = started + lease - lease_margin(lease);
+                next = started + every;
+            }
+            Ok(Ok(false)) => {
+                tracing::warn!(
+                    key = fence.key,
+                    "a lock's lease was lost: stopping its holder"
+                );
+                let _ = lost.send(true);
+                return;
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(key = fence.key, error = %e, "renewing a lock's lease failed; retrying");
+                next = Instant::now() + Duration::from_millis(250);
+            }
+            Err(_) => break,
+        }
+    }
+    tracing::warn!(
+        key = fence.key,
+        "a lock's lease could not be renewed before its deadline (database unreachable): stopping its holder"
+    );
+    let _ = lost.send(true);
 }

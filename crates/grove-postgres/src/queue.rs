@@ -487,11 +487,28 @@ pub async fn finish_on(
     metadata: &Metadata,
     at: DateTime<Utc>,
 ) -> Result<bool, StoreError> {
+    finish_fenced(conn, job, worker_id, outcome, events, metadata, at, &[]).await
+}
+
+/// [`finish_on`] for an outcome reached under locks: it commits only if every lock in
+/// `fences` still holds its lease (`store::check_fences`), else [`StoreError::Fenced`]
+/// and nothing is written.
+#[allow(clippy::too_many_arguments)]
+pub async fn finish_fenced(
+    conn: &mut PgConnection,
+    job: &ClaimedJob,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+    events: &[Event],
+    metadata: &Metadata,
+    at: DateTime<Utc>,
+    fences: &[crate::locks::Fence],
+) -> Result<bool, StoreError> {
     let superseded = || {
         tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
         Ok(false)
     };
-    if events.is_empty() {
+    if events.is_empty() && fences.is_empty() {
         if !record_outcome(&mut *conn, job, worker_id, outcome).await? {
             return superseded();
         }
@@ -501,6 +518,7 @@ pub async fn finish_on(
     loop {
         tries += 1;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+        store::check_fences(&mut tx, fences).await?;
         if !record_outcome(&mut *tx, job, worker_id, outcome).await? {
             return superseded();
         }

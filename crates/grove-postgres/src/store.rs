@@ -69,3 +69,38 @@ pub async fn append(
     .await?;
     Ok(())
 }
+
+/// Checks, inside the caller's transaction, that every lock in `fences` still holds its
+/// lease, and keeps those leases from being taken over (`FOR KEY SHARE`: a takeover
+/// deletes the row) until the transaction ends. A lease that expired but that no one
+/// took over still counts: nothing else ran under the lock meanwhile, and its holder
+/// stopped its effect before the expiry. [`StoreError::Fenced`] otherwise.
+pub async fn check_fences(
+    conn: &mut PgConnection,
+    fences: &[crate::locks::Fence],
+) -> Result<(), StoreError> {
+    if fences.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
+    let held: Vec<i64> = sqlx::query_scalar(
+        "SELECT l.key FROM grove.lock_leases l
+           JOIN unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
+             ON l.key = f.key AND l.holder = f.holder
+         FOR KEY SHARE OF l",
+    )
+    .bind(&keys)
+    .bind(&holders)
+    .fetch_all(conn)
+    .await?;
+    if held.len() == fences.len() {
+        Ok(())
+    } else {
+        Err(StoreError::Fenced(format!(
+            "{} of {} locks lost their lease while the database was unreachable",
+            fences.len() - held.len(),
+            fences.len()
+        )))
+    }
+}

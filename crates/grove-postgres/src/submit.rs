@@ -200,7 +200,9 @@ pub async fn enqueue_with(
 ///
 /// If no worker claims the job within the claim timeout it is withdrawn and the error
 /// says to start one; if it was claimed but no worker is alive any more, the caller
-/// stops waiting (the job stays queued for the next worker).
+/// stops waiting (the job stays queued for the next worker). While the database is
+/// unreachable (a restart, a cut connection) the caller reconnects and waits on, for up
+/// to [`OUTAGE_PATIENCE`], then stops with a message that says so.
 pub async fn wait(
     pool: &PgPool,
     command_id: Uuid,
@@ -208,23 +210,80 @@ pub async fn wait(
     opts: WaitOptions,
 ) -> Result<CommandResult, SubmitError> {
     let started = Instant::now();
+    let mut outage: Option<Instant> = None;
     loop {
+        match wait_step(pool, command_id, started, opts).await {
+            Ok(Some(done)) => return done,
+            Ok(None) => {
+                outage = None;
+                wake.wait(command_id, opts.poll_every).await;
+            }
+            Err(e) if is_outage(&e) => {
+                let since = *outage.get_or_insert_with(Instant::now);
+                if since.elapsed() >= OUTAGE_PATIENCE {
+                    return Err(CommandError::new(
+                        ErrorKind::Unavailable,
+                        format!(
+                            "the database has been unreachable for {} s while waiting for command {command_id} ({e}); the command may still finish: wait for it again with --command-id {command_id}",
+                            since.elapsed().as_secs()
+                        ),
+                    )
+                    .into());
+                }
+                tracing::debug!(error = %e, "the database is unreachable; waiting for it to return");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// How long a waiting caller rides out a database outage (reconnecting) before it
+/// gives up with a message that says the command may still finish.
+pub const OUTAGE_PATIENCE: Duration = Duration::from_secs(120);
+
+/// Whether an error means the database is away for now (a restart, a cut connection,
+/// a server starting up), so that waiting and reconnecting may work.
+pub fn is_outage(e: &StoreError) -> bool {
+    match e {
+        StoreError::Database(
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::Tls(_),
+        ) => true,
+        StoreError::Database(sqlx::Error::Database(db)) => db
+            .code()
+            .is_some_and(|c| c.starts_with("08") || c.starts_with("57P")),
+        _ => false,
+    }
+}
+
+/// One look at a waited-for command: `Some` with its outcome (or a refusal) when the
+/// wait is over, `None` to wait on.
+async fn wait_step(
+    pool: &PgPool,
+    command_id: Uuid,
+    started: Instant,
+    opts: WaitOptions,
+) -> Result<Option<Result<CommandResult, SubmitError>>, StoreError> {
+    {
         let status = {
             let mut conn = pool.acquire().await?;
             queue::status(&mut conn, command_id).await?
         };
         let Some(status) = status else {
-            return Err(CommandError::new(
+            return Ok(Some(Err(CommandError::new(
                 ErrorKind::Internal,
                 format!("command {command_id} vanished from the ledger"),
             )
-            .into());
+            .into())));
         };
         if status.is_finished() {
             if let Some(err) = status.error.filter(|_| status.status == "failed") {
-                return Err(err.into());
+                return Ok(Some(Err(err.into())));
             }
-            return Ok(status.result.unwrap_or(CommandResult::Done));
+            return Ok(Some(Ok(status.result.unwrap_or(CommandResult::Done))));
         }
         let late = started.elapsed() > opts.claim_timeout;
         if late && status.status == "queued" && status.attempts == 0 {
@@ -248,21 +307,23 @@ pub async fn wait(
                 ),
             };
             if queue::cancel_unclaimed(pool, command_id, &reason).await? {
-                return Err(CommandError::new(ErrorKind::Unavailable, reason).into());
+                return Ok(Some(Err(
+                    CommandError::new(ErrorKind::Unavailable, reason).into()
+                )));
             }
         }
         if late && queue::live_workers(pool, opts.claim_timeout).await? == 0 {
             // Claimed once, but every worker is gone: say so rather than wait forever.
             // The job stays queued and its outcome is recorded when a worker returns.
-            return Err(CommandError::new(
+            return Ok(Some(Err(CommandError::new(
                 ErrorKind::Unavailable,
                 format!(
                     "no grove worker is alive to finish command {command_id}; start one with `grove worker` (the outcome will be recorded then)"
                 ),
             )
-            .into());
+            .into())));
         }
-        wake.wait(command_id, opts.poll_every).await;
+        Ok(None)
     }
 }
 

@@ -13,6 +13,7 @@
 //! address files relative to the workspace root, so they hold whatever path the
 //! workspace is mounted at inside the runtime.
 
+pub mod attacks;
 pub mod remote;
 
 use std::collections::BTreeMap;
@@ -92,6 +93,11 @@ impl Fixture {
         };
         let workspace = dir("ws-");
         let other_workspace = dir("other-ws-");
+        // As the worker does before the first command: a provider whose commands run
+        // as a sandbox identity gets the workspace handed over to it.
+        if let Some(id) = h.provider().sandbox_identity() {
+            hand_over(workspace.path(), id.uid, id.gid);
+        }
         let secret = format!("other-workspace-secret-{}", unique_token());
         std::fs::write(other_workspace.path().join("secret.txt"), &secret)
             .expect("writing the other workspace's secret");
@@ -104,6 +110,20 @@ impl Fixture {
 
     pub fn ws(&self) -> &Path {
         self.workspace.path()
+    }
+}
+
+/// Re-owns a test's own tree (it holds nothing hostile yet), symlinks themselves.
+pub fn hand_over(dir: &Path, uid: u32, gid: u32) {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = std::fs::symlink_metadata(&p).expect("reading the fixture tree");
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p).expect("listing the fixture tree") {
+                stack.push(e.expect("listing the fixture tree").path());
+            }
+        }
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid)).expect("handing over the fixture");
     }
 }
 

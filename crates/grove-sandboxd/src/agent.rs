@@ -37,15 +37,24 @@ pub struct Options {
     /// for long, as under a sandbox made per exec. Refused unless the agent really
     /// is pid 2: outside a namespace of its own it would kill the host's processes.
     pub sweep_namespace: bool,
+    /// Empty `/tmp`, `/var/tmp` and `/run` (so `$HOME`, which is `/tmp`) whenever no
+    /// exec is running, right after the sweep: each exec of a read-only view finds
+    /// them as a fresh sandbox would, and nothing one command plants there reaches
+    /// the next. Only with `--sweep-namespace` (no process may keep writing there).
+    pub fresh_tmp: bool,
 }
 
+/// What `--fresh-tmp` empties; the agent's own binary (a mount point) stays.
+const SCRATCH_DIRS: &[&str] = &["/tmp", "/var/tmp", "/run"];
+
 impl Options {
-    /// `--sweep-namespace` is the only flag.
+    /// `--sweep-namespace` and `--fresh-tmp` are the flags.
     pub fn from_args(args: impl IntoIterator<Item = String>) -> Result<Self, String> {
         let mut o = Options::default();
         for a in args {
             match a.as_str() {
                 "--sweep-namespace" => o.sweep_namespace = true,
+                "--fresh-tmp" => o.fresh_tmp = true,
                 other => return Err(format!("unknown argument {other:?}")),
             }
         }
@@ -71,6 +80,8 @@ pub fn run_stdio() -> i32 {
         );
         opts.sweep_namespace = false;
     }
+    // Without the sweep a process of an earlier exec could still write there.
+    opts.fresh_tmp &= opts.sweep_namespace;
     // Not dumpable: a command of the same user must not open the agent's pipes to the
     // host through /proc/<pid>/fd (forging or corrupting other execs' frames). The
     // flag is reset at each command's execve, so commands are unaffected.
@@ -447,6 +458,9 @@ impl Agent {
         execs.active -= 1;
         if execs.active == 0 && self.opts.sweep_namespace {
             sweep_namespace();
+            if self.opts.fresh_tmp {
+                empty_scratch_dirs();
+            }
         }
     }
 
@@ -507,6 +521,25 @@ fn exit_code(status: ExitStatus) -> i32 {
     status
         .code()
         .unwrap_or_else(|| 128 + status.signal().unwrap_or(0))
+}
+
+/// Empties the scratch dirs (`--fresh-tmp`); entries that cannot go (a mount point)
+/// stay. `remove_dir_all` never follows a symlink out of the tree.
+fn empty_scratch_dirs() {
+    for dir in SCRATCH_DIRS {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let is_dir = entry.file_type().is_ok_and(|t| t.is_dir());
+            let _ = if is_dir {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+        }
+    }
 }
 
 /// Kills every process of the namespace but init (pid 1) and the agent itself. Only

@@ -1,8 +1,10 @@
 //! Integration tests of the git2 adapter against fixture repos built with the git CLI.
 
+mod attacks;
 mod cache;
 mod checkout;
 mod merge;
 mod preserve;
+mod saved;
 mod support;
 mod workdir;

@@ -53,6 +53,7 @@ impl Pair {
             edit_branch: EDIT,
             task_dir: &self.task,
             task_branch: TASK,
+            journal: None,
         }
     }
 
@@ -485,4 +486,102 @@ fn a_target_whose_head_left_its_branch_is_refused() {
         MergeBackError::Refused(m) if m.contains("not on its branch")
     ));
     assert_eq!(snapshot(&p.edit), before);
+}
+
+/// The tracked view of a workspace that a switch must keep all-or-nothing: HEAD, the
+/// index entries, every file outside `.git` (bytes and mode), and status.
+fn tracked_view(dir: &Path) -> (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String) {
+    let s = snapshot(dir);
+    (
+        s.head,
+        git(dir, &["ls-files", "-s"]),
+        s.files,
+        git(dir, &["status", "--porcelain=v1", "--untracked-files=all"]),
+    )
+}
+
+/// A pair whose task changes, adds, deletes and re-types paths, merged with a journal;
+/// returns the pair, the journal path and the views before and after.
+#[allow(clippy::type_complexity)]
+fn journaled_merge() -> (
+    Pair,
+    PathBuf,
+    (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String),
+    (String, String, BTreeMap<PathBuf, (Vec<u8>, u32)>, String),
+) {
+    let pair = Pair::new();
+    commit(
+        &pair.task,
+        "task work",
+        &[
+            ("README.md", Some("task readme\n")),
+            ("src/lib.rs", None),
+            ("src/lib.rs/inner.rs", Some("a file became a directory\n")),
+            ("new/deep/added.txt", Some("added\n")),
+        ],
+    );
+    std::fs::write(pair.edit.join("untracked.txt"), "kept\n").unwrap();
+    let before = tracked_view(&pair.edit);
+    let journal = pair.edit.parent().unwrap().join("home/journals/edit.json");
+    let mut req = pair.request();
+    req.journal = Some(&journal);
+    let report = Git2Adapter::new()
+        .merge_back(&req, MergeStrategy::Merge)
+        .unwrap();
+    assert!(report.fast_forward);
+    assert!(!journal.exists(), "a finished switch removes its journal");
+    let after = tracked_view(&pair.edit);
+    assert_ne!(before, after);
+    (pair, journal, before, after)
+}
+
+fn write_journal(path: &Path, old: &str, new: &str) {
+    let json = format!(
+        r#"{{"version":1,"operation":"merge_back","branch":"refs/heads/{EDIT}","old_head":"{old}","new_head":"{new}"}}"#
+    );
+    std::fs::write(path, json).unwrap();
+}
+
+#[test]
+fn a_switch_interrupted_before_the_branch_moved_is_rolled_back_completely() {
+    let (pair, journal, before, after) = journaled_merge();
+    // A crash after some files were written, before the branch moved: the branch is
+    // back at its old head, the files and index are a mix.
+    git(
+        &pair.edit,
+        &["update-ref", &format!("refs/heads/{EDIT}"), &before.0],
+    );
+    std::fs::write(pair.edit.join("README.md"), "half written").unwrap();
+    write_journal(&journal, &before.0, &after.0);
+    let r = Git2Adapter::new()
+        .recover_journal(&journal, &pair.edit)
+        .unwrap()
+        .expect("a journal was there");
+    assert!(!r.rolled_forward);
+    assert_eq!(r.head, before.0);
+    assert_eq!(tracked_view(&pair.edit), before);
+    assert!(!journal.exists());
+    assert_eq!(
+        Git2Adapter::new()
+            .recover_journal(&journal, &pair.edit)
+            .unwrap(),
+        None
+    );
+}
+
+#[test]
+fn a_switch_interrupted_after_the_branch_moved_is_rolled_forward_completely() {
+    let (pair, journal, before, after) = journaled_merge();
+    // The branch moved, but the files are half the old tree (as a crash inside the
+    // checkout of a later retry could not leave, and recovery must repair anyway).
+    std::fs::write(pair.edit.join("README.md"), "hello again\n").unwrap();
+    std::fs::remove_dir_all(pair.edit.join("new")).unwrap();
+    write_journal(&journal, &before.0, &after.0);
+    let r = Git2Adapter::new()
+        .recover_journal(&journal, &pair.edit)
+        .unwrap()
+        .expect("a journal was there");
+    assert!(r.rolled_forward);
+    assert_eq!(tracked_view(&pair.edit), after);
+    assert!(!journal.exists());
 }

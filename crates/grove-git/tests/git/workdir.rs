@@ -75,12 +75,18 @@ impl Ws {
     ) -> Result<grove_core::tools::Pushed, GitError> {
         Git2Adapter::new().push(&PushRequest {
             workspace_dir: &self.dir,
+            remote_url: &self.url(),
             branch: None,
             force_with_lease,
             expect,
             set_upstream: false,
             token: None,
         })
+    }
+
+    /// The push URL grove records for this workspace: the bare `remote.git`.
+    fn url(&self) -> String {
+        format!("file://{}", self.remote.display())
     }
 
     fn remote_branch(&self) -> Option<String> {
@@ -328,6 +334,7 @@ fn push_sets_the_upstream_when_asked_and_refuses_an_unknown_branch() {
     Git2Adapter::new()
         .push(&PushRequest {
             workspace_dir: &w.dir,
+            remote_url: &w.url(),
             branch: Some(BRANCH),
             force_with_lease: false,
             expect: None,
@@ -346,6 +353,7 @@ fn push_sets_the_upstream_when_asked_and_refuses_an_unknown_branch() {
     let err = Git2Adapter::new()
         .push(&PushRequest {
             workspace_dir: &w.dir,
+            remote_url: &w.url(),
             branch: Some("no-such-branch"),
             force_with_lease: false,
             expect: None,
@@ -360,13 +368,13 @@ fn push_sets_the_upstream_when_asked_and_refuses_an_unknown_branch() {
 fn a_push_token_goes_only_through_the_credentials_callback() {
     let w = Ws::new();
     let server = RejectingServer::start();
-    git(&w.dir, &["remote", "set-url", "origin", &server.url]);
     w.write("a.txt", "a\n");
     w.commit("a", &[]).unwrap();
     let token = GitToken::new(TOKEN.to_string());
     let err = Git2Adapter::new()
         .push(&PushRequest {
             workspace_dir: &w.dir,
+            remote_url: &server.url,
             branch: None,
             force_with_lease: false,
             expect: None,
@@ -380,5 +388,5 @@ fn a_push_token_goes_only_through_the_credentials_callback() {
     assert!(server.authorizations().iter().any(|a| a == &expected));
     let config = std::fs::read_to_string(w.dir.join(".git/config")).unwrap();
     assert!(!config.contains(TOKEN), "{config}");
-    assert_eq!(git(&w.dir, &["remote", "get-url", "origin"]), server.url);
+    assert_eq!(git(&w.dir, &["remote", "get-url", "origin"]), w.url());
 }

@@ -2,9 +2,11 @@
 //! isolation forced off), plus the local-only rules: refusals without isolation,
 //! `limited` network refused, bwrap argv shape and failure classification.
 //!
-//! Workspaces live under cargo's per-target tmp dir rather than /tmp: /tmp is covered
-//! by a tmpfs inside the sandbox anyway, so only a scratch root outside it proves that
-//! the provider's `hidden` dirs are what keeps other workspaces invisible.
+//! Scratch roots live under `/var/tmp/grove-tests/`, whatever the checkout's or
+//! `$TMPDIR`'s location: the sandbox shows no host path but its mounts, so a sibling
+//! workspace is invisible wherever it lies, and these tests hold from any clone. The
+//! attacker's suite (`grove_runtime_contract::attacks`) runs with and without the
+//! exec agent.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -29,7 +31,7 @@ impl Harness for Local {
 }
 
 fn scratch_root() -> tempfile::TempDir {
-    let base = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
+    let base = PathBuf::from("/var/tmp/grove-tests");
     std::fs::create_dir_all(&base).unwrap();
     tempfile::Builder::new()
         .prefix("grove-home-")
@@ -120,6 +122,29 @@ mod with_bubblewrap_without_agent {
     all_contract_tests!(detected_without_agent);
 }
 
+/// The attacker's suite with what `detect` finds, and without the exec agent.
+mod attacks {
+    grove_runtime_contract::attack_tests!(super::detected);
+}
+
+mod attacks_without_agent {
+    grove_runtime_contract::attack_tests!(super::detected_without_agent);
+}
+
+/// A new workspace in the scratch root, handed to the sandbox identity as the worker
+/// does before the first command.
+fn handed_over(h: &Local) -> PathBuf {
+    let ws = tempfile::Builder::new()
+        .prefix("ws-")
+        .tempdir_in(h.root.path())
+        .unwrap()
+        .keep();
+    if let Some(id) = h.provider.sandbox_identity() {
+        contract::hand_over(&ws, id.uid, id.gid);
+    }
+    ws
+}
+
 /// The contract with isolation forced off: the checks that need isolation or writes
 /// report themselves skipped; the rest must hold for the direct-spawn fallback too.
 mod without_isolation {
@@ -127,11 +152,7 @@ mod without_isolation {
 }
 
 async fn create(h: &Local, writable: bool) -> Box<dyn Runtime> {
-    let ws = tempfile::Builder::new()
-        .prefix("ws-")
-        .tempdir_in(h.root.path())
-        .unwrap()
-        .keep();
+    let ws = handed_over(h);
     h.provider
         .create(default_spec(&ws, writable, NetworkPolicy::None))
         .await
@@ -267,23 +288,21 @@ async fn a_mutating_request_on_a_read_only_workspace_is_refused_up_front() {
 }
 
 #[tokio::test]
-async fn host_run_home_and_root_are_empty_inside_the_sandbox() {
+async fn host_run_home_and_root_are_empty_or_absent_inside_the_sandbox() {
     let h = detected();
-    if no_bwrap(&h, "host_run_home_and_root_are_empty_inside_the_sandbox") {
+    if no_bwrap(
+        &h,
+        "host_run_home_and_root_are_empty_or_absent_inside_the_sandbox",
+    ) {
         return;
     }
     let rt = create(&h, false).await;
-    for dir in ["/run", "/home", "/root"] {
-        if !Path::new(dir).is_dir() {
+    for dir in ["/run", "/home", "/root", "/sys", "/var/lib", "/srv", "/opt"] {
+        let r = rt.exec(request(&["ls", "-A", dir])).await.unwrap();
+        if r.exit_code != 0 {
+            // Not there at all: the allow-list does not include it.
             continue;
         }
-        let r = rt.exec(request(&["ls", "-A", dir])).await.unwrap();
-        assert_eq!(
-            r.exit_code,
-            0,
-            "ls {dir}: {}",
-            String::from_utf8_lossy(&r.stderr)
-        );
         // The exec agent's binary is bind-mounted into /run (read-only), and only it.
         let allowed = if dir == "/run" && h.provider.agent().is_some() {
             ".grove-sandboxd\n"
@@ -298,13 +317,16 @@ async fn host_run_home_and_root_are_empty_inside_the_sandbox() {
     }
 }
 
-/// Guards the contract's hidden-workspace check against passing for the wrong reason:
-/// with nothing hidden the sibling workspace is readable, so it is the provider's
-/// `hidden` list (the worker's `$GROVE_HOME`) that makes it invisible.
+/// The filesystem is an allow-list: with nothing hidden, a sibling workspace is
+/// still invisible (no host path is there unless mounted), while the same file is
+/// readable on the host (so the check is not passing for a missing file).
 #[tokio::test]
-async fn without_hidden_dirs_a_sibling_workspace_is_visible() {
+async fn without_hidden_dirs_a_sibling_workspace_is_still_invisible() {
     let h = detected();
-    if no_bwrap(&h, "without_hidden_dirs_a_sibling_workspace_is_visible") {
+    if no_bwrap(
+        &h,
+        "without_hidden_dirs_a_sibling_workspace_is_still_invisible",
+    ) {
         return;
     }
     let exposed = Local {
@@ -322,7 +344,41 @@ async fn without_hidden_dirs_a_sibling_workspace_is_visible() {
         .exec(request(&["cat", secret.to_str().unwrap()]))
         .await
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&r.stdout), fx.secret);
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), fx.secret);
+    assert_ne!(r.exit_code, 0);
+    assert!(!String::from_utf8_lossy(&r.stdout).contains(&fx.secret));
+}
+
+#[tokio::test]
+async fn commands_run_as_the_sandbox_identity_without_capabilities() {
+    let h = detected();
+    if no_bwrap(
+        &h,
+        "commands_run_as_the_sandbox_identity_without_capabilities",
+    ) {
+        return;
+    }
+    for h in [detected(), detected_without_agent()] {
+        let rt = create(&h, true).await;
+        let r = rt
+            .exec(request(&[
+                "sh",
+                "-c",
+                "id -u; grep -E '^(CapEff|NoNewPrivs|Seccomp):' /proc/self/status; touch made",
+            ]))
+            .await
+            .unwrap();
+        let out = String::from_utf8_lossy(&r.stdout).into_owned();
+        // SAFETY: geteuid has no preconditions.
+        let me = unsafe { libc::geteuid() };
+        let expected = h.provider.runs_as().map_or(me, |id| id.uid);
+        assert!(out.starts_with(&format!("{expected}\n")), "{out}");
+        assert!(out.contains("CapEff:\t0000000000000000"), "{out}");
+        assert!(out.contains("NoNewPrivs:\t1"), "{out}");
+        assert!(out.contains("Seccomp:\t2"), "{out}");
+        let protections = h.provider.protections().unwrap();
+        assert!(protections.contains("seccomp"), "{protections}");
+    }
 }
 
 #[tokio::test]
@@ -339,10 +395,10 @@ async fn a_bwrap_setup_failure_is_unavailable_not_a_command_failure() {
         .tempdir_in(h.root.path())
         .unwrap();
     let mut spec = default_spec(ws.path(), false, NetworkPolicy::None);
-    // bwrap cannot create a mount point on the read-only host root.
+    // bwrap cannot create a mount point in the read-only system tree.
     spec.mounts.push(grove_core::ports::Mount {
         source: ws.path().to_path_buf(),
-        target: "/grove-local-test-no-such-dir/x".into(),
+        target: "/usr/grove-local-test-no-such-dir/x".into(),
         writable: false,
     });
     let rt = h.provider.create(spec).await.unwrap();
@@ -408,12 +464,12 @@ async fn the_bwrap_argv_hides_the_host_and_ends_with_the_command() {
     eprintln!("bwrap argv: {argv:?}");
     let joined = argv.join(" ");
     let ws_path = std::fs::canonicalize(ws.path()).unwrap();
-    let root = std::fs::canonicalize(h.root.path()).unwrap();
+    assert!(!joined.contains("--ro-bind / /"), "{joined}");
     for expected in [
-        "--ro-bind / / --dev /dev --proc /proc --tmpfs /tmp".to_string(),
-        format!("--tmpfs {}", root.display()),
+        "--ro-bind /usr /usr".to_string(),
+        "--dev /dev --proc /proc --tmpfs /tmp --tmpfs /var/tmp --tmpfs /run".to_string(),
         format!("--bind {0} {0}", ws_path.display()),
-        "--unshare-pid --unshare-ipc --unshare-uts --die-with-parent --new-session --cap-drop ALL --clearenv --unshare-net".into(),
+        "--unshare-user --disable-userns --unshare-pid --unshare-ipc --unshare-uts --unshare-cgroup-try --die-with-parent --new-session --cap-drop ALL --clearenv --unshare-net".into(),
         "--setenv FOO bar --setenv HOME /tmp --setenv LANG C.UTF-8 --setenv PATH /usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
         format!("--chdir {}/sub -- echo hi", ws_path.display()),
     ] {
@@ -537,11 +593,7 @@ fn with_agent(test: &str) -> Option<Local> {
 }
 
 fn new_workspace(h: &Local) -> PathBuf {
-    tempfile::Builder::new()
-        .prefix("ws-")
-        .tempdir_in(h.root.path())
-        .unwrap()
-        .keep()
+    handed_over(h)
 }
 
 #[tokio::test]

@@ -1,0 +1,156 @@
+//! Leased locks with fencing (ADR 21): a lock whose connection dies keeps others out
+//! until its holder releases it or its lease expires; a holder that cannot renew is told
+//! before the expiry; writes under a lock whose lease was taken over are refused.
+
+use std::time::{Duration, Instant};
+
+use grove_postgres::locks::{lease_length, lease_margin, AdvisoryLock, LockScope};
+use grove_postgres::StoreError;
+
+use crate::env_or_skip;
+
+/// The backend pid of a lock's own connection.
+async fn pid_of(lock: &mut AdvisoryLock) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(lock.conn())
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lock_whose_connection_dies_keeps_others_out_until_its_holder_releases_it() {
+    let env =
+        env_or_skip!("a_lock_whose_connection_dies_keeps_others_out_until_its_holder_releases_it");
+    let short = Duration::from_millis(300);
+    let mut held =
+        AdvisoryLock::acquire(&env.pool, LockScope::WorkspaceCommands, "w", false, short)
+            .await
+            .unwrap();
+    // The advisory lock dies with its session (as in a database restart).
+    let pid = pid_of(&mut held).await;
+    sqlx::query("SELECT pg_terminate_backend($1)")
+        .bind(pid)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The lease still holds: neither a writer nor a reader gets in.
+    for shared in [false, true] {
+        let t = Instant::now();
+        let err =
+            AdvisoryLock::acquire(&env.pool, LockScope::WorkspaceCommands, "w", shared, short)
+                .await
+                .err()
+                .expect("the lease of a holder that lost its connection must keep others out");
+        assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+        assert!(t.elapsed() >= short);
+    }
+    assert!(
+        !held.is_lost(),
+        "the lease is renewed through other connections"
+    );
+    // Its holder releases: the dead connection cannot, the lease goes anyway.
+    let _ = held.release().await;
+    let t = Instant::now();
+    let next = loop {
+        match AdvisoryLock::acquire(&env.pool, LockScope::WorkspaceCommands, "w", false, short)
+            .await
+        {
+            Ok(l) => break l,
+            Err(StoreError::Locked(_)) if t.elapsed() < Duration::from_secs(5) => continue,
+            Err(e) => panic!("the lock stayed taken after its release: {e:?}"),
+        }
+    };
+    next.release().await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.lock_leases")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0, "a released lock leaves no lease");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_holder_that_cannot_renew_is_told_before_its_lease_expires() {
+    let env = env_or_skip!("a_holder_that_cannot_renew_is_told_before_its_lease_expires");
+    // The holder's own pool, closed under it: every renewal fails, as when the
+    // database is unreachable.
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with((*env.pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let lock = AdvisoryLock::acquire(
+        &own,
+        LockScope::WorkspaceCommands,
+        "w",
+        false,
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let fence = lock.fence();
+    let taken = Instant::now();
+    let closing = tokio::spawn({
+        let own = own.clone();
+        async move { own.close().await }
+    });
+    let lost = lock.fence_lost();
+    tokio::time::timeout(lease_length(), lost)
+        .await
+        .expect("the holder must be told within the lease");
+    let told = taken.elapsed();
+    // Told a margin before the database lets anyone else in.
+    let remaining: f64 = sqlx::query_scalar(
+        "SELECT extract(epoch FROM expires_at - clock_timestamp())::float8
+           FROM grove.lock_leases WHERE key = $1 AND holder = $2",
+    )
+    .bind(fence.key)
+    .bind(fence.holder)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    let margin = lease_margin(lease_length()).as_secs_f64();
+    assert!(
+        remaining >= margin * 0.8,
+        "told after {told:?}, only {remaining:.2} s before the expiry (margin {margin} s)"
+    );
+    assert!(lock.is_lost());
+    drop(lock);
+    closing.abort();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_under_a_lock_whose_lease_was_taken_over_are_refused() {
+    let env = env_or_skip!("writes_under_a_lock_whose_lease_was_taken_over_are_refused");
+    let mut lock = AdvisoryLock::acquire(
+        &env.pool,
+        LockScope::WorkspaceCommands,
+        "w",
+        false,
+        Duration::from_secs(1),
+    )
+    .await
+    .unwrap();
+    let fence = lock.fence();
+    {
+        let mut tx = sqlx::Connection::begin(lock.conn()).await.unwrap();
+        grove_postgres::store::check_fences(&mut tx, &[fence])
+            .await
+            .expect("a held lease passes");
+        tx.rollback().await.unwrap();
+    }
+    // Expired and taken over by another holder (what a takeover does to the row).
+    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1")
+        .bind(fence.key)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let mut tx = sqlx::Connection::begin(lock.conn()).await.unwrap();
+    let err = grove_postgres::store::check_fences(&mut tx, &[fence])
+        .await
+        .err()
+        .expect("a lost lease must refuse the write");
+    assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
+    tx.rollback().await.unwrap();
+    lock.release().await.unwrap();
+}
