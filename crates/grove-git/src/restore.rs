@@ -83,7 +83,7 @@ pub(crate) fn init_checkout(
     alternates.push(b'\n');
     std::fs::write(info_dir.join("alternates"), alternates)
         .map_err(|e| map_io("cannot write objects/info/alternates", &e))?;
-    let repo = Repository::open(dir).map_err(local)?;
+    let repo = crate::trusted::open_fresh(dir)?;
     repo.remote("origin", req.upstream_url).map_err(local)?;
     {
         let mut config = repo.config().map_err(local)?;

@@ -121,7 +121,8 @@ pub(crate) fn private_dir(dir: &Path) -> Result<(), GitError> {
 /// Opens a store (bare) with the cache's objects readable through an in-memory
 /// alternate; nothing about the cache is written into the store.
 pub(crate) fn open_store(store: &Path, cache_dir: &Path) -> Result<Repository, GitError> {
-    let repo = Repository::open_bare(store).map_err(local)?;
+    // The store is grove's own (private, never mounted), opened with grove's config.
+    let repo = crate::trusted::open_cache(store).map_err(local)?;
     add_alternate(&repo, cache_dir)?;
     Ok(repo)
 }
@@ -187,7 +188,7 @@ pub(crate) fn copy_closure(src: &Repository, dst: &Odb<'_>, id: Oid) -> Result<(
 /// The store directory's whole life for one save: built aside, then swapped in.
 pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
     // `open`, not `discover`: a missing checkout must not save an enclosing repo.
-    let ws = Repository::open(req.workspace_dir).map_err(local)?;
+    let ws = crate::trusted::open_workspace(req.workspace_dir)?;
     // Every blob and tree the snapshots write stays in memory, not in the workspace.
     let odb = ws.odb().map_err(local)?;
     odb.add_new_mempack_backend(1000).map_err(local)?;

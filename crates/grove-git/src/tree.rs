@@ -170,13 +170,17 @@ pub fn hand_over(root: &Path, uid: u32, gid: u32) -> io::Result<()> {
     chown_tree(root, uid, gid)
 }
 
-/// Removes the tree at `root` and `root` itself; a missing root is not an error. A
-/// symlink in `root`'s place is removed itself, never followed.
+/// Removes the tree at `root` and `root` itself; a missing root (or parent) is not an
+/// error. A symlink in `root`'s place is removed itself, never followed.
 pub fn remove_tree(root: &Path) -> io::Result<()> {
     let (Some(parent), Some(leaf)) = (root.parent(), root.file_name()) else {
         return Err(io::Error::other("refusing to remove a filesystem root"));
     };
-    let parent = rustix::fs::open(parent, DIR_FLAGS, Mode::empty())?;
+    let parent = match rustix::fs::open(parent, DIR_FLAGS, Mode::empty()) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
     let leaf = CString::new(leaf.as_bytes()).map_err(io::Error::other)?;
     match entry_at(parent.as_fd(), &leaf)? {
         None => Ok(()),

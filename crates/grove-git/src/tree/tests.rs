@@ -80,6 +80,7 @@ fn remove_tree_removes_links_and_keeps_what_they_point_at() {
     assert!(!ws.exists() && std::fs::symlink_metadata(&ws).is_err());
     assert_eq!(std::fs::read(host.join("secret")).unwrap(), b"host secret");
     remove_tree(&ws).unwrap(); // a missing root is fine
+    remove_tree(&ws.join("gone/deeper")).unwrap(); // and so is a missing parent
 }
 
 #[test]

@@ -209,6 +209,7 @@ impl Scene {
             edit_branch: EDIT,
             task_dir: &self.task,
             task_branch: TASK,
+            journal: None,
         };
         let mb = g.merge_back_diff(&pair).map(|d| format!("{d:?}"));
         out.push(("merge-back diff", mb.map_err(merge_err)));
@@ -225,12 +226,12 @@ impl Scene {
     /// Eviction's save, then (when it saved) the restore into a fresh directory.
     fn evict_and_restore(&self, g: &Git2Adapter) -> Vec<(&'static str, Result<String, GitError>)> {
         std::fs::write(self.edit.join("unsaved.txt"), "unsaved\n").unwrap();
-        let patch = self.fx.path("saved/edit.patch");
+        let store = self.fx.path("saved/edit");
         let saved = g.save_work(&SaveWorkRequest {
             workspace_dir: &self.edit,
             cache_dir: &self.cache,
-            ref_name: "refs/grove/saved/edit",
-            patch_path: &patch,
+            store_dir: &store,
+            ignored_budget_bytes: 1 << 20,
             base_commit: &self.fx.main,
             message: "grove: saved work",
         });
@@ -247,6 +248,7 @@ impl Scene {
                 head_commit: &report.head_commit,
                 work_commit: work.as_deref(),
                 upstream_url: "https://example.invalid/acme/repo.git",
+                store_dir: Some(&store),
             });
             out.push(("restore", r.map(|r| format!("{r:?}"))));
         }
