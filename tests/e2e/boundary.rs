@@ -76,6 +76,7 @@ async fn a_cross_tenant_file_url_session_over_http_is_refused() {
         format!("file://{}", env.home().display()),
         format!("file://{}", outside.path().display()),
         format!("ext::sh -c touch% {}", marker.display()),
+        format!("ext::touch%{}", marker.display()),
         "fd::3".to_string(),
     ];
     for (i, attack) in attacks.iter().enumerate() {
@@ -169,17 +170,26 @@ async fn sql_callers_need_the_allow_list_and_the_cli_is_the_operator() {
         "something was cloned"
     );
 
-    // A grant row forged for another URL does not carry over to this one.
+    // A grant for another URL does not carry over to this one.
+    let mut tx = env.pool.begin().await.unwrap();
     let (id, _, _): (uuid::Uuid, String, bool) =
         sqlx::query_as("SELECT * FROM grove.enqueue_ensure_repo_cache($1, $2, $3)")
             .bind("sql-local-2")
             .bind("o/fixture")
             .bind(&url)
-            .fetch_one(&env.pool)
+            .fetch_one(&mut *tx)
             .await
             .unwrap();
-    let (status, _) = outcome(&env, id).await;
+    sqlx::query("INSERT INTO grove.operator_grants (command_id, repo_url) VALUES ($1, $2)")
+        .bind(id)
+        .bind("file:///somewhere/else")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let (status, error) = outcome(&env, id).await;
     assert_eq!(status, "failed");
+    assert_eq!(error["kind"], "rejected", "{error}");
 
     // The operator's CLI may clone the same path...
     let out = env

@@ -19,8 +19,11 @@ pub const PRIVATE_MODE: u32 = 0o700;
 
 /// Creates `root` and its private directories with mode 0700, and takes every access
 /// by group and others away from those that exist. Idempotent; run at every start.
+/// When the private cluster lives in `root/postgres`, the root keeps the group's
+/// search bit `grove db start` gave the cluster's user (0710), so a running cluster is
+/// never cut off from its directory.
 pub fn secure_home(root: &Path) -> io::Result<()> {
-    secure_dir(root, true)?;
+    secure_dir_keeping(root, true, root.join("postgres").is_dir())?;
     for name in PRIVATE_DIRS {
         secure_dir(&root.join(name), false)?;
     }
@@ -30,6 +33,12 @@ pub fn secure_home(root: &Path) -> io::Result<()> {
 /// Creates `dir` (with its parents when `parents`) as 0700, or narrows it to 0700.
 /// Only the permission bits of grove's own directories change, never their contents.
 pub fn secure_dir(dir: &Path, parents: bool) -> io::Result<()> {
+    secure_dir_keeping(dir, parents, false)
+}
+
+/// [`secure_dir`], keeping the group's search bit (and nothing else of group or others)
+/// when `group_search` and it is set.
+pub fn secure_dir_keeping(dir: &Path, parents: bool, group_search: bool) -> io::Result<()> {
     if !dir.exists() {
         if parents {
             if let Some(parent) = dir.parent() {
@@ -43,8 +52,9 @@ pub fn secure_dir(dir: &Path, parents: bool) -> io::Result<()> {
         }
     }
     let mode = std::fs::metadata(dir)?.permissions().mode() & 0o7777;
-    if mode != PRIVATE_MODE {
-        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(PRIVATE_MODE))?;
+    let keep = if group_search { mode & 0o010 } else { 0 };
+    if mode != PRIVATE_MODE | keep {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(PRIVATE_MODE | keep))?;
     }
     Ok(())
 }
@@ -85,6 +95,19 @@ mod tests {
             "kept"
         );
         // Run again: nothing changes.
+        secure_home(&root).unwrap();
+        assert_eq!(mode(&root), 0o700);
+    }
+
+    #[test]
+    fn the_private_clusters_group_keeps_only_its_search_bit() {
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().join("home");
+        std::fs::create_dir_all(root.join("postgres")).unwrap();
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o775)).unwrap();
+        secure_home(&root).unwrap();
+        assert_eq!(mode(&root), 0o710);
+        std::fs::remove_dir(root.join("postgres")).unwrap();
         secure_home(&root).unwrap();
         assert_eq!(mode(&root), 0o700);
     }

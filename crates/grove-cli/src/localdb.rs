@@ -83,7 +83,9 @@ impl LocalDb {
     /// `$GROVE_HOME` 0700 (0710 with the cluster user's group when that user is not
     /// us); the cluster's directory and socket directory 0700, owned by its user.
     fn prepare_dirs(&self, owner: &Option<String>) -> Result<()> {
-        grove_workers::home::secure_dir(&self.home, true)
+        // With a cluster user of its own, the home keeps the group search bit it has
+        // (set below), so a running cluster is never cut off from its directory.
+        grove_workers::home::secure_dir_keeping(&self.home, true, owner.is_some())
             .with_context(|| format!("making {} private", self.home.display()))?;
         grove_workers::home::secure_dir(&self.dir, false)?;
         std::fs::create_dir_all(self.socket_dir())?;
