@@ -48,8 +48,10 @@ enum Top {
     Migrate,
     /// Run a worker until SIGINT/SIGTERM.
     Worker {
+        /// The node this worker serves: it takes that node's jobs and owns its workspaces.
         #[arg(long, default_value = "local", env = "GROVE_NODE")]
         node: String,
+        /// Jobs run at once (at least 1).
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
     },
@@ -89,17 +91,23 @@ enum Top {
     Pr(pr::PrCmd),
     /// Read (or follow) the event log.
     Events {
+        /// Only the events of this stream (e.g. `workspace:<uuid>`); default: all streams.
         #[arg(long)]
         stream: Option<String>,
+        /// Start after this log position (the first number of each printed line);
+        /// default: from the beginning.
         #[arg(long)]
         after: Option<i64>,
+        /// Keep running and print new events as they are appended (until Ctrl-C).
         #[arg(long)]
         follow: bool,
+        /// One JSON object per event, one per line.
         #[arg(long)]
         json: bool,
     },
     /// Rebuild the projections from the log and compare them with the live tables.
     Replay {
+        /// Compare only (required): exit 1 and print each difference if they disagree.
         #[arg(long)]
         verify: bool,
     },
@@ -118,33 +126,42 @@ enum Top {
     },
     /// Run an eviction sweep of a node now (or print its plan with --dry-run).
     Evict {
+        /// The node to sweep (default: `local`).
         #[arg(long, allow_hyphen_values = true)]
         node: Option<String>,
         /// Print the plan (what, why, bytes freed) without changing anything.
         #[arg(long = "dry-run")]
         dry_run: bool,
+        /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
         /// Plan as if it were this time (RFC 3339). Workers accept it only with
         /// GROVE_ALLOW_CLOCK_OVERRIDE=1; for tests.
         #[arg(long, hide = true)]
         now: Option<String>,
+        /// Idempotency key (a UUID): the same id submitted twice runs once.
         #[arg(long = "command-id")]
         command_id: Option<Uuid>,
     },
     /// Release everything of one conversation or task of a user: runtimes stopped,
     /// workspaces kept (or destroyed with --destroy-workspaces).
     Release {
+        /// The user whose workspaces are released.
         #[arg(long, allow_hyphen_values = true)]
         user: String,
+        /// Only this project of the user (default: all of the user's projects).
         #[arg(long, allow_hyphen_values = true)]
         project: Option<String>,
+        /// Only the workspaces of this conversation (edit and analysis workspaces).
         #[arg(long, allow_hyphen_values = true, conflicts_with = "task")]
         conversation: Option<String>,
+        /// Only the workspace of this task.
         #[arg(long, allow_hyphen_values = true)]
         task: Option<String>,
+        /// Destroy the workspaces too (files deleted), not only their runtimes.
         #[arg(long = "destroy-workspaces")]
         destroy_workspaces: bool,
+        /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -175,8 +192,10 @@ enum DbCmd {
 enum RepoCmd {
     /// Ensure the repo cache of a repository exists (clone once).
     Ensure {
+        /// The repository's name in grove (e.g. `owner/name`); keys the cache.
         #[arg(long, allow_hyphen_values = true)]
         repo: String,
+        /// The clone URL (https:// or ssh; no credentials in it: use --token-env).
         #[arg(long, allow_hyphen_values = true)]
         url: String,
         /// A ref to check exists after the ensure (optional).
@@ -195,9 +214,10 @@ struct Common {
     /// Name of an environment variable holding a git token for this request.
     #[arg(long = "token-env")]
     token_env: Option<String>,
-    /// Idempotency key: the same id submitted twice runs once.
+    /// Idempotency key (a UUID): the same id submitted twice runs once.
     #[arg(long = "command-id")]
     command_id: Option<Uuid>,
+    /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
 }
@@ -206,20 +226,31 @@ struct Common {
 enum WorkspaceCmd {
     /// Ensure the cache, then get or create the workspace of this key.
     Acquire {
+        /// The user the workspace belongs to.
         #[arg(long, allow_hyphen_values = true)]
         user: String,
+        /// The user's project.
         #[arg(long, allow_hyphen_values = true)]
         project: String,
+        /// The repository's name in grove (e.g. `owner/name`); keys the repo cache.
         #[arg(long, allow_hyphen_values = true)]
         repo: String,
+        /// The clone URL (https:// or ssh; no credentials in it: use --token-env).
         #[arg(long, allow_hyphen_values = true)]
         url: String,
+        /// The ref the workspace starts from (branch, tag or commit).
         #[arg(long, allow_hyphen_values = true)]
         base: String,
-        #[arg(long, allow_hyphen_values = true)]
+        /// analysis: a clean read-only checkout of --base, one per (user, project, base);
+        /// edit: writable, on branch agent/edits-<conversation>, one per conversation
+        /// (needs --conversation); task: writable, on branch agent/task-<task>, one per
+        /// task (needs --task).
+        #[arg(long, allow_hyphen_values = true, value_name = "analysis|edit|task")]
         mode: String,
+        /// The conversation of an edit workspace (required with --mode edit).
         #[arg(long, allow_hyphen_values = true)]
         conversation: Option<String>,
+        /// The task of a task workspace (required with --mode task).
         #[arg(long, allow_hyphen_values = true)]
         task: Option<String>,
         /// Where the workspace lives: on a worker's node (default; `local` or
@@ -229,52 +260,77 @@ enum WorkspaceCmd {
         #[command(flatten)]
         common: Common,
     },
+    /// List workspaces with their state and eviction order.
     List {
+        /// Only this user's workspaces (default: all).
         #[arg(long, allow_hyphen_values = true)]
         user: Option<String>,
+        /// One JSON object per workspace, one per line.
         #[arg(long)]
         json: bool,
     },
+    /// Show one workspace.
     Show {
+        /// The workspace id (a UUID).
         id: String,
+        /// Print it as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Release the session: the runtime is stopped (or destroyed); the workspace stays.
     Release {
+        /// The workspace id (a UUID).
         id: String,
+        /// Destroy the runtime (its processes and container) instead of stopping it.
         #[arg(long = "destroy-runtime")]
         destroy_runtime: bool,
+        /// Idempotency key (a UUID): the same id submitted twice runs once.
         #[arg(long = "command-id")]
         command_id: Option<Uuid>,
     },
     /// Stop the workspace's runtime; files stay.
-    Hibernate { id: String },
+    Hibernate {
+        /// The workspace id (a UUID).
+        id: String,
+    },
     /// Destroy the workspace's runtime; files stay.
-    DestroyRuntime { id: String },
+    DestroyRuntime {
+        /// The workspace id (a UUID).
+        id: String,
+    },
     /// Check an evicted workspace out again (same id, path, branch) with its saved work.
     Restore {
+        /// The workspace id (a UUID).
         id: String,
+        /// Name of an environment variable holding a git token for the fetch.
         #[arg(long = "token-env")]
         token_env: Option<String>,
+        /// Idempotency key (a UUID): the same id submitted twice runs once.
         #[arg(long = "command-id")]
         command_id: Option<Uuid>,
+        /// Print the workspace as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Pin a workspace until a time (RFC 3339): eviction never takes it. --clear unpins.
     Pin {
+        /// The workspace id (a UUID).
         id: String,
+        /// Pinned until this time (RFC 3339, e.g. 2030-01-01T00:00:00Z).
         #[arg(long)]
         until: Option<String>,
+        /// Remove the pin.
         #[arg(long)]
         clear: bool,
+        /// Print the workspace as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Delete the workspace and its runtimes.
     Destroy {
+        /// The workspace id (a UUID).
         id: String,
+        /// Idempotency key (a UUID): the same id submitted twice runs once.
         #[arg(long = "command-id")]
         command_id: Option<Uuid>,
     },
@@ -282,14 +338,16 @@ enum WorkspaceCmd {
     MergeBack {
         /// The edit workspace (the target).
         id: String,
-        /// The task workspace whose commits are brought in.
+        /// The task workspace whose commits are brought in (its id, a UUID).
         #[arg(long)]
         task: String,
         /// merge (fast-forward or a merge commit) or cherry-pick (one new commit each).
-        #[arg(long)]
+        #[arg(long, value_name = "merge|cherry-pick")]
         strategy: String,
+        /// Idempotency key (a UUID): the same id submitted twice runs once.
         #[arg(long = "command-id")]
         command_id: Option<Uuid>,
+        /// Print the report as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -297,8 +355,10 @@ enum WorkspaceCmd {
     MergeBackDiff {
         /// The edit workspace (the target).
         id: String,
+        /// The task workspace (its id, a UUID).
         #[arg(long)]
         task: String,
+        /// Print the diff as one JSON object.
         #[arg(long)]
         json: bool,
     },
@@ -306,17 +366,27 @@ enum WorkspaceCmd {
 
 #[derive(Args)]
 struct ExecArgs {
+    /// The workspace id (a UUID).
     id: String,
+    /// The runtime the command runs in: local, docker, or a remote provider (daytona, e2b).
     #[arg(long, default_value = "local")]
     runtime: String,
-    #[arg(long)]
+    /// Kill the command after this many seconds (fractions allowed, e.g. 0.5); it then
+    /// exits 124. Default: no limit.
+    #[arg(long, value_name = "SECONDS")]
     timeout: Option<f64>,
-    #[arg(long = "max-output")]
+    /// Keep at most this many bytes of output (default 1 MiB, at most
+    /// 16 MiB); the rest is cut and reported as truncated.
+    #[arg(long = "max-output", value_name = "BYTES")]
     max_output: Option<u64>,
-    #[arg(long)]
+    /// read: inspection only, runs alongside other reads; write: edits, commits,
+    /// formatters (exclusive); install: package managers (exclusive, may ask for
+    /// network); test: test runs (exclusive). Default: write, or read in an analysis
+    /// workspace.
+    #[arg(long, value_name = "read|write|install|test")]
     kind: Option<String>,
     /// Network for the command: none (default), default (the host's), limited.
-    #[arg(long, allow_hyphen_values = true)]
+    #[arg(long, allow_hyphen_values = true, value_name = "none|default|limited")]
     network: Option<String>,
     /// Working directory relative to the workspace root.
     #[arg(long)]
@@ -327,10 +397,14 @@ struct ExecArgs {
     /// Pass this process's stdin to the command.
     #[arg(long)]
     stdin: bool,
+    /// Idempotency key (a UUID): the same id submitted twice runs once.
     #[arg(long = "command-id")]
     command_id: Option<Uuid>,
+    /// Print the outcome (exit code, stdout, stderr, duration) as one JSON object
+    /// instead of replaying the output; grove then exits 0.
     #[arg(long)]
     json: bool,
+    /// The command and its arguments, after `--`.
     #[arg(last = true, required = true)]
     cmd: Vec<String>,
 }
@@ -984,5 +1058,58 @@ async fn events(
         // Woken by the insert trigger; the timeout is the fallback for a lost listener
         // and for transactions that were still open below xmin on the last read.
         let _ = tokio::time::timeout(Duration::from_millis(500), l.try_recv()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+
+    /// Every argument of every subcommand, as `path: --name`, that has no help text.
+    fn missing_help(cmd: &clap::Command, path: &str, out: &mut Vec<String>) {
+        for arg in cmd.get_arguments() {
+            let id = arg.get_id().as_str();
+            if id == "help" || id == "version" {
+                continue;
+            }
+            let has = arg
+                .get_help()
+                .is_some_and(|h| !h.to_string().trim().is_empty());
+            if !has {
+                out.push(format!("{path}: {id}"));
+            }
+        }
+        for sub in cmd.get_subcommands() {
+            if sub.get_name() == "help" {
+                continue;
+            }
+            missing_help(sub, &format!("{path} {}", sub.get_name()), out);
+        }
+    }
+
+    #[test]
+    fn every_argument_of_every_subcommand_has_help() {
+        let mut missing = Vec::new();
+        missing_help(&Cli::command(), "grove", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help:\n{}",
+            missing.join("\n")
+        );
+    }
+
+    #[test]
+    fn the_help_walk_detects_an_argument_without_help() {
+        let cmd = clap::Command::new("x")
+            .subcommand(clap::Command::new("y").arg(clap::Arg::new("bare").long("bare")));
+        let mut missing = Vec::new();
+        missing_help(&cmd, "x", &mut missing);
+        assert_eq!(missing, vec!["x y: bare".to_string()]);
+    }
+
+    #[test]
+    fn the_cli_definition_is_consistent() {
+        Cli::command().debug_assert();
     }
 }

@@ -21,8 +21,9 @@ use crate::{client, connect, invalid, parse_id, read_token};
 pub enum PrCmd {
     /// Open a pull request from the workspace's branch (push it first).
     Create {
-        /// The workspace.
+        /// The workspace id (a UUID).
         id: String,
+        /// The pull request's title.
         #[arg(long, allow_hyphen_values = true)]
         title: String,
         /// The description (or --body-stdin).
@@ -34,6 +35,7 @@ pub enum PrCmd {
         /// The branch to merge into (default: the workspace's base ref).
         #[arg(long, allow_hyphen_values = true)]
         base: Option<String>,
+        /// Open it as a draft.
         #[arg(long)]
         draft: bool,
         #[command(flatten)]
@@ -41,21 +43,27 @@ pub enum PrCmd {
     },
     /// Show a pull request of the workspace's repository.
     Show {
+        /// The workspace id (a UUID).
         id: String,
+        /// The pull request's number.
         number: u64,
         /// A platform token for a private repository.
         #[arg(long = "token-env")]
         token_env: Option<String>,
+        /// Print it as one JSON object.
         #[arg(long)]
         json: bool,
     },
     /// Comment on a pull request of the workspace's repository.
     Comment {
+        /// The workspace id (a UUID).
         id: String,
+        /// The pull request's number.
         number: u64,
         /// The comment (or --stdin).
         #[arg(long, allow_hyphen_values = true, conflicts_with = "stdin")]
         body: Option<String>,
+        /// Read the comment from stdin.
         #[arg(long)]
         stdin: bool,
         #[command(flatten)]
@@ -68,9 +76,10 @@ pub struct PrCommon {
     /// The environment variable holding the platform token (required).
     #[arg(long = "token-env")]
     token_env: String,
-    /// Idempotency key: the same id submitted twice runs once.
+    /// Idempotency key (a UUID): the same id submitted twice runs once.
     #[arg(long = "command-id")]
     command_id: Option<Uuid>,
+    /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
 }

@@ -17,11 +17,11 @@ use crate::{client, connect, invalid, parse_id, read_token};
 
 #[derive(Args)]
 pub struct ToolArgs {
-    /// The workspace.
+    /// The workspace id (a UUID).
     id: String,
     #[command(subcommand)]
     op: ToolCmd,
-    /// Idempotency key: the same id submitted twice runs once.
+    /// Idempotency key (a UUID): the same id submitted twice runs once.
     #[arg(long = "command-id", global = true)]
     command_id: Option<Uuid>,
     /// Accepted for symmetry with other commands: tool output is always JSON.
@@ -63,13 +63,16 @@ pub enum ToolCmd {
     /// A file with numbered lines (--range START:END, END -1 = to the end), or a
     /// directory listing two levels deep.
     View {
+        /// A path relative to the workspace root (default: the root).
         #[arg(allow_hyphen_values = true, default_value = "")]
         path: String,
-        #[arg(long, allow_hyphen_values = true)]
+        /// Lines START:END, 1-based and inclusive; END -1 reads to the end.
+        #[arg(long, allow_hyphen_values = true, value_name = "START:END")]
         range: Option<String>,
     },
     /// Create a file; fails if it exists.
     Create {
+        /// A path relative to the workspace root.
         #[arg(allow_hyphen_values = true)]
         path: String,
         #[command(flatten)]
@@ -77,29 +80,37 @@ pub enum ToolCmd {
     },
     /// Replace the single occurrence of --old with --new.
     StrReplace {
+        /// A path relative to the workspace root.
         #[arg(allow_hyphen_values = true)]
         path: String,
+        /// The text to replace; it must occur exactly once.
         #[arg(long, allow_hyphen_values = true)]
         old: String,
+        /// The replacement (default: empty, i.e. delete --old).
         #[arg(long, allow_hyphen_values = true, default_value = "")]
         new: String,
     },
     /// Insert text after line --line (0: at the top).
     Insert {
+        /// A path relative to the workspace root.
         #[arg(allow_hyphen_values = true)]
         path: String,
+        /// The line number (1-based) to insert after; 0 inserts at the top.
         #[arg(long)]
         line: u64,
+        /// The text to insert.
         #[arg(long, allow_hyphen_values = true)]
         text: String,
     },
     /// Read a file whole.
     Read {
+        /// A path relative to the workspace root.
         #[arg(allow_hyphen_values = true)]
         path: String,
     },
     /// Write a file whole (creating parents).
     Write {
+        /// A path relative to the workspace root.
         #[arg(allow_hyphen_values = true)]
         path: String,
         #[command(flatten)]
@@ -107,21 +118,25 @@ pub enum ToolCmd {
     },
     /// List one directory level.
     Ls {
+        /// A directory relative to the workspace root (default: the root).
         #[arg(allow_hyphen_values = true)]
         path: Option<String>,
     },
     /// Search the working tree line by line.
     Search {
+        /// The text (or, with --regex, regular expression) to find.
         #[arg(allow_hyphen_values = true)]
         pattern: String,
         /// gitignore-style glob a file must match (repeatable; `!` excludes).
         #[arg(long, allow_hyphen_values = true)]
         glob: Vec<String>,
+        /// Match regardless of letter case.
         #[arg(long = "ignore-case", short = 'i')]
         ignore_case: bool,
         /// The pattern is a regular expression (default: a literal string).
         #[arg(long)]
         regex: bool,
+        /// Stop after this many matching lines.
         #[arg(long = "max-results")]
         max_results: Option<usize>,
         /// Search under this path only.
@@ -132,46 +147,57 @@ pub enum ToolCmd {
     Status,
     /// git diff of the working tree against HEAD (default), --base or --ref REF.
     Diff {
+        /// Diff against the workspace's base ref.
         #[arg(long, conflicts_with = "git_ref")]
         base: bool,
+        /// Diff against this ref (branch, tag or commit).
         #[arg(long = "ref", allow_hyphen_values = true)]
         git_ref: Option<String>,
+        /// Only these paths (relative to the workspace root; default: all).
         #[arg(allow_hyphen_values = true)]
         paths: Vec<String>,
     },
     /// git log of the last N commits.
     Log {
+        /// How many commits (default: the tool's limit).
         #[arg(short = 'n', long = "max-count")]
         max_count: Option<usize>,
     },
     /// Commit the given paths (every change when none).
     Commit {
+        /// The commit message.
         #[arg(short = 'm', long, allow_hyphen_values = true)]
         message: String,
+        /// The author's name (with --author-email; default: grove's configured author).
         #[arg(
             long = "author-name",
             allow_hyphen_values = true,
             requires = "author_email"
         )]
         author_name: Option<String>,
+        /// The author's email (with --author-name).
         #[arg(
             long = "author-email",
             allow_hyphen_values = true,
             requires = "author_name"
         )]
         author_email: Option<String>,
+        /// Paths to commit, relative to the workspace root (default: every change).
         #[arg(allow_hyphen_values = true)]
         paths: Vec<String>,
     },
     /// Push a branch (default: the current one) to origin.
     Push {
+        /// The local branch to push (default: the current one).
         #[arg(long, allow_hyphen_values = true)]
         branch: Option<String>,
+        /// Overwrite the remote branch, but only if it is still where it was (or at --expect).
         #[arg(long = "force-with-lease")]
         force_with_lease: bool,
         /// The commit the remote branch must be at for --force-with-lease.
         #[arg(long, requires = "force_with_lease")]
         expect: Option<String>,
+        /// Record the pushed branch as the local branch's upstream.
         #[arg(long = "set-upstream", short = 'u')]
         set_upstream: bool,
         /// Name of an environment variable holding a git token for this push.
