@@ -2,6 +2,7 @@
 
 mod api;
 mod boundary;
+mod cli;
 mod concurrency;
 mod contract;
 mod crash;

@@ -5,6 +5,7 @@
 //! `grove exec` exits with the command's own code (124 on timeout).
 
 mod client;
+mod db;
 mod evict;
 mod localdb;
 mod mcp;
@@ -27,7 +28,6 @@ use grove_core::model::{ExecKind, WorkspaceMode};
 use grove_core::ports::NetworkPolicy;
 use grove_core::validate::ValidationError;
 use grove_postgres::{reader, replay, rows};
-use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -516,12 +516,7 @@ fn database_url(home: &std::path::Path) -> Result<String> {
 pub(crate) async fn connect(max: u32) -> Result<PgPool> {
     let home = grove_home();
     let url = database_url(&home)?;
-    PgPoolOptions::new()
-        .max_connections(max)
-        .acquire_timeout(Duration::from_secs(30))
-        .connect(&url)
-        .await
-        .context("connecting to Postgres (check DATABASE_URL)")
+    db::open_pool(&url, max).await
 }
 
 pub(crate) fn invalid(msg: impl Into<String>) -> anyhow::Error {

@@ -1,0 +1,62 @@
+//! The CLI explains itself: an unreachable database fails fast, naming the cause and
+//! never the password.
+
+use std::net::TcpListener;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+const PASSWORD: &str = "s3cret-pw-do-not-print";
+
+/// Runs `grove workspace list` against `url` with a fresh GROVE_HOME; returns the output
+/// and how long it took.
+fn list_with_database(url: &str) -> (Output, Duration) {
+    let home = tempfile::tempdir().expect("temp home");
+    let started = Instant::now();
+    let out = Command::new(grove_e2e::grove_bin())
+        .args(["workspace", "list"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("GROVE_HOME", home.path())
+        .env("DATABASE_URL", url)
+        .output()
+        .expect("run grove");
+    (out, started.elapsed())
+}
+
+fn assert_fails_fast(out: &Output, took: Duration, cause: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "stderr: {stderr}");
+    assert!(took < Duration::from_secs(10), "took {took:?}: {stderr}");
+    assert!(
+        stderr.starts_with("grove: unavailable: cannot connect to Postgres at "),
+        "{stderr}"
+    );
+    assert!(stderr.to_lowercase().contains(cause), "{stderr}");
+    assert!(
+        !stderr.contains(PASSWORD) && !stdout.contains(PASSWORD),
+        "password shown: {stderr}{stdout}"
+    );
+}
+
+#[test]
+fn cli_closed_database_port_fails_fast_with_the_cause_and_no_password() {
+    let port = {
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr").port()
+    };
+    let url = format!("postgres://grove:{PASSWORD}@127.0.0.1:{port}/grove");
+    let (out, took) = list_with_database(&url);
+    assert_fails_fast(&out, took, "connection refused");
+}
+
+#[test]
+fn cli_silent_database_fails_within_the_connect_timeout() {
+    // Accepts connections (the kernel's backlog) but never answers the startup message.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("addr").port();
+    let url = format!("postgres://grove@127.0.0.1:{port}/grove?password={PASSWORD}");
+    let (out, took) = list_with_database(&url);
+    assert_fails_fast(&out, took, "no answer within");
+    drop(silent);
+}
