@@ -60,3 +60,72 @@ fn cli_silent_database_fails_within_the_connect_timeout() {
     assert_fails_fast(&out, took, "no answer within");
     drop(silent);
 }
+
+/// Runs grove with no database configured at all (the commands fail before connecting).
+fn grove_offline(args: &[&str]) -> (Option<i32>, String) {
+    let home = tempfile::tempdir().expect("temp home");
+    let out = Command::new(grove_e2e::grove_bin())
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("GROVE_HOME", home.path())
+        .env("DATABASE_URL", "postgres://grove@127.0.0.1:1/grove")
+        .output()
+        .expect("run grove");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_errors_share_one_format_and_exit_code() {
+    // A usage error, a validation error and a bad id: each one line, kind first, exit 2.
+    for (args, needle) in [
+        (
+            &["workspace", "list", "--no-such-flag"][..],
+            "--no-such-flag",
+        ),
+        (
+            &["exec", "not-a-uuid", "--", "true"][..],
+            "invalid workspace id",
+        ),
+        (
+            &[
+                "exec",
+                "00000000-0000-0000-0000-000000000001",
+                "--kind",
+                "fly",
+                "--",
+                "true",
+            ][..],
+            "fly",
+        ),
+    ] {
+        let (code, stderr) = grove_offline(args);
+        assert_eq!(code, Some(2), "{args:?}: {stderr}");
+        assert!(
+            stderr.starts_with("grove: invalid_input: "),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+    }
+}
+
+#[test]
+fn cli_help_names_values_and_units() {
+    let out = Command::new(grove_e2e::grove_bin())
+        .args(["exec", "--help"])
+        .output()
+        .expect("run grove");
+    assert_eq!(out.status.code(), Some(0));
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "--timeout <SECONDS>",
+        "read|write|install|test",
+        "--max-output <BYTES>",
+    ] {
+        assert!(help.contains(needle), "{needle} missing from:\n{help}");
+    }
+}

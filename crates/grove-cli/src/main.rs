@@ -1,6 +1,7 @@
 //! The `grove` command: migrate, run workers, and submit commands to the queue.
 //!
-//! Commands that change state enqueue a job and wait for its recorded outcome. Exit
+//! Commands that change state enqueue a job and wait for its recorded outcome. Every
+//! error is one stderr line `grove: <kind>: <message>` (printed by [`report`]). Exit
 //! codes: 0 success, 2 bad input, 3 not found, 4 conflict or locked, 1 anything else;
 //! `grove exec` exits with the command's own code (124 on timeout).
 
@@ -429,8 +430,7 @@ fn main() -> ExitCode {
                 .lines()
                 .find(|l| !l.trim().is_empty())
                 .unwrap_or("invalid arguments");
-            eprintln!("grove: {}", first.trim_start_matches("error: "));
-            return ExitCode::from(2);
+            return report(ErrorKind::InvalidInput, first.trim_start_matches("error: "));
         }
     };
     let is_worker = matches!(
@@ -444,8 +444,7 @@ fn main() -> ExitCode {
     if is_worker {
         // SAFETY: no thread has been spawned yet; the runtime is built below.
         if let Err(e) = unsafe { grove_workers::init_process() } {
-            eprintln!("grove: {e}");
-            return ExitCode::from(1);
+            return report(ErrorKind::Internal, &e.to_string());
         }
     }
     init_tracing(is_worker);
@@ -473,21 +472,41 @@ fn init_tracing(worker: bool) {
         .init();
 }
 
-/// Prints one line naming the problem and maps it to the documented exit code.
+/// Reports a failed command: its kind (typed errors keep theirs; validation errors are
+/// `invalid_input`, lost or unreachable databases `unavailable`, the rest `internal`).
 fn fail(e: &anyhow::Error) -> ExitCode {
-    let (code, message) = if let Some(c) = e.downcast_ref::<CommandError>() {
-        (
-            c.kind.exit_code(),
-            format!("{}: {}", c.kind.as_str(), c.message),
+    if let Some(c) = e.downcast_ref::<CommandError>() {
+        return report(c.kind, &c.message);
+    }
+    if let Some(v) = e.downcast_ref::<ValidationError>() {
+        return report(ErrorKind::InvalidInput, &v.to_string());
+    }
+    let unreachable = e.chain().any(|cause| {
+        matches!(
+            cause.downcast_ref::<sqlx::Error>(),
+            Some(
+                sqlx::Error::Io(_)
+                    | sqlx::Error::PoolTimedOut
+                    | sqlx::Error::PoolClosed
+                    | sqlx::Error::WorkerCrashed
+            )
         )
-    } else if let Some(v) = e.downcast_ref::<ValidationError>() {
-        (2, v.to_string())
+    });
+    let kind = if unreachable {
+        ErrorKind::Unavailable
     } else {
-        (1, format!("{e:#}"))
+        ErrorKind::Internal
     };
-    let message = message.replace('\n', " ");
-    eprintln!("grove: {message}");
-    ExitCode::from(code as u8)
+    report(kind, &format!("{e:#}"))
+}
+
+/// The one way the CLI reports an error: a single line `grove: <kind>: <message>` on
+/// stderr (the database password scrubbed), and the kind's documented exit code.
+pub(crate) fn report(kind: ErrorKind, message: &str) -> ExitCode {
+    let url = std::env::var("DATABASE_URL").unwrap_or_default();
+    let message = db::scrub(&message.replace('\n', " "), &url);
+    eprintln!("grove: {}: {message}", kind.as_str());
+    ExitCode::from(kind.exit_code().clamp(0, 255) as u8)
 }
 
 /// `$GROVE_HOME`, or its default: `/var/lib/grove` for root, else `~/.local/share/grove`.
@@ -643,19 +662,21 @@ async fn run(cli: Cli) -> Result<ExitCode> {
                 return Err(invalid("only `grove replay --verify` is supported"));
             }
             let pool = connect(4).await?;
-            let report = replay::verify(&pool).await?;
-            if report.diffs.is_empty() {
-                println!("replay: {} events, projections identical", report.events);
+            let verified = replay::verify(&pool).await?;
+            if verified.diffs.is_empty() {
+                println!("replay: {} events, projections identical", verified.events);
                 Ok(ExitCode::SUCCESS)
             } else {
-                for d in &report.diffs {
+                for d in &verified.diffs {
                     println!("diff: {d}");
                 }
-                eprintln!(
-                    "grove: replay found {} difference(s) between the log and the live projections",
-                    report.diffs.len()
-                );
-                Ok(ExitCode::from(1))
+                Ok(report(
+                    ErrorKind::Internal,
+                    &format!(
+                        "replay found {} difference(s) between the log and the live projections",
+                        verified.diffs.len()
+                    ),
+                ))
             }
         }
     }
