@@ -169,10 +169,19 @@ pub(crate) fn scrub(message: &str, url: &str) -> String {
     }
     let mut out = message.replace(url, &redact_db_url(url));
     for pw in passwords(url) {
-        out = out.replace(&pw, "***");
+        // Always where it stands as userinfo or a parameter; bare only when long enough
+        // not to be an ordinary word of the message (a password like `grove`).
+        out = out.replace(&format!(":{pw}@"), ":***@");
+        out = out.replace(&format!("password={pw}"), "password=***");
+        if pw.chars().count() >= MIN_BARE_SCRUB {
+            out = out.replace(&pw, "***");
+        }
     }
     out
 }
+
+/// Passwords at least this long are removed wherever they appear in a message.
+const MIN_BARE_SCRUB: usize = 6;
 
 #[cfg(test)]
 mod tests {
@@ -193,11 +202,24 @@ mod tests {
 
     #[test]
     fn messages_lose_the_url_and_the_password_in_any_form() {
-        let url = "postgres://grove:p%40ss@db/grove";
-        let msg = format!("failed for {url}: password p@ss rejected, p%40ss");
+        let url = "postgres://grove:p%40ssw0rd@db/grove";
+        let msg = format!("failed for {url}: password p@ssw0rd rejected, p%40ssw0rd");
         let out = scrub(&msg, url);
-        assert!(!out.contains("p@ss") && !out.contains("p%40ss"), "{out}");
+        assert!(
+            !out.contains("p@ssw0rd") && !out.contains("p%40ssw0rd"),
+            "{out}"
+        );
         assert!(out.contains("postgres://grove:***@db/grove"), "{out}");
+    }
+
+    #[test]
+    fn a_short_password_is_scrubbed_without_mangling_the_message() {
+        let url = "postgres://grove:grove@db/grove";
+        let msg = "role grove: see postgres://grove:grove@db/other";
+        assert_eq!(
+            scrub(msg, url),
+            "role grove: see postgres://grove:***@db/other"
+        );
     }
 
     #[tokio::test]
