@@ -472,14 +472,21 @@ fn init_tracing(worker: bool) {
         .init();
 }
 
-/// Reports a failed command: its kind (typed errors keep theirs; validation errors are
-/// `invalid_input`, lost or unreachable databases `unavailable`, the rest `internal`).
+/// Reports a failed command with the kind [`classify`] gives it.
 fn fail(e: &anyhow::Error) -> ExitCode {
+    let (kind, message) = classify(e);
+    report(kind, &message)
+}
+
+/// The kind and message of a failed command: typed errors keep theirs, validation
+/// errors are `invalid_input`, a lost or unreachable database `unavailable`, the rest
+/// `internal`.
+fn classify(e: &anyhow::Error) -> (ErrorKind, String) {
     if let Some(c) = e.downcast_ref::<CommandError>() {
-        return report(c.kind, &c.message);
+        return (c.kind, c.message.clone());
     }
     if let Some(v) = e.downcast_ref::<ValidationError>() {
-        return report(ErrorKind::InvalidInput, &v.to_string());
+        return (ErrorKind::InvalidInput, v.to_string());
     }
     let unreachable = e.chain().any(|cause| {
         matches!(
@@ -497,7 +504,7 @@ fn fail(e: &anyhow::Error) -> ExitCode {
     } else {
         ErrorKind::Internal
     };
-    report(kind, &format!("{e:#}"))
+    (kind, format!("{e:#}"))
 }
 
 /// The one way the CLI reports an error: a single line `grove: <kind>: <message>` on
@@ -1122,6 +1129,23 @@ mod tests {
         let mut missing = Vec::new();
         missing_help(&cmd, "x", &mut missing);
         assert_eq!(missing, vec!["x y: bare".to_string()]);
+    }
+
+    #[test]
+    fn errors_are_classified_into_their_kinds() {
+        use super::classify;
+        use grove_core::error::{CommandError, ErrorKind};
+        let typed = anyhow::Error::from(CommandError::new(ErrorKind::NotFound, "gone"));
+        assert_eq!(classify(&typed), (ErrorKind::NotFound, "gone".to_string()));
+        let bad = anyhow::Error::from(grove_core::model::WorkspaceMode::parse("x").unwrap_err());
+        assert_eq!(classify(&bad).0, ErrorKind::InvalidInput);
+        let lost = anyhow::Error::from(sqlx::Error::PoolTimedOut).context("listing workspaces");
+        assert_eq!(classify(&lost).0, ErrorKind::Unavailable);
+        let other = anyhow::anyhow!("something broke");
+        assert_eq!(
+            classify(&other),
+            (ErrorKind::Internal, "something broke".into())
+        );
     }
 
     #[test]
