@@ -254,3 +254,119 @@ async fn the_workspace_list_pages_by_cursor_without_skipping_or_repeating() {
         "{params}"
     );
 }
+
+/// The properties of the documented schema `name`: (required, all).
+fn schema_keys(doc: &Value, name: &str) -> (Vec<String>, Vec<String>) {
+    let schema = &doc["components"]["schemas"][name];
+    let names = |v: &Value| -> Vec<String> {
+        match v {
+            Value::Array(a) => a.iter().map(|k| k.as_str().unwrap().to_string()).collect(),
+            Value::Object(o) => o.keys().cloned().collect(),
+            _ => vec![],
+        }
+    };
+    let all = names(&schema["properties"]);
+    assert!(!all.is_empty(), "{name} is not a documented object schema");
+    (names(&schema["required"]), all)
+}
+
+/// Asserts `data` has every required key of `schema` and no undocumented key.
+fn assert_shape(doc: &Value, schema: &str, data: &Value) {
+    let (required, all) = schema_keys(doc, schema);
+    let obj = data
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {data}"));
+    for k in &required {
+        assert!(obj.contains_key(k), "{schema}: {k} missing in {data}");
+    }
+    for k in obj.keys() {
+        assert!(all.contains(k), "{schema}: {k} is not documented ({data})");
+    }
+}
+
+/// Splits server-sent events text into (event name, JSON data) messages.
+fn sse_messages(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter_map(|m| {
+            let mut name = "message".to_string();
+            let mut data = None;
+            for line in m.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str(d).expect("JSON data"));
+                }
+            }
+            data.map(|d| (name, d))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streamed_messages_carry_the_data_shapes_the_document_declares() {
+    let env = env_or_skip!("streamed_messages_carry_the_data_shapes_the_document_declares");
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    let stream_ref = &doc["paths"]["/v1/workspaces/{id}/exec/stream"]["post"]["responses"]["200"]
+        ["content"]["text/event-stream"]["schema"]["$ref"];
+    assert_eq!(stream_ref, "#/components/schemas/ExecStreamData");
+    let events_ref = &doc["paths"]["/v1/workspaces/{id}/events"]["get"]["responses"]["200"]
+        ["content"]["text/event-stream"]["schema"]["$ref"];
+    assert_eq!(events_ref, "#/components/schemas/Event");
+
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+    let text = server
+        .http
+        .post(server.url(&format!("/v1/workspaces/{ws}/exec/stream")))
+        .bearer_auth(ALICE)
+        .json(&json!({"argv": ["sh", "-c", "echo out; echo err >&2"]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let messages = sse_messages(&text);
+    let names: Vec<&str> = messages.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"started"), "{text}");
+    assert_eq!(names.last(), Some(&"finished"), "{text}");
+    assert!(names.contains(&"output"), "{text}");
+    for (name, data) in &messages {
+        let schema = match name.as_str() {
+            "started" => "ExecStarted",
+            "output" => "ExecOutput",
+            "finished" => "ExecFinished",
+            "error" => "ErrorResponse",
+            other => panic!("undocumented event {other}: {text}"),
+        };
+        assert_shape(&doc, schema, data);
+    }
+
+    // A followed event stream: each message is one documented `Event`.
+    let mut resp = server
+        .http
+        .get(server.url(&format!("/v1/workspaces/{ws}/events?follow=true")))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(30), resp.chunk())
+            .await
+            .expect("the follow went silent for 30 s")
+            .unwrap()
+            .expect("the follow ended early");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let messages = sse_messages(&text);
+    assert!(!messages.is_empty(), "{text}");
+    for (_, data) in &messages {
+        assert_shape(&doc, "Event", data);
+    }
+}

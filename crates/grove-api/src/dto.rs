@@ -357,6 +357,26 @@ pub struct ExecStatus {
     pub error: Option<crate::error::ErrorBody>,
 }
 
+/// `data` of the streaming exec's `started` event.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecStarted {
+    pub exec_id: Uuid,
+}
+
+/// The `data:` payload of a streaming exec's messages, by SSE event name: `started`
+/// ([`ExecStarted`]), `output` ([`ExecOutput`], SSE id = chunk sequence), then one
+/// `finished` ([`ExecFinished`]) or `error` (the error envelope). A schema only.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ExecStreamData {
+    Started(ExecStarted),
+    Output(ExecOutput),
+    Finished(ExecFinished),
+    Error(crate::error::ErrorResponse),
+}
+
 /// `data` of the streaming exec's `output` events.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ExecOutput {
