@@ -370,3 +370,62 @@ async fn streamed_messages_carry_the_data_shapes_the_document_declares() {
         assert_shape(&doc, "Event", data);
     }
 }
+
+/// True when the document lets `method path` take a `null` JSON body.
+fn declares_null_body(doc: &Value, path: &str, method: &str) -> bool {
+    doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]["oneOf"]
+        .as_array()
+        .is_some_and(|alts| alts.iter().any(|s| s["type"] == "null"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_null_body_where_the_document_allows_one_means_no_options() {
+    let env = env_or_skip!("a_null_body_where_the_document_allows_one_means_no_options");
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    assert!(declares_null_body(&doc, "/v1/workspaces/{id}/pin", "post"));
+    assert!(declares_null_body(
+        &doc,
+        "/v1/sessions/{id}/release",
+        "post"
+    ));
+
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+    let (status, pinned) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/pin"),
+            ALICE,
+            json!({"until": "2999-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pinned}");
+    assert!(pinned["pinned_until"].is_string(), "{pinned}");
+
+    // `null` unpins, as an absent body does.
+    let (status, unpinned) = server
+        .post(&format!("/v1/workspaces/{ws}/pin"), ALICE, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{unpinned}");
+    assert!(unpinned["pinned_until"].is_null(), "{unpinned}");
+
+    // A body of the wrong type is still refused, and changes nothing.
+    let before = commands(&env).await;
+    let (status, body) = envelope(
+        server
+            .http
+            .post(server.url(&format!("/v1/sessions/{ws}/release")))
+            .bearer_auth(ALICE)
+            .json(&json!("hibernate")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(commands(&env).await, before);
+
+    // `null` releases with the defaults (hibernate).
+    let (status, released) = server
+        .post(&format!("/v1/sessions/{ws}/release"), ALICE, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(released["state"], "released");
+}
