@@ -429,3 +429,55 @@ async fn a_null_body_where_the_document_allows_one_means_no_options() {
     assert_eq!(status, StatusCode::OK, "{released}");
     assert_eq!(released["state"], "released");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_documented_tool_operation_is_served_with_its_argument_schema() {
+    let env = env_or_skip!("each_documented_tool_operation_is_served_with_its_argument_schema");
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+
+    // Every tool the server lists has its own documented operation, with the schema the
+    // server lists for it.
+    let (status, list) = server
+        .get(&format!("/v1/workspaces/{ws}/tools"), ALICE)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let tools = list["tools"].as_array().unwrap();
+    assert!(!tools.is_empty());
+    for t in tools {
+        let name = t["name"].as_str().unwrap();
+        let op = &doc["paths"][format!("/v1/workspaces/{{id}}/tools/{name}")]["post"];
+        assert!(op.is_object(), "{name} has no operation of its own");
+        assert_eq!(
+            doc["components"]["schemas"][format!("ToolArgs.{name}")],
+            t["input_schema"],
+            "{name}"
+        );
+    }
+
+    // A typed operation answers at its own path.
+    let (status, out) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/tools/read_file"),
+            ALICE,
+            json!({"path": "README.md"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert!(out.to_string().contains("hello"), "{out}");
+
+    // An argument its schema does not declare is refused, and changes nothing.
+    let before = commands(&env).await;
+    let (status, body) = envelope(
+        server
+            .http
+            .post(server.url(&format!("/v1/workspaces/{ws}/tools/read_file")))
+            .bearer_auth(ALICE)
+            .json(&json!({"path": "README.md", "follow_symlinks": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(commands(&env).await, before);
+}
