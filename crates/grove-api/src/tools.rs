@@ -18,7 +18,7 @@ use grove_core::tools::{ToolOutput, ToolRequest};
 use serde_json::{Map, Value};
 use utoipa::openapi::path::{HttpMethod, Operation, PathItem};
 use utoipa::openapi::request_body::RequestBody;
-use utoipa::openapi::schema::{Ref, Schema};
+use utoipa::openapi::schema::{ObjectBuilder, Ref, Schema, Type};
 use utoipa::openapi::{ComponentsBuilder, Content, RefOr};
 use utoipa::Modify;
 use uuid::Uuid;
@@ -166,11 +166,29 @@ fn add_typed_routes(openapi: &mut utoipa::openapi::OpenApi) {
     let Some(generic) = openapi
         .paths
         .paths
-        .get(GENERIC_PATH)
-        .and_then(|item| item.post.clone())
+        .get_mut(GENERIC_PATH)
+        .and_then(|item| item.post.as_mut())
     else {
         return;
     };
+    // The generic route's `tool` names one of the catalogue's tools.
+    let names: Vec<String> = tool_catalog::all_tools()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    for p in generic.parameters.iter_mut().flatten() {
+        if let RefOr::T(p) = p {
+            if p.name == "tool" {
+                p.schema = Some(RefOr::T(Schema::Object(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(names.clone()))
+                        .build(),
+                )));
+            }
+        }
+    }
+    let generic = generic.clone();
     for tool in tool_catalog::all_tools() {
         let op = typed_operation(&generic, &tool);
         openapi.paths.paths.insert(
@@ -230,8 +248,18 @@ mod tests {
                 "{path}: {params:?}"
             );
         }
-        // The generic route stays documented.
-        assert!(doc["paths"][GENERIC_PATH]["post"].is_object());
+        // The generic route stays documented, its `tool` one of the catalogue's.
+        let names: Vec<String> = tool_catalog::all_tools()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        let tool = doc["paths"][GENERIC_PATH]["post"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "tool")
+            .expect("the generic route takes `tool`");
+        assert_eq!(tool["schema"]["enum"], serde_json::json!(names));
     }
 
     #[test]
