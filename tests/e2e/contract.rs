@@ -254,3 +254,230 @@ async fn the_workspace_list_pages_by_cursor_without_skipping_or_repeating() {
         "{params}"
     );
 }
+
+/// The properties of the documented schema `name`: (required, all).
+fn schema_keys(doc: &Value, name: &str) -> (Vec<String>, Vec<String>) {
+    let schema = &doc["components"]["schemas"][name];
+    let names = |v: &Value| -> Vec<String> {
+        match v {
+            Value::Array(a) => a.iter().map(|k| k.as_str().unwrap().to_string()).collect(),
+            Value::Object(o) => o.keys().cloned().collect(),
+            _ => vec![],
+        }
+    };
+    let all = names(&schema["properties"]);
+    assert!(!all.is_empty(), "{name} is not a documented object schema");
+    (names(&schema["required"]), all)
+}
+
+/// Asserts `data` has every required key of `schema` and no undocumented key.
+fn assert_shape(doc: &Value, schema: &str, data: &Value) {
+    let (required, all) = schema_keys(doc, schema);
+    let obj = data
+        .as_object()
+        .unwrap_or_else(|| panic!("not an object: {data}"));
+    for k in &required {
+        assert!(obj.contains_key(k), "{schema}: {k} missing in {data}");
+    }
+    for k in obj.keys() {
+        assert!(all.contains(k), "{schema}: {k} is not documented ({data})");
+    }
+}
+
+/// Splits server-sent events text into (event name, JSON data) messages.
+fn sse_messages(text: &str) -> Vec<(String, Value)> {
+    text.split("\n\n")
+        .filter_map(|m| {
+            let mut name = "message".to_string();
+            let mut data = None;
+            for line in m.lines() {
+                if let Some(n) = line.strip_prefix("event: ") {
+                    name = n.to_string();
+                } else if let Some(d) = line.strip_prefix("data: ") {
+                    data = Some(serde_json::from_str(d).expect("JSON data"));
+                }
+            }
+            data.map(|d| (name, d))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn streamed_messages_carry_the_data_shapes_the_document_declares() {
+    let env = env_or_skip!("streamed_messages_carry_the_data_shapes_the_document_declares");
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    let stream_ref = &doc["paths"]["/v1/workspaces/{id}/exec/stream"]["post"]["responses"]["200"]
+        ["content"]["text/event-stream"]["schema"]["$ref"];
+    assert_eq!(stream_ref, "#/components/schemas/ExecStreamData");
+    let events_ref = &doc["paths"]["/v1/workspaces/{id}/events"]["get"]["responses"]["200"]
+        ["content"]["text/event-stream"]["schema"]["$ref"];
+    assert_eq!(events_ref, "#/components/schemas/Event");
+
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+    let text = server
+        .http
+        .post(server.url(&format!("/v1/workspaces/{ws}/exec/stream")))
+        .bearer_auth(ALICE)
+        .json(&json!({"argv": ["sh", "-c", "echo out; echo err >&2"]}))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let messages = sse_messages(&text);
+    let names: Vec<&str> = messages.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names.first(), Some(&"started"), "{text}");
+    assert_eq!(names.last(), Some(&"finished"), "{text}");
+    assert!(names.contains(&"output"), "{text}");
+    for (name, data) in &messages {
+        let schema = match name.as_str() {
+            "started" => "ExecStarted",
+            "output" => "ExecOutput",
+            "finished" => "ExecFinished",
+            "error" => "ErrorResponse",
+            other => panic!("undocumented event {other}: {text}"),
+        };
+        assert_shape(&doc, schema, data);
+    }
+
+    // A followed event stream: each message is one documented `Event`.
+    let mut resp = server
+        .http
+        .get(server.url(&format!("/v1/workspaces/{ws}/events?follow=true")))
+        .bearer_auth(ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.headers()["content-type"].to_str().unwrap(),
+        "text/event-stream"
+    );
+    let mut text = String::new();
+    while !text.contains("\n\n") {
+        let chunk = tokio::time::timeout(std::time::Duration::from_secs(30), resp.chunk())
+            .await
+            .expect("the follow went silent for 30 s")
+            .unwrap()
+            .expect("the follow ended early");
+        text.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let messages = sse_messages(&text);
+    assert!(!messages.is_empty(), "{text}");
+    for (_, data) in &messages {
+        assert_shape(&doc, "Event", data);
+    }
+}
+
+/// True when the document lets `method path` take a `null` JSON body.
+fn declares_null_body(doc: &Value, path: &str, method: &str) -> bool {
+    doc["paths"][path][method]["requestBody"]["content"]["application/json"]["schema"]["oneOf"]
+        .as_array()
+        .is_some_and(|alts| alts.iter().any(|s| s["type"] == "null"))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_null_body_where_the_document_allows_one_means_no_options() {
+    let env = env_or_skip!("a_null_body_where_the_document_allows_one_means_no_options");
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    assert!(declares_null_body(&doc, "/v1/workspaces/{id}/pin", "post"));
+    assert!(declares_null_body(
+        &doc,
+        "/v1/sessions/{id}/release",
+        "post"
+    ));
+
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+    let (status, pinned) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/pin"),
+            ALICE,
+            json!({"until": "2999-01-01T00:00:00Z"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{pinned}");
+    assert!(pinned["pinned_until"].is_string(), "{pinned}");
+
+    // `null` unpins, as an absent body does.
+    let (status, unpinned) = server
+        .post(&format!("/v1/workspaces/{ws}/pin"), ALICE, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{unpinned}");
+    assert!(unpinned["pinned_until"].is_null(), "{unpinned}");
+
+    // A body of the wrong type is still refused, and changes nothing.
+    let before = commands(&env).await;
+    let (status, body) = envelope(
+        server
+            .http
+            .post(server.url(&format!("/v1/sessions/{ws}/release")))
+            .bearer_auth(ALICE)
+            .json(&json!("hibernate")),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(commands(&env).await, before);
+
+    // `null` releases with the defaults (hibernate).
+    let (status, released) = server
+        .post(&format!("/v1/sessions/{ws}/release"), ALICE, Value::Null)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{released}");
+    assert_eq!(released["state"], "released");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn each_documented_tool_operation_is_served_with_its_argument_schema() {
+    let env = env_or_skip!("each_documented_tool_operation_is_served_with_its_argument_schema");
+    let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+
+    // Every tool the server lists has its own documented operation, with the schema the
+    // server lists for it.
+    let (status, list) = server
+        .get(&format!("/v1/workspaces/{ws}/tools"), ALICE)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{list}");
+    let tools = list["tools"].as_array().unwrap();
+    assert!(!tools.is_empty());
+    for t in tools {
+        let name = t["name"].as_str().unwrap();
+        let op = &doc["paths"][format!("/v1/workspaces/{{id}}/tools/{name}")]["post"];
+        assert!(op.is_object(), "{name} has no operation of its own");
+        assert_eq!(
+            doc["components"]["schemas"][format!("ToolArgs.{name}")],
+            t["input_schema"],
+            "{name}"
+        );
+    }
+
+    // A typed operation answers at its own path.
+    let (status, out) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/tools/read_file"),
+            ALICE,
+            json!({"path": "README.md"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{out}");
+    assert!(out.to_string().contains("hello"), "{out}");
+
+    // An argument its schema does not declare is refused, and changes nothing.
+    let before = commands(&env).await;
+    let (status, body) = envelope(
+        server
+            .http
+            .post(server.url(&format!("/v1/workspaces/{ws}/tools/read_file")))
+            .bearer_auth(ALICE)
+            .json(&json!({"path": "README.md", "follow_symlinks": true})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(commands(&env).await, before);
+}

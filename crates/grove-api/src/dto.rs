@@ -17,7 +17,12 @@ use uuid::Uuid;
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct EnsureRepoCacheRequest {
-    /// `owner/name`.
+    /// `OWNER/NAME`: each part 1 to 100 of letters, digits and `. _ -`, not starting
+    /// with `.` or `-`, without `..`.
+    #[schema(
+        pattern = r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?/[A-Za-z0-9_](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$",
+        max_length = 201
+    )]
     pub repo_name: String,
     /// The upstream URL, without credentials (send a token in `X-Grove-Git-Token`).
     pub repo_url: String,
@@ -110,6 +115,11 @@ pub struct AcquireSessionRequest {
     /// 1 to 128 of letters, digits and `. _ - @ +`.
     #[schema(min_length = 1, max_length = 128)]
     pub project_id: String,
+    /// `OWNER/NAME`, as for a repo cache.
+    #[schema(
+        pattern = r"^[A-Za-z0-9_](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?/[A-Za-z0-9_](?:[A-Za-z0-9_-]|\.[A-Za-z0-9_-])*\.?$",
+        max_length = 201
+    )]
     pub repo_name: String,
     pub repo_url: String,
     pub base_ref: String,
@@ -357,6 +367,26 @@ pub struct ExecStatus {
     pub error: Option<crate::error::ErrorBody>,
 }
 
+/// `data` of the streaming exec's `started` event.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecStarted {
+    pub exec_id: Uuid,
+}
+
+/// The `data:` payload of a streaming exec's messages, by SSE event name: `started`
+/// ([`ExecStarted`]), `output` ([`ExecOutput`], SSE id = chunk sequence), then one
+/// `finished` ([`ExecFinished`]) or `error` (the error envelope). A schema only.
+#[derive(Debug, Serialize, ToSchema)]
+#[serde(untagged)]
+#[allow(dead_code)]
+pub enum ExecStreamData {
+    Started(ExecStarted),
+    Output(ExecOutput),
+    Finished(ExecFinished),
+    Error(crate::error::ErrorResponse),
+}
+
 /// `data` of the streaming exec's `output` events.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ExecOutput {
@@ -449,4 +479,64 @@ pub struct ToolList {
     /// Whether write tools are offered (the workspace's `capabilities.writable`).
     pub writable: bool,
     pub tools: Vec<ToolInfo>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use grove_core::validate::RepoName;
+    use utoipa::PartialSchema;
+
+    /// The `repo_name` pattern `schema` documents, compiled.
+    fn documented_pattern(
+        schema: utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+    ) -> regex::Regex {
+        let schema = serde_json::to_value(schema).unwrap();
+        let pattern = schema["properties"]["repo_name"]["pattern"]
+            .as_str()
+            .expect("repo_name has a pattern");
+        regex::Regex::new(pattern).unwrap()
+    }
+
+    #[test]
+    fn the_documented_repo_name_pattern_accepts_what_the_server_accepts() {
+        let samples = [
+            "owner/name",
+            "a/b",
+            "_x/y_",
+            "my-org/my.repo",
+            "o.a-b/n.",
+            "a-/b-",
+            "0/9",
+            "owner",
+            "/name",
+            "owner/",
+            "-owner/name",
+            "owner/-name",
+            ".owner/name",
+            "owner/.name",
+            "own..er/name",
+            "owner/na..me",
+            "owner/name/more",
+            "owner/na me",
+            "owner/na\u{0}me",
+            "owner/näme",
+            "own:er/name",
+            "a./.b",
+            "a../b",
+        ];
+        for schema in [
+            EnsureRepoCacheRequest::schema(),
+            AcquireSessionRequest::schema(),
+        ] {
+            let pattern = documented_pattern(schema);
+            for s in samples {
+                assert_eq!(
+                    pattern.is_match(s),
+                    RepoName::parse(s).is_ok(),
+                    "{s:?}: the document and the server disagree"
+                );
+            }
+        }
+    }
 }

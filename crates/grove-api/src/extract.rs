@@ -15,7 +15,8 @@ pub const GIT_TOKEN_HEADER: &str = "x-grove-git-token";
 /// A JSON body (required).
 pub struct JsonBody<T>(pub T);
 
-/// A JSON body that may be left out (empty means `T::default()`).
+/// A JSON body that may be left out: empty, or `null`, means `T::default()` (the
+/// document declares these bodies nullable).
 pub struct OptionalJsonBody<T>(pub T);
 
 async fn read_json<S: Send + Sync, T: DeserializeOwned>(
@@ -63,7 +64,8 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
-        Ok(Self(read_json(req, state).await?.unwrap_or_default()))
+        let body: Option<Option<T>> = read_json(req, state).await?;
+        Ok(Self(body.flatten().unwrap_or_default()))
     }
 }
 

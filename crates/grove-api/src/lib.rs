@@ -202,6 +202,7 @@ impl AppState {
         error::ErrorResponse,
         contract::ErrorKindName
     )),
+    servers((url = "/", description = "The grove server that serves this document")),
     modifiers(&BearerAuth, &ToolSchemas),
     security(("bearer" = []))
 )]

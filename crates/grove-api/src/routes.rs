@@ -507,7 +507,10 @@ pub async fn get_exec(
     tag = "events",
     params(("id" = Uuid, Path), EventsQuery),
     responses(
-        (status = 200, body = EventsPage, description = "A page (JSON); with `follow=true`, a `text/event-stream` whose messages carry an `Event` each, with the position as their SSE id"),
+        (status = 200, description = "A page (`application/json`); with `follow=true`, server-sent events (`text/event-stream`) whose messages carry one `Event` each as JSON `data:`, with the position as their SSE id", content(
+            (EventsPage = "application/json"),
+            (Event = "text/event-stream")
+        )),
         (status = 400, body = ErrorResponse),
         (status = 401, body = ErrorResponse),
         (status = 404, body = ErrorResponse),

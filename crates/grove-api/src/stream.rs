@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use uuid::Uuid;
 
 use crate::auth::Caller;
-use crate::dto::{Event, ExecFinished, ExecOutput, ExecRequest};
+use crate::dto::{Event, ExecFinished, ExecOutput, ExecRequest, ExecStarted, ExecStreamData};
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::JsonBody;
 use crate::AppState;
@@ -54,7 +54,7 @@ fn json_event(name: &str, data: &impl serde::Serialize) -> SseEvent {
     params(("id" = uuid::Uuid, Path)),
     request_body = ExecRequest,
     responses(
-        (status = 200, content_type = "text/event-stream", body = String, description = "Events `started`, `output` (data: ExecOutput), then `finished` (data: ExecFinished) or `error` (data: ErrorResponse)"),
+        (status = 200, content_type = "text/event-stream", body = ExecStreamData, description = "Server-sent events; the schema is that of each message's `data:` (JSON): `started` (ExecStarted), `output` (ExecOutput, SSE id = chunk sequence), then one `finished` (ExecFinished) or `error` (ErrorResponse)"),
         (status = 400, body = ErrorResponse),
         (status = 401, body = ErrorResponse),
         (status = 404, body = ErrorResponse),
@@ -111,10 +111,7 @@ async fn relay_exec(
     tx: Tx,
 ) {
     if tx
-        .send(Ok(json_event(
-            "started",
-            &serde_json::json!({ "exec_id": exec_id }),
-        )))
+        .send(Ok(json_event("started", &ExecStarted { exec_id })))
         .await
         .is_err()
     {

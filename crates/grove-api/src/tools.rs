@@ -13,10 +13,13 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use grove_core::commands::{Command, CommandResult};
 use grove_core::tool_catalog::{self, ArgsError};
+use grove_core::tools::ToolSpec;
 use grove_core::tools::{ToolOutput, ToolRequest};
 use serde_json::{Map, Value};
-use utoipa::openapi::schema::Schema;
-use utoipa::openapi::{ComponentsBuilder, RefOr};
+use utoipa::openapi::path::{HttpMethod, Operation, PathItem};
+use utoipa::openapi::request_body::RequestBody;
+use utoipa::openapi::schema::{ObjectBuilder, Ref, Schema, Type};
+use utoipa::openapi::{ComponentsBuilder, Content, RefOr};
 use utoipa::Modify;
 use uuid::Uuid;
 
@@ -125,8 +128,75 @@ pub async fn call_tool(
 }
 
 /// Adds the argument schema of every tool to the document's components, as
-/// `ToolArgs.<tool>`, from the same catalogue the routes use.
+/// `ToolArgs.<tool>`, from the same catalogue the routes use, and one operation per
+/// tool (`POST /v1/workspaces/{id}/tools/<tool>`, served by the generic route) whose
+/// body is that schema, so a generated client gets typed arguments.
 pub struct ToolSchemas;
+
+/// The generic tool route, which each tool's operation is derived from.
+const GENERIC_PATH: &str = "/v1/workspaces/{id}/tools/{tool}";
+
+/// `POST /v1/workspaces/{id}/tools/<tool>`: the generic operation with the tool fixed.
+fn typed_operation(generic: &Operation, tool: &ToolSpec) -> Operation {
+    let mut op = generic.clone();
+    op.operation_id = Some(format!("call_tool_{}", tool.name));
+    op.summary = Some(format!("Run the `{}` tool", tool.name));
+    op.description = Some(tool.description.clone());
+    let push = tool.name == "git_push";
+    if let Some(params) = op.parameters.as_mut() {
+        params.retain(|p| match p {
+            RefOr::T(p) => p.name != "tool" && (push || p.name != "X-Grove-Git-Token"),
+            RefOr::Ref(_) => true,
+        });
+    }
+    let mut body = RequestBody::new();
+    body.description = Some(format!("The arguments of `{}`", tool.name));
+    body.content.insert(
+        "application/json".into(),
+        RefOr::T(Content::new(Some(Ref::from_schema_name(format!(
+            "ToolArgs.{}",
+            tool.name
+        ))))),
+    );
+    op.request_body = Some(RefOr::T(body));
+    op
+}
+
+fn add_typed_routes(openapi: &mut utoipa::openapi::OpenApi) {
+    let Some(generic) = openapi
+        .paths
+        .paths
+        .get_mut(GENERIC_PATH)
+        .and_then(|item| item.post.as_mut())
+    else {
+        return;
+    };
+    // The generic route's `tool` names one of the catalogue's tools.
+    let names: Vec<String> = tool_catalog::all_tools()
+        .into_iter()
+        .map(|t| t.name)
+        .collect();
+    for p in generic.parameters.iter_mut().flatten() {
+        if let RefOr::T(p) = p {
+            if p.name == "tool" {
+                p.schema = Some(RefOr::T(Schema::Object(
+                    ObjectBuilder::new()
+                        .schema_type(Type::String)
+                        .enum_values(Some(names.clone()))
+                        .build(),
+                )));
+            }
+        }
+    }
+    let generic = generic.clone();
+    for tool in tool_catalog::all_tools() {
+        let op = typed_operation(&generic, &tool);
+        openapi.paths.paths.insert(
+            GENERIC_PATH.replace("{tool}", &tool.name),
+            PathItem::new(HttpMethod::Post, op),
+        );
+    }
+}
 
 impl Modify for ToolSchemas {
     fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
@@ -142,12 +212,55 @@ impl Modify for ToolSchemas {
                 .insert(format!("ToolArgs.{}", t.name), RefOr::T(schema));
         }
         openapi.components = Some(components);
+        add_typed_routes(openapi);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_tool_has_its_own_operation_with_its_argument_schema() {
+        let doc: Value = serde_json::from_str(&crate::openapi_json()).unwrap();
+        for t in tool_catalog::all_tools() {
+            let path = format!("/v1/workspaces/{{id}}/tools/{}", t.name);
+            let op = &doc["paths"][&path]["post"];
+            assert_eq!(op["operationId"], format!("call_tool_{}", t.name));
+            assert_eq!(
+                op["requestBody"]["content"]["application/json"]["schema"]["$ref"],
+                format!("#/components/schemas/ToolArgs.{}", t.name)
+            );
+            assert_eq!(
+                doc["components"]["schemas"][format!("ToolArgs.{}", t.name)],
+                t.input_schema
+            );
+            let params: Vec<&str> = op["parameters"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|p| p["name"].as_str().unwrap())
+                .collect();
+            assert!(!params.contains(&"tool"), "{path}: {params:?}");
+            assert_eq!(
+                params.contains(&"X-Grove-Git-Token"),
+                t.name == "git_push",
+                "{path}: {params:?}"
+            );
+        }
+        // The generic route stays documented, its `tool` one of the catalogue's.
+        let names: Vec<String> = tool_catalog::all_tools()
+            .into_iter()
+            .map(|t| t.name)
+            .collect();
+        let tool = doc["paths"][GENERIC_PATH]["post"]["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == "tool")
+            .expect("the generic route takes `tool`");
+        assert_eq!(tool["schema"]["enum"], serde_json::json!(names));
+    }
 
     #[test]
     fn the_documented_argument_schemas_are_the_catalogues_unchanged() {
