@@ -109,16 +109,25 @@ async fn malformed_requests_get_typed_errors_in_the_envelope_and_change_nothing(
     );
 
     // A body over the limit: 413, documented.
+    // The rest of that body is left unread, so the answer closes the connection and
+    // says so: the client must not reuse it for the next request.
     let big = json!({"repo_name": "o/r", "repo_url": "x".repeat(3 << 20)});
-    let (status, body) = envelope(
-        server
-            .http
-            .post(server.url("/v1/repo-caches/ensure"))
-            .bearer_auth(ALICE)
-            .json(&big),
-    )
-    .await;
-    assert_eq!(status, StatusCode::PAYLOAD_TOO_LARGE, "{body}");
+    let resp = server
+        .http
+        .post(server.url("/v1/repo-caches/ensure"))
+        .bearer_auth(ALICE)
+        .json(&big)
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        resp.headers().get("connection").and_then(|v| v.to_str().ok()),
+        Some("close"),
+        "a 413 must close the connection it leaves unread"
+    );
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["error"]["kind"], "invalid_input", "{body}");
     assert!(documented_statuses("/v1/repo-caches/ensure", "post").contains(&"413".into()));
 
     // A non-UUID id: 400, documented on the route.

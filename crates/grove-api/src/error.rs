@@ -116,6 +116,11 @@ impl IntoResponse for ApiError {
         if status == StatusCode::UNAUTHORIZED {
             return (status, [(header::WWW_AUTHENTICATE, "Bearer")], body).into_response();
         }
+        if status == StatusCode::PAYLOAD_TOO_LARGE {
+            // The rest of the body is left unread, so the server closes the connection
+            // after this answer: say so, or a client reuses it and its next request is cut.
+            return (status, [(header::CONNECTION, "close")], body).into_response();
+        }
         (status, body).into_response()
     }
 }

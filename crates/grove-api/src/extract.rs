@@ -133,3 +133,30 @@ pub fn git_token(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiE
         })?;
     Ok(Some(token.to_string()))
 }
+
+/// The largest request body the API reads (axum's default limit, stated once).
+pub const MAX_BODY_BYTES: usize = 2 << 20;
+
+/// Refuses a request whose declared `Content-Length` is over [`MAX_BODY_BYTES`] before
+/// any route looks at it, on every route alike: 413 in the error envelope, and the
+/// connection closed (its body is left unread). A body sent without a length is cut at
+/// the same limit by the JSON extractors.
+pub async fn refuse_oversized_bodies(
+    req: Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        use axum::response::IntoResponse;
+        return ApiError::Request(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("the body is over the limit of {MAX_BODY_BYTES} bytes"),
+        )
+        .into_response();
+    }
+    next.run(req).await
+}
