@@ -122,7 +122,9 @@ async fn malformed_requests_get_typed_errors_in_the_envelope_and_change_nothing(
         .expect("request");
     assert_eq!(resp.status(), StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(
-        resp.headers().get("connection").and_then(|v| v.to_str().ok()),
+        resp.headers()
+            .get("connection")
+            .and_then(|v| v.to_str().ok()),
         Some("close"),
         "a 413 must close the connection it leaves unread"
     );

@@ -307,7 +307,9 @@ pub fn router(state: Arc<AppState>) -> Router {
             )
         })
         .fallback(|| async { ApiError::not_found("no such route") })
-        .layer(axum::extract::DefaultBodyLimit::max(extract::MAX_BODY_BYTES))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            extract::MAX_BODY_BYTES,
+        ))
         .layer(axum::middleware::from_fn(extract::refuse_oversized_bodies))
         .with_state(state)
 }
