@@ -331,6 +331,13 @@ pub(crate) fn push(req: &PushRequest<'_>) -> Result<Pushed, GitError> {
                 "{branch} on the remote is not an ancestor of the local branch (fetch, or push with force-with-lease)"
             ));
         }
+        if e.code() == ErrorCode::BareRepo {
+            // libgit2's local transport pushes only into bare repositories; like git's
+            // "refusing to update checked out branch", the remote refuses the update.
+            return GitError::Rejected(
+                "the remote is a repository with a work tree; push to a bare repository".into(),
+            );
+        }
         let mapped = map_git2(&e, Phase::Remote, req.token);
         tracing::warn!(url = %redact_url(&url), error = %mapped, "push failed");
         mapped

@@ -327,6 +327,31 @@ fn force_with_lease_refuses_when_someone_else_moved_the_remote_branch() {
 }
 
 #[test]
+fn a_push_to_a_repository_with_a_work_tree_is_rejected_and_changes_nothing() {
+    let w = Ws::new();
+    w.write("a.txt", "a\n");
+    w.commit("a", &[]).unwrap();
+    let upstream = w.fx.upstream.clone();
+    let refs_before = git(&upstream, &["for-each-ref"]);
+    let err = Git2Adapter::new()
+        .push(&PushRequest {
+            workspace_dir: &w.dir,
+            remote_url: &format!("file://{}", upstream.display()),
+            branch: None,
+            force_with_lease: false,
+            expect: None,
+            set_upstream: false,
+            token: None,
+        })
+        .unwrap_err();
+    assert!(
+        matches!(&err, GitError::Rejected(m) if m.contains("bare")),
+        "{err:?}"
+    );
+    assert_eq!(git(&upstream, &["for-each-ref"]), refs_before);
+}
+
+#[test]
 fn push_sets_the_upstream_when_asked_and_refuses_an_unknown_branch() {
     let w = Ws::new();
     w.write("a.txt", "a\n");
