@@ -137,6 +137,19 @@ pub fn git_token(headers: &axum::http::HeaderMap) -> Result<Option<String>, ApiE
 /// The largest request body the API reads (axum's default limit, stated once).
 pub const MAX_BODY_BYTES: usize = 2 << 20;
 
+/// An over-limit body up to this size is read and thrown away before the 413 is sent:
+/// closing a socket with unread data resets it, and the client, still writing, would
+/// see a broken pipe instead of the answer. Larger ones are cut off at once.
+const DRAINED_BODY_BYTES: u64 = 16 << 20;
+
+/// Reads a request's body to its end (or for at most five seconds), discarding it.
+async fn drain(req: Request) {
+    use futures::StreamExt;
+    let mut body = req.into_body().into_data_stream();
+    let read_all = async { while let Some(Ok(_)) = body.next().await {} };
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), read_all).await;
+}
+
 /// Refuses a request whose declared `Content-Length` is over [`MAX_BODY_BYTES`] before
 /// any route looks at it, on every route alike: 413 in the error envelope, and the
 /// connection closed (its body is left unread). A body sent without a length is cut at
@@ -150,8 +163,11 @@ pub async fn refuse_oversized_bodies(
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if declared.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+    if let Some(n) = declared.filter(|&n| n > MAX_BODY_BYTES as u64) {
         use axum::response::IntoResponse;
+        if n <= DRAINED_BODY_BYTES {
+            drain(req).await;
+        }
         return ApiError::Request(
             StatusCode::PAYLOAD_TOO_LARGE,
             format!("the body is over the limit of {MAX_BODY_BYTES} bytes"),
