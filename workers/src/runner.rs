@@ -15,7 +15,7 @@ use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::handlers::{correlation_of, now, Deps, Handled};
+use crate::context::{correlation_of, now, Handled, JobContext};
 
 /// What one step of the worker did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +28,12 @@ pub enum Outcome {
 
 /// A worker process's engine.
 pub struct Worker {
-    deps: Arc<Deps>,
+    deps: Arc<JobContext>,
     queues: Vec<String>,
 }
 
 impl Worker {
-    pub fn new(deps: Deps) -> Self {
+    pub fn new(deps: JobContext) -> Self {
         // Its node's queue, then the queue of each remote provider configured here (the
         // jobs of workspaces placed in it, ADR 15), then the shared one.
         let mut queues = vec![queue::node_queue(&deps.config.node)];
@@ -53,7 +53,7 @@ impl Worker {
         }
     }
 
-    pub fn deps(&self) -> &Deps {
+    pub fn deps(&self) -> &JobContext {
         &self.deps
     }
 
@@ -85,7 +85,7 @@ impl Worker {
         let wake = Arc::new(Notify::new());
         let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone(), self.queues.clone()));
         let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
-        let eviction_schedule = tokio::spawn(crate::eviction::cron_loop(deps.clone()));
+        let eviction_schedule = tokio::spawn(crate::sweep::schedule::cron_loop(deps.clone()));
         let d = deps.clone();
         tokio::spawn(async move {
             d.recover_journals().await;
@@ -269,7 +269,7 @@ async fn listen(pool: sqlx::PgPool, wake: Arc<Notify>) {
 }
 
 /// Heartbeats, orphan recovery and pruning, on their schedules.
-async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
+async fn maintain(deps: Arc<JobContext>, wake: Arc<Notify>, queues: Vec<String>) {
     let cfg = &deps.config;
     let mut tick = tokio::time::interval(cfg.heartbeat_every);
     let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
@@ -351,24 +351,19 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 
 /// Removes backend runtimes (containers) that no runtime record owns, recording each
 /// removal as a `runtime.destroyed` event with reason `orphan`.
-async fn sweep_orphans(deps: &Deps) {
+async fn sweep_orphans(deps: &JobContext) {
     for kind in deps.runtimes.kinds() {
         let Some(provider) = deps.runtimes.get(kind) else {
             continue;
         };
-        let owned = match sqlx::query_scalar::<_, uuid::Uuid>(
-            "SELECT id FROM grove.sandbox_runtimes WHERE backend_kind = $1",
-        )
-        .bind(kind)
-        .fetch_all(&deps.pool)
-        .await
-        {
-            Ok(ids) => ids.into_iter().map(|id| id.to_string()).collect(),
-            Err(e) => {
-                warn!(error = %e, "orphan sweep: reading runtime records failed");
-                continue;
-            }
-        };
+        let owned =
+            match grove_postgres::worker_queries::runtime_ids_of_kind(&deps.pool, kind).await {
+                Ok(ids) => ids.into_iter().map(|id| id.to_string()).collect(),
+                Err(e) => {
+                    warn!(error = %e, "orphan sweep: reading runtime records failed");
+                    continue;
+                }
+            };
         let removed = match provider.sweep_orphans(&owned, ORPHAN_GRACE).await {
             Ok(removed) => removed,
             Err(e) => {
@@ -411,7 +406,7 @@ async fn sweep_orphans(deps: &Deps) {
     }
 }
 
-fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata {
+fn metadata(deps: &JobContext, job: &ClaimedJob, correlation: Correlation) -> Metadata {
     Metadata {
         command_id: job.command_id,
         correlation,
@@ -425,7 +420,7 @@ fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata
 /// the retry the next delivery makes. A handler that panics ends its job as failed
 /// with `internal` (retried later when its kind is idempotent and attempts remain);
 /// either way the job leaves the in-flight set.
-async fn run_job(deps: Arc<Deps>, job: ClaimedJob, start: Start) {
+async fn run_job(deps: Arc<JobContext>, job: ClaimedJob, start: Start) {
     use futures::FutureExt;
     deps.inflight
         .lock()
@@ -480,7 +475,7 @@ async fn run_job(deps: Arc<Deps>, job: ClaimedJob, start: Start) {
 /// attempts left, else failed with `internal`, and an exec it started is finished as
 /// `internal_error`. The locks the handler held were freed as its future unwound.
 async fn finish_panicked(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     (idempotent, attempt, max_attempts): (bool, i32, i32),
 ) -> Result<(), StoreError> {
@@ -500,7 +495,7 @@ async fn finish_panicked(
 /// an exec that failed without a handled outcome after its start was recorded (a
 /// panic, or the database going away right after the start committed).
 async fn close_started_execs(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     outcome: &str,
 ) -> Result<Vec<Event>, StoreError> {
@@ -532,7 +527,11 @@ async fn close_started_execs(
 }
 
 /// Runs a job that `queue::claim_and_start` claimed and started.
-async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<(), StoreError> {
+async fn run_job_inner(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    start: Start,
+) -> Result<(), StoreError> {
     let Start::Run {
         command,
         attempt,
@@ -606,7 +605,7 @@ async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<()
 /// database restarted while the effect ran), through [`finish_patiently`]. Every write
 /// checks that the locks still hold their leases.
 async fn record_handled(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     handled: Handled,
     at: chrono::DateTime<chrono::Utc>,
@@ -669,7 +668,7 @@ const OUTCOME_PATIENCE: Duration = Duration::from_secs(600);
 /// the outcome is recorded without the state changes the lock guarded: only its
 /// `exec.finished` and `runtime.destroyed` events are kept.
 async fn finish_patiently(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     result: &Result<grove_core::commands::CommandResult, CommandError>,
     events: &[Event],
@@ -728,95 +727,24 @@ async fn finish_patiently(
 /// An exec whose earlier attempt's worker died is not run again: a command may not be
 /// safe to run twice. It ends as failed with `worker_lost`, which the caller can retry.
 async fn finish_worker_lost(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     command: &Command,
 ) -> Result<(), StoreError> {
     let Command::Exec(exec) = command else {
-        // Any other command that is not safe to repeat (a tool's edit, commit or push)
-        // left no start events: it only fails, and the caller decides.
-        let workspace = match command.workspace_id() {
-            Some(id) => {
-                let mut conn = deps.pool.acquire().await?;
-                grove_postgres::rows::workspace(&mut conn, id).await?
-            }
-            None => None,
-        };
-        let correlation = workspace.as_ref().map(correlation_of).unwrap_or_default();
-        let err = CommandError::new(
-            ErrorKind::WorkerLost,
-            "the worker running this command stopped before it finished; the command was not re-run (check the workspace before retrying)",
-        );
-        return queue::finish(
-            &deps.pool,
-            job,
-            &deps.config.worker_id,
-            &Err(err),
-            &[],
-            &metadata(deps, job, correlation),
-            now(),
-        )
-        .await;
+        return finish_lost_command(deps, job, command).await;
     };
-    let mut conn = deps.pool.acquire().await?;
-    let ws = grove_postgres::rows::workspace(&mut conn, exec.workspace_id).await?;
-    let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
-    drop(conn);
-    let mut events = Vec::new();
-    for e in &started {
-        if let Event::ExecStarted {
-            workspace_id,
-            runtime_id,
-            ..
-        } = &e.event
-        {
-            events.push(Event::ExecFinished {
-                exec_id: job.command_id,
-                workspace_id: *workspace_id,
-                runtime_id: *runtime_id,
-                outcome: "worker_lost".into(),
-                exit_code: None,
-                timed_out: false,
-                truncated: false,
-                duration_ms: 0,
-                stdout_bytes: 0,
-                stderr_bytes: 0,
-            });
-        }
-    }
-    if ws.is_none() {
-        events.clear();
-    }
-    // The lost command may still be running inside a long-lived runtime (a container
-    // outlives the worker that exec'd into it): destroy that runtime so nothing of the
-    // command survives. The workspace stays; the next exec creates a fresh runtime.
-    let runtime_ids: Vec<uuid::Uuid> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::ExecFinished { runtime_id, .. } => Some(*runtime_id),
-            _ => None,
-        })
-        .collect();
-    if let Some(ws) = &ws {
+    let ws = {
         let mut conn = deps.pool.acquire().await?;
-        let runtimes = grove_postgres::rows::runtimes_of(&mut conn, ws.id).await?;
-        drop(conn);
-        for r in runtimes.into_iter().filter(|r| runtime_ids.contains(&r.id)) {
-            let Some(provider) = deps.runtimes.get(&r.backend_kind) else {
-                continue;
-            };
-            match provider.destroy(&r.backend_runtime_id).await {
-                Ok(()) | Err(grove_core::error::RuntimeError::NotFound(_)) => {
-                    events.push(Event::RuntimeDestroyed {
-                        runtime_id: r.id,
-                        reason: "worker lost during an exec".into(),
-                    });
-                }
-                Err(e) => {
-                    warn!(runtime = %r.id, error = %e, "destroying the runtime of a lost exec failed")
-                }
-            }
-        }
+        grove_postgres::rows::workspace(&mut conn, exec.workspace_id).await?
+    };
+    let mut events = match &ws {
+        Some(_) => close_started_execs(deps, job, "worker_lost").await?,
+        None => Vec::new(),
+    };
+    if let Some(ws) = &ws {
+        let destroyed = destroy_lost_runtimes(deps, ws, &events).await?;
+        events.extend(destroyed);
     }
     let correlation = ws.as_ref().map(correlation_of).unwrap_or_default();
     let md = metadata(deps, job, correlation);
@@ -836,8 +764,79 @@ async fn finish_worker_lost(
     .await
 }
 
+/// Any other command that is not safe to repeat (a tool's edit, commit or push) left no
+/// start events: it only fails, and the caller decides.
+async fn finish_lost_command(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    command: &Command,
+) -> Result<(), StoreError> {
+    let workspace = match command.workspace_id() {
+        Some(id) => {
+            let mut conn = deps.pool.acquire().await?;
+            grove_postgres::rows::workspace(&mut conn, id).await?
+        }
+        None => None,
+    };
+    let correlation = workspace.as_ref().map(correlation_of).unwrap_or_default();
+    let err = CommandError::new(
+        ErrorKind::WorkerLost,
+        "the worker running this command stopped before it finished; the command was not re-run (check the workspace before retrying)",
+    );
+    queue::finish(
+        &deps.pool,
+        job,
+        &deps.config.worker_id,
+        &Err(err),
+        &[],
+        &metadata(deps, job, correlation),
+        now(),
+    )
+    .await
+}
+
+/// The lost command may still be running inside a long-lived runtime (a container
+/// outlives the worker that exec'd into it): the runtimes its `finished` events name
+/// are destroyed so nothing of the command survives, each a `runtime.destroyed`. The
+/// workspace stays; the next exec creates a fresh runtime.
+async fn destroy_lost_runtimes(
+    deps: &JobContext,
+    ws: &grove_core::model::WorkspaceRow,
+    finished: &[Event],
+) -> Result<Vec<Event>, StoreError> {
+    let runtime_ids: Vec<uuid::Uuid> = finished
+        .iter()
+        .filter_map(|e| match e {
+            Event::ExecFinished { runtime_id, .. } => Some(*runtime_id),
+            _ => None,
+        })
+        .collect();
+    let runtimes = {
+        let mut conn = deps.pool.acquire().await?;
+        grove_postgres::rows::runtimes_of(&mut conn, ws.id).await?
+    };
+    let mut events = Vec::new();
+    for r in runtimes.into_iter().filter(|r| runtime_ids.contains(&r.id)) {
+        let Some(provider) = deps.runtimes.get(&r.backend_kind) else {
+            continue;
+        };
+        match provider.destroy(&r.backend_runtime_id).await {
+            Ok(()) | Err(grove_core::error::RuntimeError::NotFound(_)) => {
+                events.push(Event::RuntimeDestroyed {
+                    runtime_id: r.id,
+                    reason: "worker lost during an exec".into(),
+                });
+            }
+            Err(e) => {
+                warn!(runtime = %r.id, error = %e, "destroying the runtime of a lost exec failed")
+            }
+        }
+    }
+    Ok(events)
+}
+
 async fn handle(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     command: &Command,
     token: Option<GitToken>,
@@ -858,7 +857,7 @@ async fn handle(
                 .acquire_workspace(c, job.command_id, token.as_ref(), at)
                 .await;
             if let Ok(h) = &handled {
-                crate::eviction::after_acquire(deps, h).await;
+                crate::sweep::schedule::after_acquire(deps, h).await;
             }
             handled
         }
@@ -896,9 +895,5 @@ async fn handle(
             deps.merge_back_diff(*edit_workspace_id, *task_workspace_id)
                 .await
         }
-        _ => Err(CommandError::new(
-            ErrorKind::Rejected,
-            "unknown command kind",
-        )),
     }
 }
