@@ -16,9 +16,7 @@ use grove_postgres::rows;
 use uuid::Uuid;
 
 use super::repo_cache::cache_created;
-use crate::context::{
-    blocking, fold_cache, fold_workspace, store_error, Handled, JobContext,
-};
+use crate::context::{blocking, fold_cache, fold_workspace, store_error, Handled, JobContext};
 
 impl JobContext {
     pub async fn acquire_workspace(
