@@ -9,9 +9,9 @@ use grove_core::ports::GitToken;
 use grove_postgres::boundary;
 use uuid::Uuid;
 
-use crate::handlers::{store_error, Deps};
+use crate::context::{store_error, JobContext};
 
-impl Deps {
+impl JobContext {
     /// Refuses, as `rejected` and before anything is cloned, a command whose repository
     /// URL is local unless the operator granted it (the host's CLI) or it lies under
     /// the allow-list; a path inside `$GROVE_HOME` is refused to everyone.

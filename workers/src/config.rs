@@ -1,7 +1,10 @@
 //! Worker settings, with the documented defaults.
 
 use std::path::PathBuf;
+use std::str::FromStr;
 use std::time::Duration;
+
+use grove_core::eviction::{DiskBudget, EvictionPolicy};
 
 /// How a worker runs. Every field has a documented default (see README "Configuration").
 #[derive(Debug, Clone)]
@@ -31,7 +34,7 @@ pub struct WorkerConfig {
     /// `grove image build`); `None` when there is none.
     pub docker_image: Option<String>,
     /// Eviction policy, schedule and measurement settings (`GROVE_DISK_BUDGET`, ...).
-    pub eviction: crate::eviction::EvictionSettings,
+    pub eviction: EvictionSettings,
     /// Who may clone from local repository URLs: the operator's allow-list
     /// (`GROVE_LOCAL_REPO_ROOTS`) and this `$GROVE_HOME`, never a source.
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
@@ -56,7 +59,7 @@ impl WorkerConfig {
             cache_freshness: Duration::from_secs(600),
             prune_after: Duration::from_secs(7 * 24 * 3600),
             docker_image: None,
-            eviction: crate::eviction::EvictionSettings::default(),
+            eviction: EvictionSettings::default(),
             local_repos: grove_core::local_repo::LocalRepoPolicy::from_value(
                 std::env::var(grove_core::local_repo::ROOTS_ENV)
                     .ok()
@@ -65,5 +68,234 @@ impl WorkerConfig {
             ),
             home,
         }
+    }
+}
+
+/// The documented default schedule: every 5 minutes, at second 0 (cron with seconds).
+pub const DEFAULT_SCHEDULE: &str = "0 */5 * * * *";
+/// Default for `GROVE_EVICT_MEASURE_EVERY`: a used workspace is re-measured at most this often.
+pub const DEFAULT_MEASURE_EVERY: Duration = Duration::from_secs(600);
+
+/// Eviction settings of a worker (see README "Configuration").
+#[derive(Debug, Clone, PartialEq)]
+pub struct EvictionSettings {
+    pub policy: EvictionPolicy,
+    /// Cron expression (with seconds) of the node's sweeps; `None` disables them.
+    pub schedule: Option<String>,
+    pub measure_every: Duration,
+    /// Accept `EvictSweep.now` (a clock override, for tests).
+    pub allow_clock_override: bool,
+    /// Test-only (`GROVE_TEST_EVICT_PAUSE_MS`): a pause after each step of a workspace
+    /// eviction, so a test can kill the worker in the middle of one.
+    pub test_pause: Option<Duration>,
+    /// `GROVE_EVICT_IGNORED_BUDGET_BYTES`: ignored files kept per saved workspace, in
+    /// total bytes; the rest are named in the eviction's events.
+    pub ignored_budget_bytes: u64,
+}
+
+/// Default for `GROVE_EVICT_IGNORED_BUDGET_BYTES` (64 MiB).
+pub const DEFAULT_IGNORED_BUDGET: u64 = 64 << 20;
+
+impl Default for EvictionSettings {
+    fn default() -> Self {
+        Self {
+            policy: EvictionPolicy::default(),
+            schedule: Some(DEFAULT_SCHEDULE.to_string()),
+            measure_every: DEFAULT_MEASURE_EVERY,
+            allow_clock_override: false,
+            test_pause: None,
+            ignored_budget_bytes: DEFAULT_IGNORED_BUDGET,
+        }
+    }
+}
+
+impl EvictionSettings {
+    /// Reads the settings from the process environment.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_lookup(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// Reads the settings through `get` (the environment, or a map in tests):
+    /// `GROVE_EVICT_POLICY` (a JSON file of `EvictionPolicy`, any subset of fields), then
+    /// the single-value variables on top of it.
+    pub fn from_lookup(get: impl Fn(&str) -> Option<String>) -> Result<Self, String> {
+        let mut s = Self {
+            policy: policy_from_lookup(&get)?,
+            ..Self::default()
+        };
+        if let Some(v) = get("GROVE_EVICT_SCHEDULE") {
+            s.schedule = match v.trim() {
+                "off" | "none" | "disabled" => None,
+                expr => {
+                    cron::Schedule::from_str(expr)
+                        .map_err(|e| format!("GROVE_EVICT_SCHEDULE {expr:?}: {e}"))?;
+                    Some(expr.to_string())
+                }
+            };
+        }
+        if let Some(v) = get("GROVE_EVICT_MEASURE_EVERY") {
+            s.measure_every = Duration::from_secs(secs("GROVE_EVICT_MEASURE_EVERY", v)?);
+        }
+        if let Some(v) = get("GROVE_EVICT_IGNORED_BUDGET_BYTES") {
+            s.ignored_budget_bytes = parse_budget(&v).and_then(|b| match b {
+                DiskBudget::Bytes(n) => Ok(n),
+                _ => Err(format!(
+                    "GROVE_EVICT_IGNORED_BUDGET_BYTES: expected bytes (like 67108864 or 64MiB), got {v:?}"
+                )),
+            })?;
+        }
+        s.allow_clock_override = get("GROVE_ALLOW_CLOCK_OVERRIDE").is_some_and(|v| v == "1");
+        if let Some(v) = get("GROVE_TEST_EVICT_PAUSE_MS") {
+            s.test_pause =
+                Some(Duration::from_millis(v.trim().parse().map_err(|_| {
+                    format!("GROVE_TEST_EVICT_PAUSE_MS: bad value {v:?}")
+                })?));
+        }
+        Ok(s)
+    }
+}
+
+/// The eviction policy: `GROVE_EVICT_POLICY` (a JSON file of `EvictionPolicy`, any
+/// subset of fields), then the single-value variables on top of it, validated.
+fn policy_from_lookup(get: &impl Fn(&str) -> Option<String>) -> Result<EvictionPolicy, String> {
+    let mut policy = EvictionPolicy::default();
+    if let Some(path) = get("GROVE_EVICT_POLICY") {
+        let text = std::fs::read_to_string(&path)
+            .map_err(|e| format!("GROVE_EVICT_POLICY {path}: {e}"))?;
+        policy =
+            serde_json::from_str(&text).map_err(|e| format!("GROVE_EVICT_POLICY {path}: {e}"))?;
+    }
+    if let Some(v) = get("GROVE_DISK_BUDGET") {
+        policy.disk_budget = parse_budget(&v)?;
+    }
+    let fraction = |name: &str, v: String| {
+        v.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("{name}: expected a fraction like 0.85, got {v:?}"))
+    };
+    if let Some(v) = get("GROVE_HIGH_WATER") {
+        policy.high_water = fraction("GROVE_HIGH_WATER", v)?;
+    }
+    if let Some(v) = get("GROVE_LOW_WATER") {
+        policy.low_water = fraction("GROVE_LOW_WATER", v)?;
+    }
+    for (name, field) in [
+        (
+            "GROVE_RUNTIME_IDLE_STOP_AFTER",
+            &mut policy.runtime_idle_stop_after_secs,
+        ),
+        (
+            "GROVE_RUNTIME_DESTROY_STOPPED_AFTER",
+            &mut policy.runtime_destroy_stopped_after_secs,
+        ),
+        (
+            "GROVE_TTL_ANALYSIS",
+            &mut policy.workspace_ttl.analysis_secs,
+        ),
+        ("GROVE_TTL_TASK", &mut policy.workspace_ttl.task_secs),
+        ("GROVE_TTL_EDIT", &mut policy.workspace_ttl.edit_secs),
+        ("GROVE_PRESSURE_GRACE", &mut policy.pressure_grace_secs),
+    ] {
+        if let Some(v) = get(name) {
+            *field = secs(name, v)?;
+        }
+    }
+    policy
+        .validate()
+        .map_err(|e| format!("eviction policy: {e}"))?;
+    Ok(policy)
+}
+
+/// A whole number of seconds from the variable `name`.
+fn secs(name: &str, v: String) -> Result<u64, String> {
+    v.trim()
+        .parse::<u64>()
+        .map_err(|_| format!("{name}: expected whole seconds, got {v:?}"))
+}
+
+/// `GROVE_DISK_BUDGET`: bytes (`500000000`, `20G`, `512MiB`), a fraction of the
+/// filesystem (`0.5`), or a percentage (`50%`).
+pub fn parse_budget(raw: &str) -> Result<DiskBudget, String> {
+    let v = raw.trim();
+    let bad = || {
+        format!("GROVE_DISK_BUDGET: expected bytes (e.g. 20G), a fraction (0.5) or a percentage (50%), got {raw:?}")
+    };
+    if let Some(p) = v.strip_suffix('%') {
+        let p: f64 = p.trim().parse().map_err(|_| bad())?;
+        return Ok(DiskBudget::Fraction(p / 100.0));
+    }
+    if v.contains('.') {
+        return Ok(DiskBudget::Fraction(v.parse().map_err(|_| bad())?));
+    }
+    let split = v.find(|c: char| !c.is_ascii_digit()).unwrap_or(v.len());
+    let (digits, unit) = v.split_at(split);
+    let n: u64 = digits.parse().map_err(|_| bad())?;
+    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" => 1_000,
+        "m" | "mb" => 1_000_000,
+        "g" | "gb" => 1_000_000_000,
+        "t" | "tb" => 1_000_000_000_000,
+        "ki" | "kib" => 1 << 10,
+        "mi" | "mib" => 1 << 20,
+        "gi" | "gib" => 1 << 30,
+        "ti" | "tib" => 1 << 40,
+        _ => return Err(bad()),
+    };
+    n.checked_mul(mult).map(DiskBudget::Bytes).ok_or_else(bad)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn settings(vars: &[(&str, &str)]) -> Result<EvictionSettings, String> {
+        let map: HashMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        EvictionSettings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn budgets_parse_as_bytes_fractions_and_percentages() {
+        assert_eq!(parse_budget("1000"), Ok(DiskBudget::Bytes(1000)));
+        assert_eq!(parse_budget("20G"), Ok(DiskBudget::Bytes(20_000_000_000)));
+        assert_eq!(parse_budget("512MiB"), Ok(DiskBudget::Bytes(512 << 20)));
+        assert_eq!(parse_budget("0.5"), Ok(DiskBudget::Fraction(0.5)));
+        assert_eq!(parse_budget("25%"), Ok(DiskBudget::Fraction(0.25)));
+        assert!(parse_budget("lots").is_err());
+        assert!(parse_budget("12parsecs").is_err());
+    }
+
+    #[test]
+    fn settings_default_to_the_documented_values_and_env_overrides_them() {
+        let d = settings(&[]).unwrap();
+        assert_eq!(d, EvictionSettings::default());
+        assert_eq!(d.schedule.as_deref(), Some("0 */5 * * * *"));
+        assert_eq!(d.measure_every, Duration::from_secs(600));
+        let s = settings(&[
+            ("GROVE_DISK_BUDGET", "10M"),
+            ("GROVE_HIGH_WATER", "0.9"),
+            ("GROVE_LOW_WATER", "0.5"),
+            ("GROVE_PRESSURE_GRACE", "0"),
+            ("GROVE_TTL_EDIT", "60"),
+            ("GROVE_EVICT_SCHEDULE", "off"),
+            ("GROVE_ALLOW_CLOCK_OVERRIDE", "1"),
+        ])
+        .unwrap();
+        assert_eq!(s.policy.disk_budget, DiskBudget::Bytes(10_000_000));
+        assert_eq!((s.policy.high_water, s.policy.low_water), (0.9, 0.5));
+        assert_eq!(s.policy.pressure_grace_secs, 0);
+        assert_eq!(s.policy.workspace_ttl.edit_secs, 60);
+        assert_eq!(s.schedule, None);
+        assert!(s.allow_clock_override);
+        assert!(
+            settings(&[("GROVE_LOW_WATER", "0.95")]).is_err(),
+            "low above high"
+        );
+        assert!(settings(&[("GROVE_EVICT_SCHEDULE", "every tuesday")]).is_err());
+        assert!(settings(&[("GROVE_TTL_TASK", "0")]).is_err());
     }
 }

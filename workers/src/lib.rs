@@ -4,28 +4,31 @@
 //! - [`config`]: worker settings and their defaults.
 //! - [`home`]: `$GROVE_HOME` and its directories kept private (0700).
 //! - [`boundary`]: local repository URLs checked, token fingerprints keyed.
-//! - [`handlers`]: one handler per job kind (load state, lock, effect, events).
-//! - [`eviction`]: the eviction sweep, restore, release of a conversation or task, the
+//! - [`context`]: what every job shares ([`JobContext`]: ports, settings, locks, rows,
+//!   the fold of events into rows) and what a handler returns.
+//! - [`jobs`]: one module per job kind (load state, lock, decide, act, return events).
+//! - [`sweep`]: the eviction sweep by phase (inventory, reconcile, act) and its
 //!   schedule.
-//! - [`merge_back`]: the diff between a task and an edit workspace, and bringing the
-//!   task's commits into the edit branch.
-//! - [`pulls`]: pull requests and their comments through the git platform port.
+//! - [`saved_work`]: saved work moved out of shared repo caches at start.
 //! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
+//!
+//! Module graph (`use crate::` edges, acyclic): `config` ← `context` ← `boundary`,
+//! `jobs`, `sweep`, `saved_work` ← `runner` ← `lib`; `sweep` and `saved_work` use
+//! `jobs` only through `JobContext` methods, `jobs` never uses `sweep`.
 //!
 //! Architecture invariant: handlers reach git and runtimes only through the ports of
 //! `grove-core`; the concrete adapters are chosen in [`build_deps`].
 
 mod boundary;
 pub mod config;
-pub mod eviction;
-pub mod handlers;
+pub mod context;
 pub mod home;
-pub mod merge_back;
-pub mod pulls;
+pub mod jobs;
 pub mod relay;
 pub mod runner;
 pub mod saved_work;
+pub mod sweep;
 
 use std::sync::Arc;
 
@@ -34,6 +37,7 @@ use grove_core::ports::RuntimeRegistry;
 use sqlx::PgPool;
 
 pub use config::WorkerConfig;
+pub use context::JobContext;
 pub use runner::{Outcome, Worker};
 
 /// Process-wide setup a worker needs before any thread starts: network timeouts for git
@@ -123,7 +127,7 @@ pub fn with_remote_providers_from(
 /// Docker through bollard when an engine answers (else `--runtime docker` is
 /// refused with a clear error and the worker runs without it), and Daytona and E2B
 /// when configured ([`with_remote_providers`]).
-pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Deps {
+pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> JobContext {
     let layout = Layout::new(config.home.clone());
     let runtimes = build_runtimes(&mut config).await;
     // GitHub (or GitHub Enterprise through GROVE_GITHUB_API_URL); a configuration that
@@ -136,7 +140,7 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> handlers::Dep
                 None
             }
         };
-    handlers::Deps {
+    JobContext {
         pool,
         layout,
         git: Arc::new(grove_git::Git2Adapter::new()),

@@ -5,17 +5,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use grove_core::commands::Command;
-use grove_core::error::{CommandError, ErrorKind};
+use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event, Metadata};
 use grove_core::ports::GitToken;
-use grove_postgres::locks::Fence;
-use grove_postgres::queue::{self, ClaimedJob, Start};
+use grove_postgres::queue::{self, ClaimedJob};
 use grove_postgres::StoreError;
 use sqlx::postgres::PgListener;
 use tokio::sync::{Notify, Semaphore};
 use tracing::{debug, info, warn};
 
-use crate::handlers::{correlation_of, now, Deps, Handled};
+use crate::context::{now, Handled, JobContext};
+
+mod outcome;
+use outcome::run_job;
 
 /// What one step of the worker did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,12 +30,12 @@ pub enum Outcome {
 
 /// A worker process's engine.
 pub struct Worker {
-    deps: Arc<Deps>,
+    deps: Arc<JobContext>,
     queues: Vec<String>,
 }
 
 impl Worker {
-    pub fn new(deps: Deps) -> Self {
+    pub fn new(deps: JobContext) -> Self {
         // Its node's queue, then the queue of each remote provider configured here (the
         // jobs of workspaces placed in it, ADR 15), then the shared one.
         let mut queues = vec![queue::node_queue(&deps.config.node)];
@@ -53,7 +55,7 @@ impl Worker {
         }
     }
 
-    pub fn deps(&self) -> &Deps {
+    pub fn deps(&self) -> &JobContext {
         &self.deps
     }
 
@@ -85,7 +87,7 @@ impl Worker {
         let wake = Arc::new(Notify::new());
         let maintenance = tokio::spawn(maintain(deps.clone(), wake.clone(), self.queues.clone()));
         let listener = tokio::spawn(listen(deps.pool.clone(), wake.clone()));
-        let eviction_schedule = tokio::spawn(crate::eviction::cron_loop(deps.clone()));
+        let eviction_schedule = tokio::spawn(crate::sweep::schedule::cron_loop(deps.clone()));
         let d = deps.clone();
         tokio::spawn(async move {
             d.recover_journals().await;
@@ -269,7 +271,7 @@ async fn listen(pool: sqlx::PgPool, wake: Arc<Notify>) {
 }
 
 /// Heartbeats, orphan recovery and pruning, on their schedules.
-async fn maintain(deps: Arc<Deps>, wake: Arc<Notify>, queues: Vec<String>) {
+async fn maintain(deps: Arc<JobContext>, wake: Arc<Notify>, queues: Vec<String>) {
     let cfg = &deps.config;
     let mut tick = tokio::time::interval(cfg.heartbeat_every);
     let mut last_prune = std::time::Instant::now() - Duration::from_secs(3600);
@@ -351,24 +353,19 @@ const ORPHAN_GRACE: Duration = Duration::from_secs(30);
 
 /// Removes backend runtimes (containers) that no runtime record owns, recording each
 /// removal as a `runtime.destroyed` event with reason `orphan`.
-async fn sweep_orphans(deps: &Deps) {
+async fn sweep_orphans(deps: &JobContext) {
     for kind in deps.runtimes.kinds() {
         let Some(provider) = deps.runtimes.get(kind) else {
             continue;
         };
-        let owned = match sqlx::query_scalar::<_, uuid::Uuid>(
-            "SELECT id FROM grove.sandbox_runtimes WHERE backend_kind = $1",
-        )
-        .bind(kind)
-        .fetch_all(&deps.pool)
-        .await
-        {
-            Ok(ids) => ids.into_iter().map(|id| id.to_string()).collect(),
-            Err(e) => {
-                warn!(error = %e, "orphan sweep: reading runtime records failed");
-                continue;
-            }
-        };
+        let owned =
+            match grove_postgres::worker_queries::runtime_ids_of_kind(&deps.pool, kind).await {
+                Ok(ids) => ids.into_iter().map(|id| id.to_string()).collect(),
+                Err(e) => {
+                    warn!(error = %e, "orphan sweep: reading runtime records failed");
+                    continue;
+                }
+            };
         let removed = match provider.sweep_orphans(&owned, ORPHAN_GRACE).await {
             Ok(removed) => removed,
             Err(e) => {
@@ -411,7 +408,7 @@ async fn sweep_orphans(deps: &Deps) {
     }
 }
 
-fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata {
+fn metadata(deps: &JobContext, job: &ClaimedJob, correlation: Correlation) -> Metadata {
     Metadata {
         command_id: job.command_id,
         correlation,
@@ -420,424 +417,8 @@ fn metadata(deps: &Deps, job: &ClaimedJob, correlation: Correlation) -> Metadata
     }
 }
 
-/// Carries one claimed job to its recorded outcome. Database failures on the way leave
-/// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
-/// the retry the next delivery makes. A handler that panics ends its job as failed
-/// with `internal` (retried later when its kind is idempotent and attempts remain);
-/// either way the job leaves the in-flight set.
-async fn run_job(deps: Arc<Deps>, job: ClaimedJob, start: Start) {
-    use futures::FutureExt;
-    deps.inflight
-        .lock()
-        .expect("inflight set")
-        .insert(job.job_id.clone());
-    let attempt = match &start {
-        Start::Run {
-            command,
-            attempt,
-            max_attempts,
-            ..
-        } => Some((command.is_idempotent(), *attempt, *max_attempts)),
-        Start::AlreadyFinished => None,
-    };
-    let ran = std::panic::AssertUnwindSafe(run_job_inner(&deps, &job, start))
-        .catch_unwind()
-        .await;
-    match ran {
-        Ok(Ok(())) => {}
-        Ok(Err(e)) => {
-            // The outcome could not be recorded even after waiting for the database.
-            // The ledger row is left as it is: the next delivery of this job then sees
-            // an attempt that started and never finished, and re-runs it if it is
-            // idempotent or ends it as worker_lost if it is an exec. The job row is
-            // handed back here if the database answers, else by the next sweep of our
-            // own stale jobs.
-            warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
-            let _ = queue::requeue(&deps.pool, &job.job_id).await;
-        }
-        Err(panic) => {
-            let what = panic
-                .downcast_ref::<&str>()
-                .map(|s| s.to_string())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_else(|| "(no message)".into());
-            tracing::error!(command = %job.command_id, job = %job.job_id, panic = %what, "a job handler panicked");
-            if let Some(attempt) = attempt {
-                if let Err(e) = finish_panicked(&deps, &job, attempt).await {
-                    warn!(command = %job.command_id, error = %e, "recording a panicked job's failure failed");
-                    let _ = queue::requeue(&deps.pool, &job.job_id).await;
-                }
-            }
-        }
-    }
-    deps.inflight
-        .lock()
-        .expect("inflight set")
-        .remove(&job.job_id);
-}
-
-/// Ends a job whose handler panicked: a retry later for an idempotent kind with
-/// attempts left, else failed with `internal`, and an exec it started is finished as
-/// `internal_error`. The locks the handler held were freed as its future unwound.
-async fn finish_panicked(
-    deps: &Deps,
-    job: &ClaimedJob,
-    (idempotent, attempt, max_attempts): (bool, i32, i32),
-) -> Result<(), StoreError> {
-    let err = CommandError::new(
-        ErrorKind::Internal,
-        "an internal error stopped this command; the worker logged it with the command id",
-    );
-    if idempotent && attempt < max_attempts {
-        return queue::retry_later(&deps.pool, job, &err, queue::backoff(attempt)).await;
-    }
-    let events = close_started_execs(deps, job, "internal_error").await?;
-    let md = metadata(deps, job, Correlation::default());
-    finish_patiently(deps, job, &Err(err), &events, &md, now(), &[]).await
-}
-
-/// `exec.finished` (with `outcome`) for each `exec.started` the command committed: for
-/// an exec that failed without a handled outcome after its start was recorded (a
-/// panic, or the database going away right after the start committed).
-async fn close_started_execs(
-    deps: &Deps,
-    job: &ClaimedJob,
-    outcome: &str,
-) -> Result<Vec<Event>, StoreError> {
-    let mut conn = deps.pool.acquire().await?;
-    let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
-    drop(conn);
-    Ok(started
-        .iter()
-        .filter_map(|e| match &e.event {
-            Event::ExecStarted {
-                workspace_id,
-                runtime_id,
-                ..
-            } => Some(Event::ExecFinished {
-                exec_id: job.command_id,
-                workspace_id: *workspace_id,
-                runtime_id: *runtime_id,
-                outcome: outcome.into(),
-                exit_code: None,
-                timed_out: false,
-                truncated: false,
-                duration_ms: 0,
-                stdout_bytes: 0,
-                stderr_bytes: 0,
-            }),
-            _ => None,
-        })
-        .collect())
-}
-
-/// Runs a job that `queue::claim_and_start` claimed and started.
-async fn run_job_inner(deps: &Deps, job: &ClaimedJob, start: Start) -> Result<(), StoreError> {
-    let Start::Run {
-        command,
-        attempt,
-        max_attempts,
-        resumed,
-        token,
-    } = start
-    else {
-        return Ok(());
-    };
-    let at = now();
-    if resumed && !command.is_idempotent() {
-        return finish_worker_lost(deps, job, &command).await;
-    }
-    if resumed && attempt > max_attempts {
-        // Every attempt so far died with its worker: stop redelivering it.
-        let md = metadata(deps, job, Correlation::default());
-        let err = CommandError::new(
-            ErrorKind::WorkerLost,
-            format!(
-                "the worker running this command stopped {} times; giving up",
-                attempt - 1
-            ),
-        );
-        return queue::finish(
-            &deps.pool,
-            job,
-            &deps.config.worker_id,
-            &Err(err),
-            &[],
-            &md,
-            at,
-        )
-        .await;
-    }
-    let outcome = match command.validate() {
-        Err(e) => Err(CommandError::from(e)),
-        Ok(()) => handle(deps, job, &command, token.map(GitToken::new), at).await,
-    };
-    match outcome {
-        Ok(handled) => {
-            // An exec's finish happens after its start events, so it is stamped now;
-            // rows in other results were folded at `at`.
-            let at = if matches!(command, Command::Exec(_)) {
-                now()
-            } else {
-                at
-            };
-            record_handled(deps, job, handled, at).await
-        }
-        Err(e) if e.transient && attempt < max_attempts => {
-            let delay = queue::backoff(attempt);
-            info!(command = %job.command_id, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "retrying later");
-            queue::retry_later(&deps.pool, job, &e, delay).await
-        }
-        Err(e) => {
-            let md = metadata(deps, job, Correlation::default());
-            // An exec whose start was recorded before it failed is closed too.
-            let events = match command {
-                Command::Exec(_) => close_started_execs(deps, job, "rejected").await?,
-                _ => Vec::new(),
-            };
-            finish_patiently(deps, job, &Err(e), &events, &md, at, &[]).await
-        }
-    }
-}
-
-/// Records a handled job's outcome with its events, its locks still held, and frees
-/// the locks after. First on the first lock's connection (no further checkout),
-/// announced in the round trip that frees that lock; if that connection failed (the
-/// database restarted while the effect ran), through [`finish_patiently`]. Every write
-/// checks that the locks still hold their leases.
-async fn record_handled(
-    deps: &Deps,
-    job: &ClaimedJob,
-    handled: Handled,
-    at: chrono::DateTime<chrono::Utc>,
-) -> Result<(), StoreError> {
-    let md = metadata(deps, job, handled.correlation);
-    let fences: Vec<Fence> = handled.locks.iter().map(|l| l.fence()).collect();
-    let mut locks = handled.locks.into_iter();
-    let Some(mut first) = locks.next() else {
-        return finish_patiently(deps, job, &handled.result, &handled.events, &md, at, &[]).await;
-    };
-    let fast = queue::finish_fenced(
-        first.conn(),
-        job,
-        &deps.config.worker_id,
-        &handled.result,
-        &handled.events,
-        &md,
-        at,
-        &fences,
-    )
-    .await;
-    let res = match fast {
-        Ok(recorded) => {
-            let _ = if recorded {
-                first.release_announcing(job.command_id).await
-            } else {
-                first.release().await
-            };
-            Ok(())
-        }
-        Err(e) => {
-            debug!(command = %job.command_id, error = %e, "recording on the lock's connection failed; retrying on others");
-            let res = finish_patiently(
-                deps,
-                job,
-                &handled.result,
-                &handled.events,
-                &md,
-                at,
-                &fences,
-            )
-            .await;
-            let _ = first.release().await;
-            res
-        }
-    };
-    for lock in locks {
-        let _ = lock.release().await;
-    }
-    res
-}
-
-/// How long a worker keeps trying to record an outcome while the database is away.
-const OUTCOME_PATIENCE: Duration = Duration::from_secs(600);
-
-/// Records an outcome through the pool, retrying with capped backoff (0.1 s doubling
-/// to 5 s, a warning every 10 s) while the database cannot be reached, for up to
-/// [`OUTCOME_PATIENCE`]: a command that finished while the database was away keeps its
-/// outcome. If a lock's lease was lost meanwhile (another holder may have run since),
-/// the outcome is recorded without the state changes the lock guarded: only its
-/// `exec.finished` and `runtime.destroyed` events are kept.
-async fn finish_patiently(
-    deps: &Deps,
-    job: &ClaimedJob,
-    result: &Result<grove_core::commands::CommandResult, CommandError>,
-    events: &[Event],
-    md: &Metadata,
-    at: chrono::DateTime<chrono::Utc>,
-    fences: &[Fence],
-) -> Result<(), StoreError> {
-    let worker = &deps.config.worker_id;
-    let give_up = std::time::Instant::now() + OUTCOME_PATIENCE;
-    let mut pause = Duration::from_millis(100);
-    let mut warned: Option<std::time::Instant> = None;
-    loop {
-        let attempt = async {
-            let mut conn = deps.pool.acquire().await?;
-            let recorded = match queue::finish_fenced(
-                &mut conn, job, worker, result, events, md, at, fences,
-            )
-            .await
-            {
-                Err(StoreError::Fenced(why)) => {
-                    warn!(command = %job.command_id, %why, "recording the outcome without the changes its locks guarded");
-                    let kept: Vec<Event> = events
-                        .iter()
-                        .filter(|e| {
-                            matches!(
-                                e,
-                                Event::ExecFinished { .. } | Event::RuntimeDestroyed { .. }
-                            )
-                        })
-                        .cloned()
-                        .collect();
-                    queue::finish_on(&mut conn, job, worker, result, &kept, md, at).await?
-                }
-                other => other?,
-            };
-            if recorded {
-                queue::announce(&mut conn, job.command_id).await;
-            }
-            Ok::<_, StoreError>(())
-        };
-        match attempt.await {
-            Ok(()) => return Ok(()),
-            Err(e @ StoreError::Database(_)) if std::time::Instant::now() < give_up => {
-                if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
-                    warn!(command = %job.command_id, error = %e, "the database is unreachable; holding the outcome and retrying");
-                    warned = Some(std::time::Instant::now());
-                }
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(5));
-            }
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// An exec whose earlier attempt's worker died is not run again: a command may not be
-/// safe to run twice. It ends as failed with `worker_lost`, which the caller can retry.
-async fn finish_worker_lost(
-    deps: &Deps,
-    job: &ClaimedJob,
-    command: &Command,
-) -> Result<(), StoreError> {
-    let Command::Exec(exec) = command else {
-        // Any other command that is not safe to repeat (a tool's edit, commit or push)
-        // left no start events: it only fails, and the caller decides.
-        let workspace = match command.workspace_id() {
-            Some(id) => {
-                let mut conn = deps.pool.acquire().await?;
-                grove_postgres::rows::workspace(&mut conn, id).await?
-            }
-            None => None,
-        };
-        let correlation = workspace.as_ref().map(correlation_of).unwrap_or_default();
-        let err = CommandError::new(
-            ErrorKind::WorkerLost,
-            "the worker running this command stopped before it finished; the command was not re-run (check the workspace before retrying)",
-        );
-        return queue::finish(
-            &deps.pool,
-            job,
-            &deps.config.worker_id,
-            &Err(err),
-            &[],
-            &metadata(deps, job, correlation),
-            now(),
-        )
-        .await;
-    };
-    let mut conn = deps.pool.acquire().await?;
-    let ws = grove_postgres::rows::workspace(&mut conn, exec.workspace_id).await?;
-    let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
-    drop(conn);
-    let mut events = Vec::new();
-    for e in &started {
-        if let Event::ExecStarted {
-            workspace_id,
-            runtime_id,
-            ..
-        } = &e.event
-        {
-            events.push(Event::ExecFinished {
-                exec_id: job.command_id,
-                workspace_id: *workspace_id,
-                runtime_id: *runtime_id,
-                outcome: "worker_lost".into(),
-                exit_code: None,
-                timed_out: false,
-                truncated: false,
-                duration_ms: 0,
-                stdout_bytes: 0,
-                stderr_bytes: 0,
-            });
-        }
-    }
-    if ws.is_none() {
-        events.clear();
-    }
-    // The lost command may still be running inside a long-lived runtime (a container
-    // outlives the worker that exec'd into it): destroy that runtime so nothing of the
-    // command survives. The workspace stays; the next exec creates a fresh runtime.
-    let runtime_ids: Vec<uuid::Uuid> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::ExecFinished { runtime_id, .. } => Some(*runtime_id),
-            _ => None,
-        })
-        .collect();
-    if let Some(ws) = &ws {
-        let mut conn = deps.pool.acquire().await?;
-        let runtimes = grove_postgres::rows::runtimes_of(&mut conn, ws.id).await?;
-        drop(conn);
-        for r in runtimes.into_iter().filter(|r| runtime_ids.contains(&r.id)) {
-            let Some(provider) = deps.runtimes.get(&r.backend_kind) else {
-                continue;
-            };
-            match provider.destroy(&r.backend_runtime_id).await {
-                Ok(()) | Err(grove_core::error::RuntimeError::NotFound(_)) => {
-                    events.push(Event::RuntimeDestroyed {
-                        runtime_id: r.id,
-                        reason: "worker lost during an exec".into(),
-                    });
-                }
-                Err(e) => {
-                    warn!(runtime = %r.id, error = %e, "destroying the runtime of a lost exec failed")
-                }
-            }
-        }
-    }
-    let correlation = ws.as_ref().map(correlation_of).unwrap_or_default();
-    let md = metadata(deps, job, correlation);
-    let err = CommandError::new(
-        ErrorKind::WorkerLost,
-        "the worker running this command stopped before it finished; the command was not re-run",
-    );
-    queue::finish(
-        &deps.pool,
-        job,
-        &deps.config.worker_id,
-        &Err(err),
-        &events,
-        &md,
-        now(),
-    )
-    .await
-}
-
 async fn handle(
-    deps: &Deps,
+    deps: &JobContext,
     job: &ClaimedJob,
     command: &Command,
     token: Option<GitToken>,
@@ -858,7 +439,7 @@ async fn handle(
                 .acquire_workspace(c, job.command_id, token.as_ref(), at)
                 .await;
             if let Ok(h) = &handled {
-                crate::eviction::after_acquire(deps, h).await;
+                crate::sweep::schedule::after_acquire(deps, h).await;
             }
             handled
         }
@@ -896,9 +477,5 @@ async fn handle(
             deps.merge_back_diff(*edit_workspace_id, *task_workspace_id)
                 .await
         }
-        _ => Err(CommandError::new(
-            ErrorKind::Rejected,
-            "unknown command kind",
-        )),
     }
 }

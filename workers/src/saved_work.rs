@@ -18,8 +18,8 @@ use grove_postgres::rows;
 use tracing::{info, warn};
 use uuid::Uuid;
 
-use crate::eviction::{release_all, store_path, SWEEP_NAMESPACE};
-use crate::handlers::{blocking, correlation_of, store_error, Deps};
+use crate::context::{blocking, correlation_of, release_all, store_error, store_path, JobContext};
+use crate::sweep::SWEEP_NAMESPACE;
 
 /// What one run did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -30,7 +30,7 @@ pub struct MoveReport {
     pub refs_dropped: usize,
 }
 
-impl Deps {
+impl JobContext {
     /// Moves every workspace's saved work of this node out of its repo cache.
     pub async fn move_saved_work_out_of_caches(&self) -> Result<MoveReport, CommandError> {
         let (workspaces, caches) = {

@@ -806,7 +806,7 @@ async fn fake_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<Uuid>> {
         node: TP_NODE.into(),
     };
     let mut tx = ctx.pool.begin().await?;
-    grove_postgres::store::append(&mut tx, &events, &md, grove_workers::handlers::now()).await?;
+    grove_postgres::store::append(&mut tx, &events, &md, grove_workers::context::now()).await?;
     tx.commit().await?;
     Ok(ids)
 }

@@ -106,8 +106,7 @@ async fn record_only_workspaces(ctx: &Ctx, count: usize) -> Result<()> {
             node: NODE.into(),
         };
         let mut tx = ctx.pool.begin().await?;
-        grove_postgres::store::append(&mut tx, &events, &md, grove_workers::handlers::now())
-            .await?;
+        grove_postgres::store::append(&mut tx, &events, &md, grove_workers::context::now()).await?;
         tx.commit().await?;
         done += n;
     }

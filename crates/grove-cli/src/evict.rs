@@ -16,7 +16,8 @@ use grove_core::error::{CommandError, ErrorKind};
 use grove_core::eviction::{plan, workspace_queue, Action, ActionKind, Plan, QueueEntry};
 use grove_core::model::WorkspaceRow;
 use grove_core::sweep::{SweepReport, SweepTrigger};
-use grove_workers::eviction::{describe, load_node, EvictionSettings};
+use grove_workers::config::EvictionSettings;
+use grove_workers::sweep::{describe, load_node};
 use uuid::Uuid;
 
 use crate::{client, connect, grove_home, invalid, parse_id, print_result, read_token};

@@ -760,7 +760,7 @@ pub(crate) async fn build_worker(
     let pool = connect((concurrency as u32) * 2 + 6).await?;
     grove_postgres::migrate::migrate(&pool).await?;
     let mut config = grove_workers::WorkerConfig::new(home, node);
-    config.eviction = grove_workers::eviction::EvictionSettings::from_env().map_err(invalid)?;
+    config.eviction = grove_workers::config::EvictionSettings::from_env().map_err(invalid)?;
     config.concurrency = concurrency.max(1);
     if let Some(secs) = env_secs("GROVE_WORKER_LOST_AFTER") {
         config.worker_lost_after = secs;

@@ -181,7 +181,6 @@ pub struct CommentPullRequest {
 /// A command, as stored in the job payload and the ledger.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "command", rename_all = "snake_case")]
-#[non_exhaustive]
 pub enum Command {
     EnsureRepoCache(EnsureRepoCache),
     AcquireWorkspace(AcquireWorkspace),

@@ -71,7 +71,6 @@ pub enum RuntimeError {
 /// The kind of a failed command, stable for the CLI (exit codes) and the API (statuses).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
 pub enum ErrorKind {
     /// Exit 2, HTTP 400.
     InvalidInput,

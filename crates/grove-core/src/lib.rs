@@ -27,6 +27,7 @@
 //! bollard, reqwest or tokio.
 
 pub mod commands;
+pub mod decide;
 pub mod error;
 pub mod events;
 pub mod eviction;

@@ -460,6 +460,18 @@ pub trait RuntimeProvider: Send + Sync {
     fn sandbox_identity(&self) -> Option<crate::identity::SandboxIdentity> {
         None
     }
+    /// Whether every exec gets a sandbox built for it alone (the local runtime): a read
+    /// command then sees even a writable workspace read-only, and nothing of an exec
+    /// outlives it. `false` (the default): a long-lived runtime (a container, a remote
+    /// sandbox) keeps the mounts it was created with and may need destroying.
+    fn sandbox_per_exec(&self) -> bool {
+        false
+    }
+    /// Whether its runtimes run in a container image the worker chooses (the
+    /// deployment's default image, `GROVE_DOCKER_IMAGE`). Default: no image.
+    fn uses_default_image(&self) -> bool {
+        false
+    }
     /// Stops (hibernates) a runtime; its workspace is untouched. A provider that runs a
     /// fresh process tree per exec has nothing to stop, hence the default.
     fn stop(&self, _backend_id: &str) -> BoxFuture<'_, Result<(), RuntimeError>> {

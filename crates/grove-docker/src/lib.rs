@@ -949,6 +949,11 @@ impl RuntimeProvider for DockerRuntimeProvider {
         "docker"
     }
 
+    /// Containers run the deployment's default image.
+    fn uses_default_image(&self) -> bool {
+        true
+    }
+
     /// Without a configured user, containers of a root-owned workspace run as the
     /// sandbox identity, so a writable workspace is handed over to it first.
     fn sandbox_identity(&self) -> Option<grove_core::identity::SandboxIdentity> {

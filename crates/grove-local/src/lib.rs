@@ -383,6 +383,11 @@ impl RuntimeProvider for LocalRuntimeProvider {
         "local"
     }
 
+    /// One bubblewrap sandbox (or process tree) per exec.
+    fn sandbox_per_exec(&self) -> bool {
+        true
+    }
+
     fn capabilities(&self) -> RuntimeCapabilities {
         let isolated = matches!(self.isolation, Isolation::Bwrap(_));
         RuntimeCapabilities {

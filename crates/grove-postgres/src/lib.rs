@@ -26,6 +26,7 @@ pub mod replay;
 pub mod rows;
 pub mod store;
 pub mod submit;
+pub mod worker_queries;
 
 pub use error::StoreError;
 

@@ -19,9 +19,9 @@ use grove_core::ports::MergeBackRequest;
 use grove_postgres::locks::AdvisoryLock;
 use uuid::Uuid;
 
-use crate::handlers::{blocking, correlation_of, internal, Deps, Handled};
+use crate::context::{correlation_of, internal, release_all, Handled, JobContext};
 
-impl Deps {
+impl JobContext {
     /// Locks both workspaces (ascending id order), re-reads their rows under the locks
     /// and checks they may be merged. On any failure the locks taken are released.
     async fn lock_merge_pair(
@@ -39,8 +39,8 @@ impl Deps {
         // Refuse a read-only target before waiting for any lock, as write tools do.
         let edit = self.workspace(edit_id).await?;
         let task = self.workspace(task_id).await?;
-        crate::handlers::host_only(&edit, "merge-back")?;
-        crate::handlers::host_only(&task, "merge-back")?;
+        super::host_only(&edit, "merge-back")?;
+        super::host_only(&task, "merge-back")?;
         check_pair(&edit, &task)?;
         let mut order = [(edit_id, !edit_exclusive), (task_id, true)];
         order.sort_by_key(|(id, _)| *id);
@@ -173,16 +173,7 @@ impl Deps {
                 created: report.created.clone(),
                 fast_forward: report.fast_forward,
             });
-            let git = self.git.clone();
-            let dir = PathBuf::from(&edit.local_path);
-            if let Ok(dirty) = blocking(move || git.is_dirty(&dir)).await {
-                if dirty != edit.dirty {
-                    events.push(Event::WorkspaceDirtyChanged {
-                        workspace_id: edit.id,
-                        dirty,
-                    });
-                }
-            }
+            events.extend(self.dirty_change(&edit).await);
         }
         Ok(Handled {
             result: Ok(CommandResult::MergedBack(report)),
@@ -190,82 +181,6 @@ impl Deps {
             locks,
             correlation,
         })
-    }
-
-    /// Where a merge-back into `workspace_id` keeps its journal: under `$GROVE_HOME`,
-    /// never inside the workspace (the agent writes there).
-    pub(crate) fn journal_path(&self, workspace_id: Uuid) -> PathBuf {
-        self.layout
-            .root()
-            .join("journals")
-            .join(format!("{workspace_id}.json"))
-    }
-
-    /// Finishes or undoes a merge-back a dead worker left half-done in `ws`, before any
-    /// other command touches it (callers hold its command lock), and records
-    /// `workspace.merge_back_recovered`. A failure refuses the command: running it on a
-    /// half-switched tree would be worse.
-    pub(crate) async fn recover_merge_back(&self, ws: &WorkspaceRow) -> Result<(), CommandError> {
-        let journal = self.journal_path(ws.id);
-        if !journal.exists() {
-            return Ok(());
-        }
-        let git = self.git.clone();
-        let dir = PathBuf::from(&ws.local_path);
-        let recovered = blocking(move || git.recover_journal(&journal, &dir)).await?;
-        let Some(r) = recovered else {
-            return Ok(());
-        };
-        let event = Event::WorkspaceMergeBackRecovered {
-            workspace_id: ws.id,
-            outcome: if r.rolled_forward {
-                "rolled_forward"
-            } else {
-                "rolled_back"
-            }
-            .into(),
-            previous_head: r.previous_head,
-            new_head: r.new_head,
-            head: r.head,
-        };
-        let command_id = Uuid::now_v7();
-        self.record(command_id, correlation_of(ws), &[event]).await
-    }
-
-    /// At worker start: recovers every journal a dead worker left under
-    /// `$GROVE_HOME/journals` whose workspace lock is free (a busy one belongs to a live
-    /// merge-back, or is recovered by the next command that locks it).
-    pub async fn recover_journals(&self) {
-        let dir = self.layout.root().join("journals");
-        let Ok(entries) = std::fs::read_dir(&dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let name = entry.file_name();
-            let id = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".json"))
-                .and_then(|n| Uuid::parse_str(n).ok());
-            let Some(id) = id else { continue };
-            let Ok(ws) = self.workspace(id).await else {
-                continue;
-            };
-            if ws.node != self.config.node {
-                continue;
-            }
-            match self.try_lock_workspace(&ws).await {
-                Ok(Some(locks)) => {
-                    if let Err(e) = self.recover_merge_back(&ws).await {
-                        tracing::error!(workspace = %id, error = %e.message, "recovering an interrupted merge-back failed");
-                    }
-                    crate::eviction::release_all(locks).await;
-                }
-                Ok(None) => {}
-                Err(e) => {
-                    tracing::warn!(workspace = %id, error = %e.message, "cannot lock a workspace to recover its merge-back")
-                }
-            }
-        }
     }
 
     /// Gives every entry of a workspace to the owner of its root when the worker wrote
@@ -308,10 +223,4 @@ async fn run_git<T: Send + 'static>(
             "git task failed: {e}"
         )))
     })?
-}
-
-async fn release_all(locks: Vec<AdvisoryLock>) {
-    for lock in locks {
-        lock.release().await.ok();
-    }
 }

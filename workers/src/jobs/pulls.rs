@@ -14,7 +14,7 @@ use grove_core::platform::{GitPlatformProvider, NewPullRequest, PlatformRepo};
 use grove_core::ports::GitToken;
 use grove_postgres::rows;
 
-use crate::handlers::{correlation_of, store_error, Deps, Handled};
+use crate::context::{correlation_of, store_error, Handled, JobContext};
 
 /// The refusal of a platform request without a token.
 fn no_token(what: &str) -> CommandError {
@@ -26,7 +26,7 @@ fn no_token(what: &str) -> CommandError {
     )
 }
 
-impl Deps {
+impl JobContext {
     fn platform(&self) -> Result<&dyn GitPlatformProvider, CommandError> {
         self.platform.as_deref().ok_or_else(|| {
             CommandError::new(

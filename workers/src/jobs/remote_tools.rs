@@ -7,14 +7,17 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use grove_core::error::{CommandError, ErrorKind};
-use grove_core::events::Event;
 use grove_core::layout::short_hash;
 use grove_core::model::WorkspaceRow;
-use grove_core::ports::{ExecRequest, ExecResult, Mount, ResourceHints, Runtime, RuntimeSpec};
+use grove_core::ports::{
+    ExecRequest, ExecResult, Mount, NetworkPolicy, ResourceHints, Runtime, RuntimeSpec,
+};
 use grove_core::tools::{DirEntry, SearchHit, ToolOp, ToolOutput, WrittenFile};
 use grove_tools::{text, RelPath, ToolError};
 
-use super::{correlation_of, not_yet, Deps, Handled};
+use super::not_yet;
+use super::tools::tool_events;
+use crate::context::{correlation_of, Handled, JobContext};
 use grove_core::commands::CommandResult;
 
 /// Reads one file of a remote workspace inside its sandbox: the path (already checked
@@ -81,7 +84,7 @@ fn op_path(op: &ToolOp) -> &str {
     }
 }
 
-impl Deps {
+impl JobContext {
     /// The agent tools on a workspace placed in a remote provider: the ones
     /// `tool_catalog::works_remotely` names run in the sandbox under the workspace's
     /// command lock (shared for a read, exclusive for a write, so no write-class exec
@@ -112,25 +115,7 @@ impl Deps {
             .map(|w| w.network())
             .unwrap_or_default();
         let (ws, lock) = self.lock_workspace(ws.id, !write).await?;
-        let dir = PathBuf::from(&ws.local_path);
-        let spec = RuntimeSpec {
-            image: None,
-            workdir: dir.clone(),
-            mounts: vec![Mount {
-                source: dir.clone(),
-                target: dir,
-                writable: write,
-            }],
-            env: Default::default(),
-            resources: ResourceHints::default(),
-            network,
-            labels: [
-                ("grove.workspace".to_string(), ws.id.to_string()),
-                ("grove.user".to_string(), ws.user_id.clone()),
-                ("grove.project".to_string(), ws.project_id.clone()),
-            ]
-            .into(),
-        };
+        let spec = tool_spec(&ws, write, network);
         let ran = async {
             let runtime = provider.create(spec).await?;
             Sandbox {
@@ -149,23 +134,37 @@ impl Deps {
                 return Err(e);
             }
         };
-        let events = match &output {
-            ToolOutput::Written(w) => vec![Event::WorkspaceFileWritten {
-                workspace_id: ws.id,
-                path: w.path.clone(),
-                op: op.name().to_string(),
-                size_bytes: w.size_bytes,
-                sha256: w.sha256.clone(),
-                created: w.created,
-            }],
-            _ => Vec::new(),
-        };
+        let events = tool_events(ws.id, op, &output);
         Ok(Handled {
             result: Ok(CommandResult::Tool(output)),
             events,
             locks: vec![lock],
             correlation: correlation_of(&ws),
         })
+    }
+}
+
+/// The spec of the runtime a remote tool runs in: the user's and project's sandbox,
+/// the workspace mounted (writable for a write tool), the sandbox's own network.
+fn tool_spec(ws: &WorkspaceRow, write: bool, network: NetworkPolicy) -> RuntimeSpec {
+    let dir = PathBuf::from(&ws.local_path);
+    RuntimeSpec {
+        image: None,
+        workdir: dir.clone(),
+        mounts: vec![Mount {
+            source: dir.clone(),
+            target: dir,
+            writable: write,
+        }],
+        env: Default::default(),
+        resources: ResourceHints::default(),
+        network,
+        labels: [
+            ("grove.workspace".to_string(), ws.id.to_string()),
+            ("grove.user".to_string(), ws.user_id.clone()),
+            ("grove.project".to_string(), ws.project_id.clone()),
+        ]
+        .into(),
     }
 }
 
@@ -217,67 +216,79 @@ impl Sandbox<'_> {
                 let new = text::insert_after(shown, &old, *insert_line, inserted)?;
                 ToolOutput::Written(self.write(&new, false).await?)
             }
-            ToolOp::View { range, .. } => match self.read().await? {
-                Found::File(bytes) => ToolOutput::Text {
-                    text: text::numbered(shown, &String::from_utf8_lossy(&bytes), *range)?,
-                },
-                Found::Directory => {
-                    if range.is_some() {
-                        return Err(ToolError::InvalidInput(
-                            "a view range applies to files, not directories".into(),
-                        )
-                        .into());
-                    }
-                    let entries = self.list(grove_tools::VIEW_DEPTH, false).await?;
-                    ToolOutput::Text {
-                        text: text::directory_view(shown, grove_tools::VIEW_DEPTH, &entries),
-                    }
-                }
-            },
+            ToolOp::View { range, .. } => self.view(*range).await?,
             ToolOp::ListDir { .. } => ToolOutput::Dir {
                 entries: self.list(1, true).await?,
             },
-            ToolOp::Search {
-                pattern,
-                regex,
-                case_sensitive,
-                glob,
-                max_results,
-                ..
-            } => {
-                if !glob.is_empty() {
-                    return Err(CommandError::new(
-                        ErrorKind::Rejected,
-                        "search --glob is not available in a remote provider's sandbox yet"
-                            .to_string(),
-                    ));
-                }
-                // The host's matcher decides; grep in the sandbox only preselects lines.
-                let matcher = grove_tools::matcher(pattern, *regex, *case_sensitive)?;
-                let at = if self.rel.is_root() {
-                    "."
-                } else {
-                    self.rel.as_str()
-                };
-                let mut args = vec![at, if *regex { "-E" } else { "-F" }];
-                if !case_sensitive {
-                    args.push("-i");
-                }
-                args.extend(["-e", pattern.as_str()]);
-                let r = self.sh(SEARCH_SCRIPT, &args, None).await?;
-                if r.exit_code > 1 {
-                    return Err(self.refusal(&r));
-                }
-                let max = max_results
-                    .unwrap_or(grove_core::tools::DEFAULT_SEARCH_HITS)
-                    .max(1);
-                let mut hits = parse_hits(&r.stdout, |line| matcher.is_match(line));
-                let truncated = r.truncated || hits.len() > max;
-                hits.truncate(max);
-                ToolOutput::Search { hits, truncated }
-            }
+            ToolOp::Search { .. } => self.search().await?,
             other => return Err(internal_refusal(other)),
         })
+    }
+
+    /// `view`: a file's numbered lines (in `range`), or a directory's tree.
+    async fn view(&self, range: Option<(u64, i64)>) -> Result<ToolOutput, CommandError> {
+        let shown = self.rel.as_str();
+        Ok(match self.read().await? {
+            Found::File(bytes) => ToolOutput::Text {
+                text: text::numbered(shown, &String::from_utf8_lossy(&bytes), range)?,
+            },
+            Found::Directory => {
+                if range.is_some() {
+                    return Err(ToolError::InvalidInput(
+                        "a view range applies to files, not directories".into(),
+                    )
+                    .into());
+                }
+                let entries = self.list(grove_tools::VIEW_DEPTH, false).await?;
+                ToolOutput::Text {
+                    text: text::directory_view(shown, grove_tools::VIEW_DEPTH, &entries),
+                }
+            }
+        })
+    }
+
+    /// `search`: grep in the sandbox preselects lines, the host's matcher decides.
+    async fn search(&self) -> Result<ToolOutput, CommandError> {
+        let ToolOp::Search {
+            pattern,
+            regex,
+            case_sensitive,
+            glob,
+            max_results,
+            ..
+        } = self.op
+        else {
+            return Err(internal_refusal(self.op));
+        };
+        if !glob.is_empty() {
+            return Err(CommandError::new(
+                ErrorKind::Rejected,
+                "search --glob is not available in a remote provider's sandbox yet".to_string(),
+            ));
+        }
+        // The host's matcher decides; grep in the sandbox only preselects lines.
+        let matcher = grove_tools::matcher(pattern, *regex, *case_sensitive)?;
+        let at = if self.rel.is_root() {
+            "."
+        } else {
+            self.rel.as_str()
+        };
+        let mut args = vec![at, if *regex { "-E" } else { "-F" }];
+        if !case_sensitive {
+            args.push("-i");
+        }
+        args.extend(["-e", pattern.as_str()]);
+        let r = self.sh(SEARCH_SCRIPT, &args, None).await?;
+        if r.exit_code > 1 {
+            return Err(self.refusal(&r));
+        }
+        let max = max_results
+            .unwrap_or(grove_core::tools::DEFAULT_SEARCH_HITS)
+            .max(1);
+        let mut hits = parse_hits(&r.stdout, |line| matcher.is_match(line));
+        let truncated = r.truncated || hits.len() > max;
+        hits.truncate(max);
+        Ok(ToolOutput::Search { hits, truncated })
     }
 
     /// Runs `script` with `args` in the sandbox.

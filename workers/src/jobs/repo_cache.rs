@@ -1,0 +1,205 @@
+//! `ensure_repo_cache`: the node's clone of a repository, cloned if absent and fetched
+//! when asked, stale or first served to other credentials.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use grove_core::commands::{CommandResult, EnsureRepoCache};
+use grove_core::error::CommandError;
+use grove_core::events::{Correlation, Event};
+use grove_core::model::RepoCacheRow;
+use grove_core::ports::GitToken;
+use grove_core::validate::RepoUrl;
+use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::rows;
+use uuid::Uuid;
+
+use crate::context::{blocking, fold_cache, store_error, Handled, JobContext};
+
+impl JobContext {
+    async fn cache_by_identity(
+        &self,
+        identity: &str,
+    ) -> Result<Option<RepoCacheRow>, CommandError> {
+        let mut conn = self.conn().await?;
+        rows::repo_cache_by_identity(&mut conn, &self.config.node, identity)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Ensures the repo cache on this node: clones if absent, fetches if asked or stale.
+    /// Returns the row as it will be after `events` commit, and the lock (if one was
+    /// needed) that must be held until then.
+    pub(crate) async fn ensure_cache(
+        &self,
+        repo_name: &str,
+        repo_url: &str,
+        fetch: bool,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+    ) -> Result<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>), CommandError> {
+        let url = RepoUrl::parse(repo_url)?;
+        // A cache cloned with credentials is served to a caller with other (or no)
+        // credentials only after a fetch with theirs succeeds: the fetch is the access check.
+        let scope = self.auth_scope(token).await?;
+        let need = CacheNeed {
+            fetch,
+            at,
+            freshness: self.config.cache_freshness,
+            scope: scope.clone(),
+        };
+        if let Some(used) = self.use_shared(&url, &need).await? {
+            return Ok(used);
+        }
+        let lock = self
+            .lock(LockScope::RepoCache, &self.cache_lock_key(&url), false)
+            .await?;
+        // Another worker may have created or fetched it while we waited.
+        let existing = self.cache_by_identity(url.identity()).await?;
+        let cache_dir = self.layout.repo_cache_dir(url.identity());
+        let must_fetch = existing.as_ref().is_some_and(|row| need.must_fetch(row));
+        let git = self.git.clone();
+        let (u, d, t) = (repo_url.to_string(), cache_dir.clone(), token.cloned());
+        let report = blocking(move || git.ensure_cache(&u, &d, t.as_ref(), must_fetch)).await?;
+        let events = match &existing {
+            Some(row) if report.fetched => vec![Event::RepoCacheFetched {
+                repo_cache_id: row.id,
+                size_bytes: report.size_bytes,
+            }],
+            Some(row) => vec![Event::RepoCacheUsed {
+                repo_cache_id: row.id,
+            }],
+            None => vec![cache_created(
+                Uuid::now_v7(),
+                &self.config.node,
+                &url,
+                repo_name,
+                cache_dir.to_string_lossy().into_owned(),
+                scope,
+                report.size_bytes,
+            )],
+        };
+        Ok((fold_cache(existing, &events, at), events, Some(lock)))
+    }
+
+    /// The lock value of this node's cache of `url`.
+    fn cache_lock_key(&self, url: &RepoUrl) -> String {
+        format!("{}\u{0}{}", self.config.node, url.identity())
+    }
+
+    /// A fresh cache this caller may use as it is, under a shared lock: concurrent users
+    /// of a fresh cache do not wait for each other, and an eviction sweep (exclusive)
+    /// cannot delete it while a checkout reads it. `None`: it must be cloned or fetched.
+    async fn use_shared(
+        &self,
+        url: &RepoUrl,
+        need: &CacheNeed,
+    ) -> Result<Option<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>)>, CommandError> {
+        let existing = self.cache_by_identity(url.identity()).await?;
+        if !existing.as_ref().is_some_and(|row| need.usable(row)) {
+            return Ok(None);
+        }
+        let shared = self
+            .lock(LockScope::RepoCache, &self.cache_lock_key(url), true)
+            .await?;
+        match self.cache_by_identity(url.identity()).await {
+            Ok(Some(row)) if need.usable(&row) => {
+                let events = vec![Event::RepoCacheUsed {
+                    repo_cache_id: row.id,
+                }];
+                Ok(Some((
+                    fold_cache(Some(row), &events, need.at),
+                    events,
+                    Some(shared),
+                )))
+            }
+            Ok(_) => {
+                // Evicted while we waited: clone it again.
+                shared.release().await.ok();
+                Ok(None)
+            }
+            Err(e) => {
+                shared.release().await.ok();
+                Err(e)
+            }
+        }
+    }
+
+    pub async fn ensure_repo_cache(
+        &self,
+        c: &EnsureRepoCache,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+    ) -> Result<Handled, CommandError> {
+        let (row, events, lock) = self
+            .ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at)
+            .await?;
+        Ok(Handled {
+            result: Ok(CommandResult::RepoCache(row)),
+            events,
+            locks: lock.into_iter().collect(),
+            correlation: Correlation::default(),
+        })
+    }
+}
+
+/// What an ensure asks of a cache.
+struct CacheNeed {
+    /// A fetch was asked for.
+    fetch: bool,
+    at: DateTime<Utc>,
+    /// A cache older than this is fetched.
+    freshness: Duration,
+    /// The caller's credentials' fingerprint.
+    scope: Option<String>,
+}
+
+impl CacheNeed {
+    fn stale(&self, row: &RepoCacheRow) -> bool {
+        row.last_fetched_at
+            .is_none_or(|t| (self.at - t).to_std().unwrap_or_default() > self.freshness)
+    }
+
+    /// Cloned with other credentials than the caller's.
+    fn foreign(&self, row: &RepoCacheRow) -> bool {
+        row.auth_scope_hash.is_some() && row.auth_scope_hash != self.scope
+    }
+
+    fn must_fetch(&self, row: &RepoCacheRow) -> bool {
+        self.fetch || self.stale(row) || self.foreign(row)
+    }
+
+    /// Usable as it is: no fetch needed, and its files are in place.
+    fn usable(&self, row: &RepoCacheRow) -> bool {
+        !self.must_fetch(row) && row.state != "evicted" && PathBuf::from(&row.local_path).is_dir()
+    }
+}
+
+/// `repo_cache.created` for a clone of `url` on `node` at `local_path`.
+pub(crate) fn cache_created(
+    repo_cache_id: Uuid,
+    node: &str,
+    url: &RepoUrl,
+    repo_name: &str,
+    local_path: String,
+    auth_scope_hash: Option<String>,
+    size_bytes: i64,
+) -> Event {
+    Event::RepoCacheCreated {
+        repo_cache_id,
+        node: node.to_string(),
+        identity: url.identity().to_string(),
+        repo_name: repo_name.to_string(),
+        repo_url: url.as_str().to_string(),
+        provider: if url.is_local() {
+            "local".into()
+        } else {
+            "git".into()
+        },
+        provider_host: url.host().to_string(),
+        local_path,
+        auth_scope_hash,
+        size_bytes,
+    }
+}

@@ -1,0 +1,439 @@
+//! A claimed job carried to its recorded outcome: the handler run (a panic caught), the
+//! outcome and its events committed with the locks still held (patiently while the
+//! database is away, fenced by the locks' leases), retries, and the end of a job whose
+//! worker was lost.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use grove_core::commands::Command;
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::events::{Correlation, Event, Metadata};
+use grove_core::ports::GitToken;
+use grove_postgres::locks::Fence;
+use grove_postgres::queue::{self, ClaimedJob, Start};
+use grove_postgres::StoreError;
+use tracing::{debug, info, warn};
+
+use super::{handle, metadata};
+use crate::context::{correlation_of, now, Handled, JobContext};
+
+/// Carries one claimed job to its recorded outcome. Database failures on the way leave
+/// the job to orphan recovery (it stays locked by us until our heartbeat stops) or to
+/// the retry the next delivery makes. A handler that panics ends its job as failed
+/// with `internal` (retried later when its kind is idempotent and attempts remain);
+/// either way the job leaves the in-flight set.
+pub(super) async fn run_job(deps: Arc<JobContext>, job: ClaimedJob, start: Start) {
+    use futures::FutureExt;
+    deps.inflight
+        .lock()
+        .expect("inflight set")
+        .insert(job.job_id.clone());
+    let attempt = match &start {
+        Start::Run {
+            command,
+            attempt,
+            max_attempts,
+            ..
+        } => Some((command.is_idempotent(), *attempt, *max_attempts)),
+        Start::AlreadyFinished => None,
+    };
+    let ran = std::panic::AssertUnwindSafe(run_job_inner(&deps, &job, start))
+        .catch_unwind()
+        .await;
+    match ran {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            // The outcome could not be recorded even after waiting for the database.
+            // The ledger row is left as it is: the next delivery of this job then sees
+            // an attempt that started and never finished, and re-runs it if it is
+            // idempotent or ends it as worker_lost if it is an exec. The job row is
+            // handed back here if the database answers, else by the next sweep of our
+            // own stale jobs.
+            warn!(command = %job.command_id, error = %e, "recording a job's outcome failed");
+            let _ = queue::requeue(&deps.pool, &job.job_id).await;
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "(no message)".into());
+            tracing::error!(command = %job.command_id, job = %job.job_id, panic = %what, "a job handler panicked");
+            if let Some(attempt) = attempt {
+                if let Err(e) = finish_panicked(&deps, &job, attempt).await {
+                    warn!(command = %job.command_id, error = %e, "recording a panicked job's failure failed");
+                    let _ = queue::requeue(&deps.pool, &job.job_id).await;
+                }
+            }
+        }
+    }
+    deps.inflight
+        .lock()
+        .expect("inflight set")
+        .remove(&job.job_id);
+}
+
+/// Ends a job whose handler panicked: a retry later for an idempotent kind with
+/// attempts left, else failed with `internal`, and an exec it started is finished as
+/// `internal_error`. The locks the handler held were freed as its future unwound.
+async fn finish_panicked(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    (idempotent, attempt, max_attempts): (bool, i32, i32),
+) -> Result<(), StoreError> {
+    let err = CommandError::new(
+        ErrorKind::Internal,
+        "an internal error stopped this command; the worker logged it with the command id",
+    );
+    if idempotent && attempt < max_attempts {
+        return queue::retry_later(&deps.pool, job, &err, queue::backoff(attempt)).await;
+    }
+    let events = close_started_execs(deps, job, "internal_error").await?;
+    let md = metadata(deps, job, Correlation::default());
+    finish_patiently(deps, job, &Err(err), &events, &md, now(), &[]).await
+}
+
+/// `exec.finished` (with `outcome`) for each `exec.started` the command committed: for
+/// an exec that failed without a handled outcome after its start was recorded (a
+/// panic, or the database going away right after the start committed).
+async fn close_started_execs(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    outcome: &str,
+) -> Result<Vec<Event>, StoreError> {
+    let mut conn = deps.pool.acquire().await?;
+    let started = grove_postgres::reader::events_of_command(&mut conn, job.command_id).await?;
+    drop(conn);
+    Ok(started
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::ExecStarted {
+                workspace_id,
+                runtime_id,
+                ..
+            } => Some(Event::ExecFinished {
+                exec_id: job.command_id,
+                workspace_id: *workspace_id,
+                runtime_id: *runtime_id,
+                outcome: outcome.into(),
+                exit_code: None,
+                timed_out: false,
+                truncated: false,
+                duration_ms: 0,
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+            }),
+            _ => None,
+        })
+        .collect())
+}
+
+/// Runs a job that `queue::claim_and_start` claimed and started.
+async fn run_job_inner(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    start: Start,
+) -> Result<(), StoreError> {
+    let Start::Run {
+        command,
+        attempt,
+        max_attempts,
+        resumed,
+        token,
+    } = start
+    else {
+        return Ok(());
+    };
+    let at = now();
+    if resumed && !command.is_idempotent() {
+        return finish_worker_lost(deps, job, &command).await;
+    }
+    if resumed && attempt > max_attempts {
+        // Every attempt so far died with its worker: stop redelivering it.
+        let md = metadata(deps, job, Correlation::default());
+        let err = CommandError::new(
+            ErrorKind::WorkerLost,
+            format!(
+                "the worker running this command stopped {} times; giving up",
+                attempt - 1
+            ),
+        );
+        return queue::finish(
+            &deps.pool,
+            job,
+            &deps.config.worker_id,
+            &Err(err),
+            &[],
+            &md,
+            at,
+        )
+        .await;
+    }
+    let outcome = match command.validate() {
+        Err(e) => Err(CommandError::from(e)),
+        Ok(()) => handle(deps, job, &command, token.map(GitToken::new), at).await,
+    };
+    match outcome {
+        Ok(handled) => {
+            // An exec's finish happens after its start events, so it is stamped now;
+            // rows in other results were folded at `at`.
+            let at = if matches!(command, Command::Exec(_)) {
+                now()
+            } else {
+                at
+            };
+            record_handled(deps, job, handled, at).await
+        }
+        Err(e) if e.transient && attempt < max_attempts => {
+            let delay = queue::backoff(attempt);
+            info!(command = %job.command_id, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "retrying later");
+            queue::retry_later(&deps.pool, job, &e, delay).await
+        }
+        Err(e) => {
+            let md = metadata(deps, job, Correlation::default());
+            // An exec whose start was recorded before it failed is closed too.
+            let events = match command {
+                Command::Exec(_) => close_started_execs(deps, job, "rejected").await?,
+                _ => Vec::new(),
+            };
+            finish_patiently(deps, job, &Err(e), &events, &md, at, &[]).await
+        }
+    }
+}
+
+/// Records a handled job's outcome with its events, its locks still held, and frees
+/// the locks after. First on the first lock's connection (no further checkout),
+/// announced in the round trip that frees that lock; if that connection failed (the
+/// database restarted while the effect ran), through [`finish_patiently`]. Every write
+/// checks that the locks still hold their leases.
+async fn record_handled(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    handled: Handled,
+    at: chrono::DateTime<chrono::Utc>,
+) -> Result<(), StoreError> {
+    let md = metadata(deps, job, handled.correlation);
+    let fences: Vec<Fence> = handled.locks.iter().map(|l| l.fence()).collect();
+    let mut locks = handled.locks.into_iter();
+    let Some(mut first) = locks.next() else {
+        return finish_patiently(deps, job, &handled.result, &handled.events, &md, at, &[]).await;
+    };
+    let fast = queue::finish_fenced(
+        first.conn(),
+        job,
+        &deps.config.worker_id,
+        &handled.result,
+        &handled.events,
+        &md,
+        at,
+        &fences,
+    )
+    .await;
+    let res = match fast {
+        Ok(recorded) => {
+            let _ = if recorded {
+                first.release_announcing(job.command_id).await
+            } else {
+                first.release().await
+            };
+            Ok(())
+        }
+        Err(e) => {
+            debug!(command = %job.command_id, error = %e, "recording on the lock's connection failed; retrying on others");
+            let res = finish_patiently(
+                deps,
+                job,
+                &handled.result,
+                &handled.events,
+                &md,
+                at,
+                &fences,
+            )
+            .await;
+            let _ = first.release().await;
+            res
+        }
+    };
+    for lock in locks {
+        let _ = lock.release().await;
+    }
+    res
+}
+
+/// How long a worker keeps trying to record an outcome while the database is away.
+const OUTCOME_PATIENCE: Duration = Duration::from_secs(600);
+
+/// Records an outcome through the pool, retrying with capped backoff (0.1 s doubling
+/// to 5 s, a warning every 10 s) while the database cannot be reached, for up to
+/// [`OUTCOME_PATIENCE`]: a command that finished while the database was away keeps its
+/// outcome. If a lock's lease was lost meanwhile (another holder may have run since),
+/// the outcome is recorded without the state changes the lock guarded: only its
+/// `exec.finished` and `runtime.destroyed` events are kept.
+async fn finish_patiently(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    result: &Result<grove_core::commands::CommandResult, CommandError>,
+    events: &[Event],
+    md: &Metadata,
+    at: chrono::DateTime<chrono::Utc>,
+    fences: &[Fence],
+) -> Result<(), StoreError> {
+    let worker = &deps.config.worker_id;
+    let give_up = std::time::Instant::now() + OUTCOME_PATIENCE;
+    let mut pause = Duration::from_millis(100);
+    let mut warned: Option<std::time::Instant> = None;
+    loop {
+        let attempt = async {
+            let mut conn = deps.pool.acquire().await?;
+            let recorded = match queue::finish_fenced(
+                &mut conn, job, worker, result, events, md, at, fences,
+            )
+            .await
+            {
+                Err(StoreError::Fenced(why)) => {
+                    warn!(command = %job.command_id, %why, "recording the outcome without the changes its locks guarded");
+                    let kept: Vec<Event> = events
+                        .iter()
+                        .filter(|e| {
+                            matches!(
+                                e,
+                                Event::ExecFinished { .. } | Event::RuntimeDestroyed { .. }
+                            )
+                        })
+                        .cloned()
+                        .collect();
+                    queue::finish_on(&mut conn, job, worker, result, &kept, md, at).await?
+                }
+                other => other?,
+            };
+            if recorded {
+                queue::announce(&mut conn, job.command_id).await;
+            }
+            Ok::<_, StoreError>(())
+        };
+        match attempt.await {
+            Ok(()) => return Ok(()),
+            Err(e @ StoreError::Database(_)) if std::time::Instant::now() < give_up => {
+                if warned.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                    warn!(command = %job.command_id, error = %e, "the database is unreachable; holding the outcome and retrying");
+                    warned = Some(std::time::Instant::now());
+                }
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(5));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// An exec whose earlier attempt's worker died is not run again: a command may not be
+/// safe to run twice. It ends as failed with `worker_lost`, which the caller can retry.
+async fn finish_worker_lost(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    command: &Command,
+) -> Result<(), StoreError> {
+    let Command::Exec(exec) = command else {
+        return finish_lost_command(deps, job, command).await;
+    };
+    let ws = {
+        let mut conn = deps.pool.acquire().await?;
+        grove_postgres::rows::workspace(&mut conn, exec.workspace_id).await?
+    };
+    let mut events = match &ws {
+        Some(_) => close_started_execs(deps, job, "worker_lost").await?,
+        None => Vec::new(),
+    };
+    if let Some(ws) = &ws {
+        let destroyed = destroy_lost_runtimes(deps, ws, &events).await?;
+        events.extend(destroyed);
+    }
+    let correlation = ws.as_ref().map(correlation_of).unwrap_or_default();
+    let md = metadata(deps, job, correlation);
+    let err = CommandError::new(
+        ErrorKind::WorkerLost,
+        "the worker running this command stopped before it finished; the command was not re-run",
+    );
+    queue::finish(
+        &deps.pool,
+        job,
+        &deps.config.worker_id,
+        &Err(err),
+        &events,
+        &md,
+        now(),
+    )
+    .await
+}
+
+/// Any other command that is not safe to repeat (a tool's edit, commit or push) left no
+/// start events: it only fails, and the caller decides.
+async fn finish_lost_command(
+    deps: &JobContext,
+    job: &ClaimedJob,
+    command: &Command,
+) -> Result<(), StoreError> {
+    let workspace = match command.workspace_id() {
+        Some(id) => {
+            let mut conn = deps.pool.acquire().await?;
+            grove_postgres::rows::workspace(&mut conn, id).await?
+        }
+        None => None,
+    };
+    let correlation = workspace.as_ref().map(correlation_of).unwrap_or_default();
+    let err = CommandError::new(
+        ErrorKind::WorkerLost,
+        "the worker running this command stopped before it finished; the command was not re-run (check the workspace before retrying)",
+    );
+    queue::finish(
+        &deps.pool,
+        job,
+        &deps.config.worker_id,
+        &Err(err),
+        &[],
+        &metadata(deps, job, correlation),
+        now(),
+    )
+    .await
+}
+
+/// The lost command may still be running inside a long-lived runtime (a container
+/// outlives the worker that exec'd into it): the runtimes its `finished` events name
+/// are destroyed so nothing of the command survives, each a `runtime.destroyed`. The
+/// workspace stays; the next exec creates a fresh runtime.
+async fn destroy_lost_runtimes(
+    deps: &JobContext,
+    ws: &grove_core::model::WorkspaceRow,
+    finished: &[Event],
+) -> Result<Vec<Event>, StoreError> {
+    let runtime_ids: Vec<uuid::Uuid> = finished
+        .iter()
+        .filter_map(|e| match e {
+            Event::ExecFinished { runtime_id, .. } => Some(*runtime_id),
+            _ => None,
+        })
+        .collect();
+    let runtimes = {
+        let mut conn = deps.pool.acquire().await?;
+        grove_postgres::rows::runtimes_of(&mut conn, ws.id).await?
+    };
+    let mut events = Vec::new();
+    for r in runtimes.into_iter().filter(|r| runtime_ids.contains(&r.id)) {
+        let Some(provider) = deps.runtimes.get(&r.backend_kind) else {
+            continue;
+        };
+        match provider.destroy(&r.backend_runtime_id).await {
+            Ok(()) | Err(grove_core::error::RuntimeError::NotFound(_)) => {
+                events.push(Event::RuntimeDestroyed {
+                    runtime_id: r.id,
+                    reason: "worker lost during an exec".into(),
+                });
+            }
+            Err(e) => {
+                warn!(runtime = %r.id, error = %e, "destroying the runtime of a lost exec failed")
+            }
+        }
+    }
+    Ok(events)
+}
