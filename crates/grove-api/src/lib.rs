@@ -9,6 +9,8 @@
 //! # Layout
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
+//! - `request`: the helpers the route modules share (command ids, the tenancy check,
+//!   the exec command of a request); it imports no route module.
 //! - [`sessions`]: interactive sessions, held in this process (the one exception to
 //!   "runs no effect": see the module).
 //! - [`pulls`]: a workspace's pull requests (open, read, comment) on the git platform.
@@ -37,6 +39,7 @@ pub mod extract;
 pub mod merge_back;
 pub mod notify;
 pub mod pulls;
+mod request;
 pub mod routes;
 pub mod sessions;
 pub mod stream;

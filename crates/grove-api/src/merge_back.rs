@@ -20,7 +20,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::{parse_id, JsonBody};
-use crate::routes::{command_id, visible_workspace};
+use crate::request::{command_id, visible_workspace};
 use crate::AppState;
 
 type St = State<Arc<AppState>>;

@@ -26,7 +26,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::{git_token, parse_id, JsonBody};
-use crate::routes::{command_id, visible_workspace};
+use crate::request::{command_id, visible_workspace};
 use crate::AppState;
 
 type St = State<Arc<AppState>>;

@@ -12,55 +12,18 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
-use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache, Exec};
-use grove_core::error::{CommandError, ErrorKind};
-use grove_core::idempotency;
-use grove_core::model::WorkspaceRow;
-use grove_postgres::{reader, rows};
+use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache};
+use grove_postgres::{api_queries, reader, rows};
 use uuid::Uuid;
 
 use crate::auth::Caller;
 use crate::dto::*;
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::{git_token, parse_id, JsonBody, OptionalJsonBody, QueryParams};
+use crate::request::{command_id, exec_command, unexpected, visible_workspace};
 use crate::AppState;
 
 type St = State<Arc<AppState>>;
-
-/// The command id of a request: derived from its idempotency key in the caller's scope,
-/// else fresh.
-pub(crate) fn command_id(caller: &Caller, key: Option<&str>) -> Result<Uuid, ApiError> {
-    match key {
-        None => Ok(Uuid::now_v7()),
-        Some(k) => {
-            idempotency::validate_key(k)?;
-            Ok(idempotency::command_id_for_key(
-                &idempotency::user_scope(&caller.user_id),
-                k,
-            ))
-        }
-    }
-}
-
-/// The workspace `id`, if the caller may see it; otherwise 404.
-pub(crate) async fn visible_workspace(
-    state: &AppState,
-    caller: &Caller,
-    id: Uuid,
-) -> Result<WorkspaceRow, ApiError> {
-    let mut conn = state.pool.acquire().await?;
-    match rows::workspace(&mut conn, id).await? {
-        Some(ws) if caller.can_see(&ws.user_id) => Ok(ws),
-        _ => Err(ApiError::not_found(format!("workspace {id} not found"))),
-    }
-}
-
-fn unexpected(what: &str) -> ApiError {
-    ApiError::Command(CommandError::new(
-        ErrorKind::Internal,
-        format!("unexpected result for {what}"),
-    ))
-}
 
 /// Ensure the repo cache of a repository exists (clone once).
 #[utoipa::path(
@@ -207,7 +170,7 @@ pub async fn list_workspaces(
         )));
     }
     let after = q.cursor.as_deref().map(parse_cursor).transpose()?;
-    let mut list = workspace_page(&state, user.as_deref(), after, limit).await?;
+    let mut list = api_queries::workspace_page(&state.pool, user.as_deref(), after, limit).await?;
     let next_cursor = if list.len() > limit as usize {
         list.truncate(limit as usize);
         list.last().map(|w| cursor_of(w.created_at, w.id))
@@ -218,35 +181,6 @@ pub async fn list_workspaces(
         workspaces: list.into_iter().map(Into::into).collect(),
         next_cursor,
     }))
-}
-
-/// Up to `limit + 1` workspaces after `after`, by (created_at, id): a row created
-/// while a client pages lands after every row it has seen, so pages never skip or
-/// repeat a row.
-async fn workspace_page(
-    state: &AppState,
-    user: Option<&str>,
-    after: Option<(DateTime<Utc>, Uuid)>,
-    limit: u32,
-) -> Result<Vec<WorkspaceRow>, ApiError> {
-    let sql = format!(
-        "SELECT {} FROM grove.sandbox_workspaces \
-         WHERE ($1::text IS NULL OR user_id = $1) \
-           AND ($2::timestamptz IS NULL OR (created_at, id) > ($2, $3)) \
-         ORDER BY created_at, id LIMIT $4",
-        rows::WORKSPACE_COLUMNS
-    );
-    let found = sqlx::query(sqlx::AssertSqlSafe(sql))
-        .bind(user)
-        .bind(after.map(|a| a.0))
-        .bind(after.map(|a| a.1))
-        .bind(i64::from(limit) + 1)
-        .fetch_all(&state.pool)
-        .await?;
-    Ok(found
-        .iter()
-        .map(rows::workspace_from_row)
-        .collect::<Result<_, _>>()?)
 }
 
 /// The opaque cursor of a row: its creation time (microseconds) and id.
@@ -381,32 +315,6 @@ pub async fn restore_workspace(
     }
 }
 
-/// Builds the exec command of a request on a workspace the caller may see.
-pub(crate) async fn exec_command(
-    state: &AppState,
-    caller: &Caller,
-    raw_id: &str,
-    req: ExecRequest,
-) -> Result<(Uuid, Command), ApiError> {
-    let workspace_id = parse_id(raw_id, "workspace")?;
-    visible_workspace(state, caller, workspace_id).await?;
-    let id = command_id(caller, req.idempotency_key.as_deref())?;
-    let command = Command::Exec(Exec {
-        workspace_id,
-        runtime: req.runtime.unwrap_or_else(|| "local".into()),
-        argv: req.argv,
-        env: req.env,
-        cwd: req.cwd,
-        stdin: req.stdin.map(String::into_bytes),
-        timeout_ms: req.timeout_ms,
-        max_output_bytes: req.max_output_bytes,
-        kind: req.kind.map(Into::into),
-        network: req.network.map(Into::into),
-    });
-    command.validate()?;
-    Ok((id, command))
-}
-
 /// Run a command in the workspace and answer with its result once it has finished.
 #[utoipa::path(
     post,
@@ -458,14 +366,8 @@ pub async fn get_exec(
     let id = parse_id(&id, "exec")?;
     let not_found = || ApiError::not_found(format!("exec {id} not found"));
     let mut conn = state.pool.acquire().await?;
-    let workspace_id: Option<String> = sqlx::query_scalar(
-        "SELECT payload ->> 'workspace_id' FROM grove.commands WHERE command_id = $1 AND kind = 'exec'",
-    )
-    .bind(id)
-    .fetch_optional(&mut *conn)
-    .await?
-    .flatten();
-    let workspace_id = workspace_id
+    let workspace_id = api_queries::exec_workspace_id(&mut conn, id)
+        .await?
         .and_then(|w| Uuid::parse_str(&w).ok())
         .ok_or_else(not_found)?;
     // The owner is the workspace's; once it is destroyed, the user its events name.

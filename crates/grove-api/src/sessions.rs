@@ -33,7 +33,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::{parse_id, JsonBody, OptionalJsonBody};
-use crate::routes::visible_workspace;
+use crate::request::visible_workspace;
 use crate::AppState;
 
 type St = State<Arc<AppState>>;

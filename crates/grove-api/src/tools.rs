@@ -27,7 +27,7 @@ use crate::auth::Caller;
 use crate::dto::{ToolInfo, ToolList};
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::{git_token, parse_id, OptionalJsonBody};
-use crate::routes::visible_workspace;
+use crate::request::visible_workspace;
 use crate::AppState;
 
 type St = State<Arc<AppState>>;

@@ -14,7 +14,7 @@ use grove_core::tools::{ToolOp, ToolRequest};
 use serde_json::{json, Value};
 use tokio::sync::oneshot;
 
-use crate::cases::{ms, Ctx};
+use crate::ctx::{ms, Ctx};
 use crate::stats::latency;
 use crate::Out;
 

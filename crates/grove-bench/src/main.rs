@@ -9,6 +9,7 @@
 
 mod cases;
 mod client;
+mod ctx;
 mod fixture;
 mod http;
 mod stats;
@@ -164,13 +165,12 @@ async fn run_in(args: &Args, db: &fixture::BenchDb, dir: PathBuf) -> Result<Out>
     // A sandbox image for the Docker cases, built before the worker starts so its
     // config names it.
     let docker = if wants("exec_docker") {
-        cases::docker_setup().await
+        ctx::docker_setup().await
     } else {
         Err("not selected".to_string())
     };
 
-    let mut ctx =
-        cases::Ctx::start(args.clone(), pool, home, dir.clone(), upstream, docker).await?;
+    let mut ctx = ctx::Ctx::start(args.clone(), pool, home, dir.clone(), upstream, docker).await?;
     let mut out = Out {
         json: args.json,
         rows: Vec::new(),

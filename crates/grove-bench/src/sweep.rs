@@ -24,7 +24,7 @@ use grove_core::sweep::{ActionOutcome, SweepReport, SweepTrigger};
 use serde_json::json;
 use uuid::Uuid;
 
-use crate::cases::{ms, run_cmd, Ctx, NODE, REPO};
+use crate::ctx::{ms, run_cmd, Ctx, NODE, REPO};
 use crate::stats::{latency, round};
 use crate::Out;
 

@@ -15,6 +15,7 @@
 //! Architecture invariant: no function here holds a transaction open while it waits on
 //! anything but Postgres; effects (git, processes) happen between transactions.
 
+pub mod api_queries;
 pub mod boundary;
 pub mod error;
 pub mod locks;
