@@ -20,11 +20,14 @@
 //! # Layout
 //! - [`api`]: the typed REST client (sandboxes, toolbox sessions, files, git).
 //! - [`error`]: [`DaytonaError`] and its mapping to `RuntimeError`.
+//! - `sandboxes`: Daytona's calls for the shared sandbox lifecycle (find, create,
+//!   converge, recover: `grove_remote_runtime::lifecycle`).
 //! - [`script`]: argv/env/cwd/stdin as a quoted `sh` script for the session API.
 //! - [`workspace`]: workspaces inside the sandbox (clone, branch, checkout, verified).
 
 pub mod api;
 pub mod error;
+mod sandboxes;
 pub mod script;
 pub mod workspace;
 
@@ -44,7 +47,8 @@ use grove_core::ports::{
 
 pub use api::{ApiKey, Client, Sandbox, SandboxState};
 pub use error::DaytonaError;
-use grove_remote_runtime::{lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec};
+use grove_remote_runtime::lifecycle;
+use grove_remote_runtime::{lexical_cwd, validate_exec, OutputCap, RemoteSpec};
 pub use grove_remote_runtime::{
     RemoteWorkspace, SandboxKey, WorkspacePlacement, LABEL_MANAGED, LABEL_NETWORK, LABEL_PROJECT,
     LABEL_USER,
@@ -158,16 +162,6 @@ struct Inner {
     sandboxes: tokio::sync::Mutex<HashMap<SandboxKey, String>>,
 }
 
-/// What the state check after a failed toolbox call decided.
-enum Recovery {
-    /// The sandbox is started: the failure was the call's own.
-    Genuine,
-    /// The sandbox was stopped (or archived) and is started again.
-    Restarted(String),
-    /// The sandbox was gone and a new one was created.
-    Recreated(String),
-}
-
 impl DaytonaRuntimeProvider {
     pub fn new(config: DaytonaConfig) -> Result<Self, DaytonaError> {
         let client = Client::new(
@@ -243,170 +237,12 @@ impl DaytonaRuntimeProvider {
         key: &SandboxKey,
         network: NetworkPolicy,
     ) -> Result<String, RuntimeError> {
-        let mut known = self.inner.sandboxes.lock().await;
-        if let Some(id) = known.get(key) {
-            return Ok(id.clone());
-        }
-        let found = oldest(
-            self.inner
-                .client
-                .list_sandboxes(&self.labels_of(key))
-                .await?,
-        );
-        let id = match found {
-            Some(s) => {
-                check_network(&s, network)?;
-                tracing::info!(sandbox = %s.id, user = %key.user, project = %key.project, "daytona sandbox recovered by label");
-                self.ensure_started(&s.id).await?;
-                s.id
-            }
-            None => self.create_sandbox(key, network).await?,
-        };
-        known.insert(key.clone(), id.clone());
-        Ok(id)
-    }
-
-    async fn create_sandbox(
-        &self,
-        key: &SandboxKey,
-        network: NetworkPolicy,
-    ) -> Result<String, RuntimeError> {
-        let c = &self.inner.config;
-        let mut labels = self.labels_of(key);
-        labels.insert(LABEL_NETWORK.into(), network_name(network).into());
-        let allow = match network {
-            NetworkPolicy::Limited => Some(c.network_allow_list.clone().ok_or_else(|| {
-                RuntimeError::CommandRejected(
-                    "network limited needs GROVE_DAYTONA_NETWORK_ALLOW_LIST on this deployment"
-                        .into(),
-                )
-            })?),
-            _ => None,
-        };
-        let body = api::CreateSandbox {
-            snapshot: c.snapshot.clone(),
-            user: None,
-            env: BTreeMap::new(),
-            labels,
-            target: c.target.clone(),
-            cpu: c.cpu,
-            memory: c.memory_gib,
-            disk: c.disk_gib,
-            auto_stop_interval: c.auto_stop_minutes,
-            auto_archive_interval: c.auto_archive_minutes,
-            network_block_all: network == NetworkPolicy::None,
-            network_allow_list: allow,
-        };
-        let created = self.inner.client.create_sandbox(&body).await?;
-        tracing::info!(sandbox = %created.id, user = %key.user, project = %key.project, "daytona sandbox created");
-        let id = self.converge(key, created.id, network).await?;
-        self.ensure_started(&id).await?;
-        Ok(id)
-    }
-
-    /// After creating `ours`: another worker may have created a sandbox for the same
-    /// key at the same moment. Keeps the one every racer keeps (the oldest,
-    /// [`grove_remote_runtime::survivor`]) and deletes `ours` if it is not that one;
-    /// a sandbox another racer created is never deleted here.
-    async fn converge(
-        &self,
-        key: &SandboxKey,
-        ours: String,
-        network: NetworkPolicy,
-    ) -> Result<String, RuntimeError> {
-        let Some(keep) = oldest(
-            self.inner
-                .client
-                .list_sandboxes(&self.labels_of(key))
-                .await?,
-        ) else {
-            // Ours is not listed yet: nothing else to compare with.
-            return Ok(ours);
-        };
-        if keep.id == ours {
-            return Ok(ours);
-        }
-        tracing::info!(ours = %ours, kept = %keep.id, user = %key.user, project = %key.project, "another worker created this sandbox too: keeping the older one");
-        match self.inner.client.delete_sandbox(&ours).await {
-            Ok(()) | Err(DaytonaError::Api { status: 404, .. }) => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %ours, error = %e, "deleting the sandbox that lost a create race failed")
-            }
-        }
-        check_network(&keep, network)?;
-        Ok(keep.id)
+        lifecycle::sandbox(&*self.inner, key, network).await
     }
 
     /// Waits for `id` to be started, starting it when it is stopped or archived.
     pub async fn ensure_started(&self, id: &str) -> Result<(), RuntimeError> {
-        let deadline = Instant::now() + self.inner.config.start_timeout;
-        let mut asked = false;
-        loop {
-            let s = self.inner.client.get_sandbox(id).await?;
-            match s.state {
-                SandboxState::Started => return Ok(()),
-                SandboxState::Stopped | SandboxState::Archived if !asked => {
-                    match self.inner.client.start_sandbox(id).await {
-                        // A start racing another start answers with a conflict or a
-                        // validation error; the state read below decides.
-                        Ok(()) => {}
-                        Err(e) if matches!(e.status(), Some(400 | 409)) => {}
-                        Err(e) => return Err(e.into()),
-                    }
-                    asked = true;
-                }
-                SandboxState::Error | SandboxState::BuildFailed => {
-                    return Err(DaytonaError::Broken {
-                        id: id.to_string(),
-                        state: format!("{:?}", s.state).to_lowercase(),
-                        reason: s.error_reason.unwrap_or_default(),
-                    }
-                    .into())
-                }
-                SandboxState::Destroyed => {
-                    return Err(RuntimeError::NotFound(format!(
-                        "sandbox {id} was destroyed"
-                    )))
-                }
-                _ => {}
-            }
-            if Instant::now() >= deadline {
-                return Err(RuntimeError::Timeout(format!(
-                    "sandbox {id} not started after {:?} (state {:?})",
-                    self.inner.config.start_timeout, s.state
-                )));
-            }
-            tokio::time::sleep(self.inner.config.poll_interval).await;
-        }
-    }
-
-    /// After a failed toolbox call on `id`: reads the sandbox and starts or recreates
-    /// it when that explains the failure.
-    async fn recover(
-        &self,
-        key: &SandboxKey,
-        id: &str,
-        network: NetworkPolicy,
-    ) -> Result<Recovery, RuntimeError> {
-        match self.inner.client.get_sandbox(id).await {
-            Ok(s) if s.state == SandboxState::Started => Ok(Recovery::Genuine),
-            Ok(s) if s.state != SandboxState::Destroyed && s.state != SandboxState::Destroying => {
-                tracing::info!(sandbox = %id, state = ?s.state, "daytona sandbox not started: starting it");
-                self.ensure_started(id).await?;
-                Ok(Recovery::Restarted(id.to_string()))
-            }
-            Ok(_) | Err(DaytonaError::Api { status: 404, .. }) => {
-                tracing::warn!(sandbox = %id, "daytona sandbox gone: creating it again");
-                let mut known = self.inner.sandboxes.lock().await;
-                if known.get(key).map(String::as_str) == Some(id) {
-                    known.remove(key);
-                }
-                drop(known);
-                let new = self.sandbox(key, network).await?;
-                Ok(Recovery::Recreated(new))
-            }
-            Err(e) => Err(e.into()),
-        }
+        self.inner.ensure_started(id).await
     }
 
     /// Runs `op` against the sandbox of `key`, with the not-started / not-found
@@ -421,36 +257,13 @@ impl DaytonaRuntimeProvider {
         F: Fn(String) -> Fut,
         Fut: std::future::Future<Output = Result<T, DaytonaError>>,
     {
-        let id = self.sandbox(key, network).await?;
-        match op(id.clone()).await {
-            Ok(v) => Ok((id, v)),
-            Err(first) => match self.recover(key, &id, network).await? {
-                Recovery::Genuine => Err(first.into()),
-                Recovery::Restarted(id) | Recovery::Recreated(id) => {
-                    let v = op(id.clone()).await?;
-                    Ok((id, v))
-                }
-            },
-        }
+        lifecycle::with_sandbox(&*self.inner, key, network, op).await
     }
 
     /// Deletes the sandbox of `key` and every workspace in it: the explicit cleanup
     /// when the last workspace of a (user, project) is destroyed. Absent is success.
     pub async fn delete_sandbox(&self, key: &SandboxKey) -> Result<(), RuntimeError> {
-        let mut known = self.inner.sandboxes.lock().await;
-        known.remove(key);
-        for s in self
-            .inner
-            .client
-            .list_sandboxes(&self.labels_of(key))
-            .await?
-        {
-            match self.inner.client.delete_sandbox(&s.id).await {
-                Ok(()) | Err(DaytonaError::Api { status: 404, .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
+        lifecycle::discard_all(&*self.inner, key).await
     }
 
     /// Forgets the ids this process remembers, as a restart would.

@@ -1,7 +1,8 @@
 //! Execs through the exec agent (`grove-sandboxd`, ADR 18) inside a container: one
 //! long-lived attached engine exec per container runs the agent, and every command is
 //! then one request frame on its stdin and a few event frames back, instead of an
-//! engine exec of its own.
+//! engine exec of its own. The client itself (routing, stdin, timeouts, kills) is
+//! `grove_sandboxd::host::client`; this module is its transport and the pool.
 //!
 //! The agent binary must run in the container's image, so it is a statically linked
 //! build, bind-mounted read-only at [`INSIDE_PATH`] when the container is created. The
@@ -17,23 +18,23 @@
 //! [`RuntimeError::Unavailable`] and the next exec starts a new agent.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
-use std::time::Duration;
 
 use bollard::container::LogOutput;
 use bollard::exec::{StartExecOptions, StartExecResults};
+use bollard::Docker;
 use futures::stream::{BoxStream, Stream, StreamExt};
 use grove_core::error::RuntimeError;
-use grove_core::ports::{ExecChunk, ExecResult, StreamKind};
-use grove_sandboxd::protocol::{self, Event, Request};
+use grove_core::ports::ExecChunk;
+use grove_sandboxd::host::client::{self, Client, Link, Router, HELLO_TIMEOUT};
+use grove_sandboxd::protocol::{self, Event};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
-use crate::exec::Inner;
+pub(crate) use grove_sandboxd::host::client::AgentExec;
 
 /// Environment variable naming a statically linked `grove-sandboxd` for containers;
 /// unset, empty or `off`: no agent (every command is an engine exec).
@@ -41,12 +42,6 @@ pub const AGENT_ENV: &str = "GROVE_DOCKER_SANDBOXD";
 
 /// Where the agent binary appears (read-only) inside every container.
 pub const INSIDE_PATH: &str = "/run/.grove-sandboxd";
-
-/// How long a starting agent may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// Stdin is sent in frames of this size.
-const STDIN_CHUNK: usize = 64 * 1024;
 
 /// The agent binary named by [`AGENT_ENV`], checked: `Ok(None)` when the variable
 /// turns the agent off, `Err` (for the log) when it names something unusable.
@@ -73,6 +68,17 @@ pub fn check_binary(path: &Path) -> Result<PathBuf, String> {
     }
 }
 
+/// The container an agent runs in, as the pool needs it (the runtime's shared state
+/// implements it).
+pub(crate) trait Host: Sync {
+    fn docker(&self) -> &Docker;
+    fn container_id(&self) -> &str;
+    fn container_name(&self) -> &str;
+    /// Creates the engine exec that runs the agent at [`INSIDE_PATH`], attached (the
+    /// container started first when it is not running).
+    fn agent_exec(&self) -> impl Future<Output = Result<String, RuntimeError>> + Send;
+}
+
 /// The agents of one provider (shared by its clones), one per container.
 #[derive(Debug)]
 pub(crate) struct Pool {
@@ -84,15 +90,8 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// One exec as the agent runs it.
-pub(crate) struct AgentExec {
-    pub argv: Vec<String>,
-    pub cwd: String,
-    pub env: Vec<(String, String)>,
-    pub stdin: Option<Vec<u8>>,
-    pub timeout: Option<Duration>,
-    pub max_output: usize,
-}
+/// One running agent.
+type Agent = Client<Attached>;
 
 impl Pool {
     pub fn new(binary: PathBuf) -> Self {
@@ -110,7 +109,7 @@ impl Pool {
     /// agent itself ends with the container.
     pub fn forget(&self, container: &str) {
         lock(&self.by_container)
-            .retain(|id, a| id != container && a.name.trim_start_matches('/') != container);
+            .retain(|id, a| id != container && a.link().name.trim_start_matches('/') != container);
     }
 
     /// How many agents are known (tests).
@@ -123,48 +122,39 @@ impl Pool {
     /// say); the caller falls back to an engine exec only for [`Start::Failed`].
     pub async fn exec(
         &self,
-        inner: &Inner,
+        host: &impl Host,
         exec: AgentExec,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, Start> {
-        let exec = Arc::new(exec);
-        let mut why = String::new();
-        // A second try only when the first agent was found gone before it got the
-        // request: nothing ran, so nothing runs twice.
-        for _ in 0..2 {
-            let agent = self.get_or_start(inner).await?;
-            match agent.submit(exec.clone()).await {
-                Ok(stream) => return Ok(stream),
-                Err(e) => {
-                    why = e;
-                    let mut agents = lock(&self.by_container);
-                    if agents
-                        .get(&inner.container_id)
-                        .is_some_and(|a| Arc::ptr_eq(a, &agent))
-                    {
-                        agents.remove(&inner.container_id);
-                    }
-                }
+        let forget = |agent: &Arc<Agent>| {
+            let mut agents = lock(&self.by_container);
+            if agents
+                .get(host.container_id())
+                .is_some_and(|a| Arc::ptr_eq(a, agent))
+            {
+                agents.remove(host.container_id());
             }
-        }
-        Err(Start::Failed(why))
+        };
+        client::exec(exec, || self.get_or_start(host), forget)
+            .await
+            .map_err(|e| e.unwrap_or_else(Start::Failed))
     }
 
-    async fn get_or_start(&self, inner: &Inner) -> Result<Arc<Agent>, Start> {
+    async fn get_or_start(&self, host: &impl Host) -> Result<Arc<Agent>, Start> {
         {
             let mut agents = lock(&self.by_container);
             agents.retain(|_, a| !a.is_dead());
-            if let Some(a) = agents.get(&inner.container_id) {
+            if let Some(a) = agents.get(host.container_id()) {
                 return Ok(a.clone());
             }
         }
-        let agent = Agent::start(inner).await?;
+        let agent = start(host).await?;
         let mut agents = lock(&self.by_container);
-        if let Some(other) = agents.get(&inner.container_id).filter(|a| !a.is_dead()) {
+        if let Some(other) = agents.get(host.container_id()).filter(|a| !a.is_dead()) {
             // Another exec started one meanwhile; ours ends when dropped.
             return Ok(other.clone());
         }
-        agents.insert(inner.container_id.clone(), agent.clone());
-        tracing::debug!(container = %inner.name, "exec agent started");
+        agents.insert(host.container_id().to_string(), agent.clone());
+        tracing::debug!(container = %host.container_name(), "exec agent started");
         Ok(agent)
     }
 }
@@ -180,262 +170,112 @@ pub(crate) enum Start {
     Failed(String),
 }
 
-type Item = Result<ExecChunk, RuntimeError>;
-
-struct Route {
-    out: mpsc::UnboundedSender<Item>,
-    timed_out: Arc<AtomicBool>,
-    finished: Arc<AtomicBool>,
-    timer: Option<tokio::task::AbortHandle>,
-}
-
-impl Route {
-    fn end(self, item: Item) {
-        self.finished.store(true, Ordering::SeqCst);
-        if let Some(t) = self.timer {
-            t.abort();
-        }
-        let _ = self.out.send(item);
-    }
-}
-
-#[derive(Default)]
-struct Routes {
-    by_id: HashMap<u64, Route>,
-    dead: bool,
-}
-
 type Input = Arc<tokio::sync::Mutex<Pin<Box<dyn AsyncWrite + Send>>>>;
+type Output = Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
 
-/// One running agent. Dropping the last handle (the pool's and those of execs in
-/// flight) closes its stdin, which ends it and its commands.
-pub(crate) struct Agent {
+/// The transport of one agent: the attached exec's stdin, and its reader task (which
+/// ends with the last handle on the agent).
+pub(crate) struct Attached {
     input: Input,
-    /// Frames for the writer task (stdin data, kills): sendable without awaiting and
-    /// outside a runtime (a stream dropped anywhere still kills its command).
-    queue: mpsc::UnboundedSender<Vec<u8>>,
-    routes: Arc<Mutex<Routes>>,
-    next_id: AtomicU64,
     name: String,
     reader: tokio::task::AbortHandle,
 }
 
-impl std::fmt::Debug for Agent {
+impl std::fmt::Debug for Attached {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "Agent(in {})", self.name)
     }
 }
 
-impl Drop for Agent {
+impl Drop for Attached {
     fn drop(&mut self) {
         self.reader.abort();
     }
 }
 
-fn frame(req: &Request, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(64 + payload.len());
-    // Fails only for frames over the protocol's limits, which the callers' own
-    // limits (argv, env, stdin chunks) keep below.
-    let _ = protocol::write_frame(&mut bytes, req, payload);
-    bytes
+impl Link for Attached {
+    async fn write_now(&self, frame: &[u8]) -> bool {
+        write_frame(&self.input, frame).await
+    }
 }
 
-impl Agent {
-    /// Starts the agent as one attached engine exec and waits for its hello.
-    async fn start(inner: &Inner) -> Result<Arc<Self>, Start> {
-        let exec_id = inner
-            .create_exec(vec![INSIDE_PATH.into()], Vec::new(), Some("/".into()), true)
-            .await
-            .map_err(Start::Engine)?;
-        let started = inner
-            .docker
-            .start_exec(&exec_id, Some(StartExecOptions::default()))
-            .await;
-        let (mut output, input) = match started {
-            Ok(StartExecResults::Attached { output, input }) => (output, input),
-            Ok(StartExecResults::Detached) => {
-                return Err(Start::Failed(
-                    "the engine started the agent detached".into(),
-                ))
-            }
-            Err(e) => return Err(Start::Failed(format!("starting the agent: {e}"))),
-        };
-        let mut buf = Vec::new();
-        let mut stderr = String::new();
-        let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
-            loop {
-                match protocol::take_frame::<Event>(&mut buf) {
-                    Ok(Some((ev, _))) => return Ok(ev),
-                    Ok(None) => {}
-                    Err(e) => return Err(e.to_string()),
-                }
-                match output.next().await {
-                    Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message })) => {
-                        buf.extend_from_slice(&message)
-                    }
-                    Some(Ok(LogOutput::StdErr { message })) => {
-                        stderr.push_str(&String::from_utf8_lossy(&message))
-                    }
-                    Some(Ok(LogOutput::StdIn { .. })) => {}
-                    Some(Err(e)) => return Err(e.to_string()),
-                    None => return Err("it ended".into()),
-                }
-            }
-        })
+/// Starts the agent as one attached engine exec, waits for its hello, and starts
+/// its reader and writer tasks.
+async fn start(host: &impl Host) -> Result<Arc<Agent>, Start> {
+    let exec_id = host.agent_exec().await.map_err(Start::Engine)?;
+    let started = host
+        .docker()
+        .start_exec(&exec_id, Some(StartExecOptions::default()))
         .await;
-        match hello {
-            Ok(Ok(Event::Hello { version, .. })) if version == protocol::VERSION => {}
-            Ok(Ok(Event::Hello { version, .. })) => {
-                return Err(Start::Failed(format!(
-                    "the agent speaks protocol {version}, this grove {}",
-                    protocol::VERSION
-                )))
-            }
-            Ok(Ok(other)) => return Err(Start::Failed(format!("the agent began with {other:?}"))),
-            Ok(Err(why)) => {
-                return Err(Start::Failed(format!(
-                    "the agent did not start ({why}): {}",
-                    crate::one_line(&stderr)
-                )))
-            }
-            Err(_) => {
-                return Err(Start::Failed(format!(
-                    "the agent did not say hello within {HELLO_TIMEOUT:?}"
-                )))
-            }
+    let (mut output, input) = match started {
+        Ok(StartExecResults::Attached { output, input }) => (output, input),
+        Ok(StartExecResults::Detached) => {
+            return Err(Start::Failed(
+                "the engine started the agent detached".into(),
+            ))
         }
-        let routes = Arc::new(Mutex::new(Routes::default()));
-        let reader = tokio::spawn(read_events(output, buf, routes.clone(), inner.name.clone()));
-        let input: Input = Arc::new(tokio::sync::Mutex::new(input));
-        let (queue, mut queued) = mpsc::unbounded_channel::<Vec<u8>>();
-        {
-            // Ends when the agent's last handle goes (the channel closes).
-            let input = input.clone();
-            tokio::spawn(async move {
-                while let Some(bytes) = queued.recv().await {
-                    if !write_frame(&input, &bytes).await {
-                        return;
-                    }
+        Err(e) => return Err(Start::Failed(format!("starting the agent: {e}"))),
+    };
+    let mut buf = Vec::new();
+    wait_hello(&mut output, &mut buf).await?;
+    let name = host.container_name().to_string();
+    let router = Router::default();
+    let reader = tokio::spawn(read_events(output, buf, router.clone(), name.clone()));
+    let input: Input = Arc::new(tokio::sync::Mutex::new(input));
+    let (queue, mut queued) = mpsc::unbounded_channel::<Vec<u8>>();
+    {
+        // Ends when the agent's last handle goes (the channel closes).
+        let input = input.clone();
+        tokio::spawn(async move {
+            while let Some(bytes) = queued.recv().await {
+                if !write_frame(&input, &bytes).await {
+                    return;
                 }
-            });
-        }
-        Ok(Arc::new(Agent {
-            input,
-            queue,
-            routes,
-            next_id: AtomicU64::new(1),
-            name: inner.name.clone(),
-            reader: reader.abort_handle(),
-        }))
-    }
-
-    fn is_dead(&self) -> bool {
-        lock(&self.routes).dead
-    }
-
-    /// Writes a frame now ([`write_frame`]).
-    async fn send(&self, bytes: &[u8]) -> bool {
-        write_frame(&self.input, bytes).await
-    }
-
-    /// Sends the exec; `Err` only when it certainly did not reach the agent (a frame
-    /// cut short is refused by the agent as a whole, so it runs nothing).
-    async fn submit(
-        self: &Arc<Self>,
-        exec: Arc<AgentExec>,
-    ) -> Result<BoxStream<'static, Item>, String> {
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let (out, rx) = mpsc::unbounded_channel();
-        let timed_out = Arc::new(AtomicBool::new(false));
-        let finished = Arc::new(AtomicBool::new(false));
-        {
-            let mut routes = lock(&self.routes);
-            if routes.dead {
-                return Err("the exec agent had ended".into());
             }
-            routes.by_id.insert(
-                id,
-                Route {
-                    out,
-                    timed_out: timed_out.clone(),
-                    finished: finished.clone(),
-                    timer: None,
-                },
-            );
-        }
-        let req = Request::Exec {
-            id,
-            argv: exec.argv.clone(),
-            cwd: exec.cwd.clone(),
-            env: exec.env.clone(),
-            stdin: exec.stdin.is_some(),
-            max_output: exec.max_output as u64,
-        };
-        if !self.send(&frame(&req, b"")).await {
-            lock(&self.routes).by_id.remove(&id);
-            return Err("the exec request could not be written to the agent".into());
-        }
-        if let Some(data) = &exec.stdin {
-            for chunk in data.chunks(STDIN_CHUNK) {
-                let _ = self.queue.send(frame(&Request::Stdin { id }, chunk));
+        });
+    }
+    let link = Attached {
+        input,
+        name,
+        reader: reader.abort_handle(),
+    };
+    Ok(Arc::new(Client::new(link, queue, router)))
+}
+
+/// Reads the agent's output up to its first frame, which must be a hello in our
+/// version; what follows it stays in `buf`.
+async fn wait_hello(output: &mut Output, buf: &mut Vec<u8>) -> Result<(), Start> {
+    let mut stderr = String::new();
+    let hello = tokio::time::timeout(HELLO_TIMEOUT, async {
+        loop {
+            match protocol::take_frame::<Event>(buf) {
+                Ok(Some((ev, _))) => return Ok(ev),
+                Ok(None) => {}
+                Err(e) => return Err(e.to_string()),
             }
-            let _ = self.queue.send(frame(&Request::CloseStdin { id }, b""));
-        }
-        if let Some(t) = exec.timeout {
-            // The timer holds only the queue; the reader aborts it when the exec ends.
-            let queue = self.queue.clone();
-            let flag = timed_out.clone();
-            let timer = tokio::spawn(async move {
-                tokio::time::sleep(t).await;
-                flag.store(true, Ordering::SeqCst);
-                let _ = queue.send(frame(&Request::Kill { id }, b""));
-            });
-            match lock(&self.routes).by_id.get_mut(&id) {
-                Some(route) => route.timer = Some(timer.abort_handle()),
-                None => timer.abort(),
+            match output.next().await {
+                Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message })) => {
+                    buf.extend_from_slice(&message)
+                }
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    stderr.push_str(&String::from_utf8_lossy(&message))
+                }
+                Some(Ok(LogOutput::StdIn { .. })) => {}
+                Some(Err(e)) => return Err(e.to_string()),
+                None => return Err("it ended".into()),
             }
         }
-        Ok(ExecStream {
-            rx,
-            _guard: KillOnDrop {
-                agent: self.clone(),
-                id,
-                finished,
-            },
-        }
-        .boxed())
-    }
-}
-
-/// Kills the exec when its stream is dropped before it ended; keeps the agent alive
-/// while the exec runs.
-struct KillOnDrop {
-    agent: Arc<Agent>,
-    id: u64,
-    finished: Arc<AtomicBool>,
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if !self.finished.load(Ordering::SeqCst) {
-            let _ = self
-                .agent
-                .queue
-                .send(frame(&Request::Kill { id: self.id }, b""));
-        }
-    }
-}
-
-struct ExecStream {
-    rx: mpsc::UnboundedReceiver<Item>,
-    _guard: KillOnDrop,
-}
-
-impl Stream for ExecStream {
-    type Item = Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
-        self.rx.poll_recv(cx)
+    })
+    .await;
+    match hello {
+        Ok(Ok(first)) => client::hello(first).map(drop).map_err(Start::Failed),
+        Ok(Err(why)) => Err(Start::Failed(format!(
+            "the agent did not start ({why}): {}",
+            crate::one_line(&stderr)
+        ))),
+        Err(_) => Err(Start::Failed(format!(
+            "the agent did not say hello within {HELLO_TIMEOUT:?}"
+        ))),
     }
 }
 
@@ -453,23 +293,17 @@ async fn write_frame(input: &Input, bytes: &[u8]) -> bool {
 
 /// Routes the agent's frames until its output ends, then fails every exec still
 /// waiting.
-async fn read_events(
-    mut output: Pin<Box<dyn Stream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>,
-    mut buf: Vec<u8>,
-    routes: Arc<Mutex<Routes>>,
-    name: String,
-) {
+async fn read_events(mut output: Output, mut buf: Vec<u8>, router: Router, name: String) {
     'read: loop {
         loop {
-            let (ev, payload) = match protocol::take_frame::<Event>(&mut buf) {
-                Ok(Some(frame)) => frame,
+            match protocol::take_frame::<Event>(&mut buf) {
+                Ok(Some((ev, payload))) => router.deliver(ev, payload),
                 Ok(None) => break,
                 Err(e) => {
                     tracing::warn!(container = %name, error = %e, "exec agent sent a bad frame");
                     break 'read;
                 }
-            };
-            route(&routes, ev, payload);
+            }
         }
         match output.next().await {
             Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message })) => {
@@ -487,47 +321,8 @@ async fn read_events(
             None => break,
         }
     }
-    let mut routes = lock(&routes);
-    routes.dead = true;
-    for (_, route) in routes.by_id.drain() {
-        route.end(Err(RuntimeError::Unavailable(
-            "the container's exec agent ended while the command ran (the command may \
-             have run in part; it was not retried)"
-                .into(),
-        )));
-    }
-}
-
-fn route(routes: &Mutex<Routes>, ev: Event, payload: Vec<u8>) {
-    match ev {
-        Event::Started { .. } | Event::Hello { .. } => {}
-        Event::Output { id, stream } => {
-            let stream = match stream {
-                protocol::Stream::Stdout => StreamKind::Stdout,
-                protocol::Stream::Stderr => StreamKind::Stderr,
-            };
-            if let Some(route) = lock(routes).by_id.get(&id) {
-                let _ = route.out.send(Ok(ExecChunk::Output {
-                    stream,
-                    data: payload,
-                }));
-            }
-        }
-        Event::Exit {
-            id,
-            code,
-            truncated,
-        } => {
-            let route = lock(routes).by_id.remove(&id);
-            if let Some(route) = route {
-                let timed_out = route.timed_out.load(Ordering::SeqCst);
-                route.end(Ok(ExecChunk::Finished(ExecResult {
-                    exit_code: code,
-                    timed_out,
-                    truncated,
-                    ..ExecResult::default()
-                })));
-            }
-        }
-    }
+    router.close(
+        "the container's exec agent ended while the command ran (the command may \
+         have run in part; it was not retried)",
+    );
 }

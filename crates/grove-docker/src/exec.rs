@@ -6,25 +6,22 @@
 //! stream. A driver task owns the exec so the timeout holds even when the consumer
 //! stops polling; the stream and the driver both hold a [`KillOnDrop`].
 
-use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use bollard::query_parameters::{InspectContainerOptions, RestartContainerOptionsBuilder};
-use bollard::Docker;
+use bollard::exec::{StartExecOptions, StartExecResults};
 use futures::stream::{BoxStream, Stream, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::ports::{ExecChunk, ExecResult, StreamKind};
+use grove_sandboxd::host::stream::{self, Budget, ExecStream, Item, Kill as _, KillOnDrop};
 use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use crate::host::{self, Cgroups, Counters, Kill};
+use crate::host::{self, Counters, Kill};
+use crate::inner::Inner;
 use crate::{engine_error, one_line, status};
 
 /// How many inspects may say "not running, no exit code, no pid" before that is
@@ -37,217 +34,6 @@ const DRAIN_IDLE: Duration = Duration::from_millis(500);
 const DRAIN_MAX: Duration = Duration::from_secs(5);
 /// After a kill, how long we wait for the engine to report the exec's end.
 const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// Shell script printing the container's limit counters from inside (cgroup v1 and
-/// v2 layouts), each file after a `== path` line.
-const COUNTERS_SCRIPT: &str = "for f in /sys/fs/cgroup/memory/memory.oom_control \
-     /sys/fs/cgroup/pids/pids.events /sys/fs/cgroup/memory.events /sys/fs/cgroup/pids.events; \
-     do [ -r \"$f\" ] && { echo \"== $f\"; cat \"$f\"; }; done; true";
-
-/// What every exec of one runtime shares.
-pub(crate) struct Inner {
-    pub docker: Docker,
-    pub container_id: String,
-    pub name: String,
-    pub runtime_id: String,
-    pub host_workdir: PathBuf,
-    pub inside_workdir: PathBuf,
-    pub workdir_writable: bool,
-    pub memory_mb: u64,
-    pub pids: u64,
-    /// Whether the provider may use the host's /proc and cgroup files.
-    pub host_access: bool,
-    /// The container's counter files on the host, when visible.
-    pub cgroups: Mutex<Option<Cgroups>>,
-    /// The exec agents, when the container has the agent binary mounted.
-    pub agents: Option<Arc<crate::agent::Pool>>,
-    /// The container's environment (what an engine exec starts from; an agent's
-    /// command gets exactly this plus the request's env).
-    pub env: Vec<(String, String)>,
-}
-
-impl Inner {
-    fn host_counters(&self) -> Option<Counters> {
-        self.cgroups
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .as_ref()
-            .and_then(Cgroups::read)
-    }
-
-    fn sees_host(&self) -> bool {
-        self.host_access
-            && self
-                .cgroups
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .is_some()
-    }
-
-    /// Reads the counters by running a command inside the container (through the
-    /// agent when there is one).
-    async fn counters_inside(&self) -> Option<Counters> {
-        let argv = vec!["sh".to_string(), "-c".into(), COUNTERS_SCRIPT.into()];
-        let (code, out) = match self.capture_by_agent(argv.clone()).await {
-            Some(r) => r,
-            None => self.capture(argv).await.ok()?,
-        };
-        if code != 0 {
-            return None;
-        }
-        let text = String::from_utf8_lossy(&out);
-        let mut c = Counters::default();
-        let mut file = String::new();
-        let mut body = String::new();
-        for line in text.lines().chain(std::iter::once("== end")) {
-            if let Some(f) = line.strip_prefix("== ") {
-                if !file.is_empty() {
-                    c.parse_into(&file, &body);
-                }
-                file = f.to_string();
-                body.clear();
-            } else {
-                body.push_str(line);
-                body.push('\n');
-            }
-        }
-        Some(c)
-    }
-
-    /// [`Self::capture`] through the agent; `None` when there is none or it failed.
-    pub(crate) async fn capture_by_agent(&self, argv: Vec<String>) -> Option<(i64, Vec<u8>)> {
-        let pool = self.agents.as_ref()?;
-        let exec = crate::agent::AgentExec {
-            argv,
-            cwd: "/".into(),
-            env: self.env.clone(),
-            stdin: None,
-            timeout: Some(Duration::from_secs(10)),
-            max_output: 1024 * 1024,
-        };
-        let stream = pool.exec(self, exec).await.ok()?;
-        let r = grove_core::ports::collect_exec(stream).await.ok()?;
-        Some((i64::from(r.exit_code), r.stdout))
-    }
-
-    /// Runs a short helper command to completion: (exit code, stdout).
-    pub(crate) async fn capture(&self, argv: Vec<String>) -> Result<(i64, Vec<u8>), RuntimeError> {
-        let exec_id = self.create_exec(argv, Vec::new(), None, false).await?;
-        let mut out = Vec::new();
-        if let StartExecResults::Attached { mut output, .. } = self
-            .docker
-            .start_exec(&exec_id, Some(StartExecOptions::default()))
-            .await
-            .map_err(|e| engine_error("starting a helper command", &e))?
-        {
-            while let Some(Ok(item)) = output.next().await {
-                if let LogOutput::StdOut { message } | LogOutput::Console { message } = item {
-                    out.extend_from_slice(&message);
-                }
-            }
-        }
-        for _ in 0..200 {
-            let r = self
-                .docker
-                .inspect_exec(&exec_id)
-                .await
-                .map_err(|e| engine_error("inspecting a helper command", &e))?;
-            if r.running != Some(true) {
-                return Ok((r.exit_code.unwrap_or(-1), out));
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        Err(RuntimeError::Timeout("a helper command did not end".into()))
-    }
-
-    /// Creates an exec, starting the container first if it is not running.
-    pub(crate) async fn create_exec(
-        &self,
-        argv: Vec<String>,
-        env: Vec<String>,
-        working_dir: Option<String>,
-        stdin: bool,
-    ) -> Result<String, RuntimeError> {
-        let config = CreateExecOptions {
-            cmd: Some(argv),
-            env: Some(env),
-            working_dir,
-            attach_stdin: Some(stdin),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(false),
-            privileged: Some(false),
-            ..Default::default()
-        };
-        let mut started = false;
-        loop {
-            match self
-                .docker
-                .create_exec(&self.container_id, config.clone())
-                .await
-            {
-                Ok(r) => return Ok(r.id),
-                Err(e) if status(&e) == Some(409) && !started => {
-                    // Stopped (hibernated) or paused: resume and try once more.
-                    tracing::info!(container = %self.name, "container not running; starting it");
-                    self.ensure_running().await?;
-                    started = true;
-                }
-                Err(e) if status(&e) == Some(404) => {
-                    return Err(RuntimeError::NotFound(format!(
-                        "container {} no longer exists; create the runtime again",
-                        self.name
-                    )))
-                }
-                Err(e) => return Err(engine_error("creating the exec", &e)),
-            }
-        }
-    }
-
-    /// Starts the container if it is not running (after a stop, or when the OOM
-    /// killer took its init).
-    pub async fn ensure_running(&self) -> Result<(), RuntimeError> {
-        let state = self
-            .docker
-            .inspect_container(&self.container_id, None::<InspectContainerOptions>)
-            .await
-            .map_err(|e| engine_error("inspecting the container", &e))?
-            .state;
-        if state.as_ref().and_then(|s| s.paused) == Some(true) {
-            self.docker
-                .unpause_container(&self.container_id)
-                .await
-                .map_err(|e| engine_error("unpausing the container", &e))?;
-        }
-        if state.and_then(|s| s.running) != Some(true) {
-            match self.docker.start_container(&self.container_id, None).await {
-                Ok(()) => {}
-                Err(e) if status(&e) == Some(304) => {}
-                Err(e) => return Err(engine_error("starting the container", &e)),
-            }
-            // The cgroup path is stable across restarts; counters keep counting.
-        }
-        Ok(())
-    }
-
-    /// Kills everything in the container by restarting it: the last resort when the
-    /// worker cannot kill the command's processes itself.
-    async fn restart(&self) {
-        tracing::warn!(
-            container = %self.name,
-            "cannot kill the command's processes from here; restarting the container \
-             (other commands running in it die too)"
-        );
-        let options = RestartContainerOptionsBuilder::default().t(0).build();
-        if let Err(e) = self
-            .docker
-            .restart_container(&self.container_id, Some(options))
-            .await
-        {
-            tracing::error!(container = %self.name, error = %e, "restarting the container failed");
-        }
-    }
-}
 
 /// One prepared command.
 pub(crate) struct Plan {
@@ -270,8 +56,6 @@ pub(crate) enum Stdin {
     Channel(futures::channel::mpsc::UnboundedReceiver<Vec<u8>>),
 }
 
-type Item = Result<ExecChunk, RuntimeError>;
-
 /// Starts the command; must be called inside a tokio runtime.
 pub(crate) async fn start(
     inner: Arc<Inner>,
@@ -286,43 +70,66 @@ pub(crate) async fn start(
         }
         crate::fresh::reset(&inner, &env).await?;
     }
-    let started_at = Instant::now();
-    let deadline = plan.timeout.map(|t| started_at + t);
+    let deadline = plan.timeout.map(|t| Instant::now() + t);
     // Counters before: from the host (cheap), else from inside (one extra exec).
     let before = if inner.sees_host() {
         inner.host_counters().map(Before::Host)
     } else {
         inner.counters_inside().await.map(Before::Inside)
     };
-    if let Some(pool) = inner.agents.clone() {
-        if !matches!(plan.stdin, Stdin::Channel(_)) {
-            let mut env = inner.env.clone();
-            for kv in &plan.env {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                env.retain(|(key, _)| key != k);
-                env.push((k.to_string(), v.to_string()));
-            }
-            let exec = crate::agent::AgentExec {
-                argv: plan.argv.clone(),
-                cwd: plan.working_dir.clone(),
-                env,
-                stdin: match &plan.stdin {
-                    Stdin::Bytes(b) => Some(b.clone()),
-                    _ => None,
-                },
-                timeout: plan.timeout,
-                max_output: plan.max_output,
-            };
-            match pool.exec(&inner, exec).await {
-                Ok(stream) => return Ok(with_limits(inner, before, stream)),
-                Err(crate::agent::Start::Engine(e)) => return Err(e),
-                Err(crate::agent::Start::Failed(why)) => {
-                    tracing::warn!(container = %inner.name, reason = %why,
-                        "exec agent unavailable; running the command as an engine exec");
-                }
-            }
+    if let Some(stream) = by_agent(&inner, &plan).await? {
+        return Ok(with_limits(inner, before, stream));
+    }
+    by_engine(inner, plan, before, deadline).await
+}
+
+/// Runs the command through the container's agent; `None` when there is none, or it
+/// could not take the command (an engine exec runs it then).
+async fn by_agent(
+    inner: &Inner,
+    plan: &Plan,
+) -> Result<Option<BoxStream<'static, Item>>, RuntimeError> {
+    let Some(pool) = inner.agents.clone() else {
+        return Ok(None);
+    };
+    if matches!(plan.stdin, Stdin::Channel(_)) {
+        return Ok(None);
+    }
+    let mut env = inner.env.clone();
+    for kv in &plan.env {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        env.retain(|(key, _)| key != k);
+        env.push((k.to_string(), v.to_string()));
+    }
+    let exec = crate::agent::AgentExec {
+        argv: plan.argv.clone(),
+        cwd: plan.working_dir.clone(),
+        env,
+        stdin: match &plan.stdin {
+            Stdin::Bytes(b) => Some(b.clone()),
+            _ => None,
+        },
+        timeout: plan.timeout,
+        max_output: plan.max_output,
+    };
+    match pool.exec(inner, exec).await {
+        Ok(stream) => Ok(Some(stream)),
+        Err(crate::agent::Start::Engine(e)) => Err(e),
+        Err(crate::agent::Start::Failed(why)) => {
+            tracing::warn!(container = %inner.name, reason = %why,
+                "exec agent unavailable; running the command as an engine exec");
+            Ok(None)
         }
     }
+}
+
+/// Runs the command as an engine exec of its own, driven by a task.
+async fn by_engine(
+    inner: Arc<Inner>,
+    plan: Plan,
+    before: Option<Before>,
+    deadline: Option<Instant>,
+) -> Result<BoxStream<'static, Item>, RuntimeError> {
     let shown = plan.argv[0].clone();
     let shown_name = shown.clone();
     let exec_id = inner
@@ -337,7 +144,7 @@ pub(crate) async fn start(
         .docker
         .start_exec(&exec_id, Some(StartExecOptions::default()))
         .await;
-    let (output, mut input) = match started {
+    let (output, input) = match started {
         Ok(StartExecResults::Attached { output, input }) => (output, input),
         Ok(StartExecResults::Detached) => {
             return Err(RuntimeError::Unavailable(
@@ -353,22 +160,7 @@ pub(crate) async fn start(
         }
     };
 
-    let writer = match plan.stdin {
-        Stdin::Null => None,
-        Stdin::Bytes(bytes) => Some(tokio::spawn(async move {
-            // A command that exits without reading its stdin makes this fail; harmless.
-            let _ = input.write_all(&bytes).await;
-            let _ = input.shutdown().await;
-        })),
-        Stdin::Channel(mut rx) => Some(tokio::spawn(async move {
-            while let Some(bytes) = rx.next().await {
-                if input.write_all(&bytes).await.is_err() || input.flush().await.is_err() {
-                    return;
-                }
-            }
-            let _ = input.shutdown().await;
-        })),
-    };
+    let writer = feed_stdin(plan.stdin, input);
 
     let tracker = Arc::new(Tracker {
         inner: inner.clone(),
@@ -376,11 +168,8 @@ pub(crate) async fn start(
     });
     let (tx, rx) = mpsc::unbounded_channel();
     let driver_guard = KillOnDrop(tracker.clone());
-    let stream_guard = KillOnDrop(tracker.clone());
-    let budget = Budget {
-        remaining: AtomicUsize::new(plan.max_output),
-        truncated: AtomicBool::new(false),
-    };
+    let stream_kill = tracker.clone();
+    let budget = Budget::new(plan.max_output);
     tokio::spawn(async move {
         let _guard = driver_guard;
         let outcome = drive(&inner, &exec_id, output, &tracker, &tx, &budget, deadline).await;
@@ -397,48 +186,86 @@ pub(crate) async fn start(
                     stdout: Vec::new(),
                     stderr: Vec::new(),
                     timed_out,
-                    truncated: budget.truncated.load(Ordering::SeqCst),
+                    truncated: budget.truncated(),
                 };
                 if let Some(held) = held {
-                    let msg = String::from_utf8_lossy(&held).into_owned();
-                    if exit_code == 126 || exit_code == 127 {
-                        // The engine could not start the program (its message came
-                        // on stdout): report it as a shell does, on stderr.
-                        let not_found = msg.contains("not found") || msg.contains("no such file");
-                        result.exit_code = if not_found { 127 } else { 126 };
-                        let what = if not_found {
-                            "command not found".to_string()
-                        } else {
-                            one_line(&msg)
-                        };
-                        let line = format!("grove: {shown}: {what}\n").into_bytes();
-                        send_capped(&tx, &budget, StreamKind::Stderr, &line);
-                    } else {
-                        // The program itself printed it: pass it on.
-                        send_capped(&tx, &budget, StreamKind::Stdout, &held);
-                    }
-                    result.truncated = budget.truncated.load(Ordering::SeqCst);
+                    pass_on_held(&mut result, &held, &shown, &tx, &budget);
                 }
-                match limit_hit(&inner, before, Some(result.exit_code)).await {
-                    Some(e) => {
-                        if let Err(why) = inner.ensure_running().await {
-                            tracing::warn!(container = %inner.name, error = %why,
-                                "container not running after a resource limit was hit");
-                        }
-                        Err(e)
-                    }
-                    None => Ok(ExecChunk::Finished(result)),
-                }
+                finished(&inner, before, result).await
             }
         };
         let _ = tx.send(item);
     });
 
-    Ok(ExecStream {
-        rx,
-        _guard: stream_guard,
+    Ok(ExecStream::new(rx, stream_kill).boxed())
+}
+
+/// The result, unless the command hit a limit: that is a `ResourceLimit` error
+/// (and the container, if the limit took it down, is started again).
+async fn finished(inner: &Inner, before: Option<Before>, result: ExecResult) -> Item {
+    match limit_hit(inner, before, Some(result.exit_code)).await {
+        Some(e) => {
+            if let Err(why) = inner.ensure_running().await {
+                tracing::warn!(container = %inner.name, error = %why,
+                    "container not running after a resource limit was hit");
+            }
+            Err(e)
+        }
+        None => Ok(ExecChunk::Finished(result)),
     }
-    .boxed())
+}
+
+/// Feeds the exec's stdin from a task of its own (a command that never reads its
+/// stdin must not stall the rest).
+fn feed_stdin(
+    stdin: Stdin,
+    mut input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+) -> Option<tokio::task::JoinHandle<()>> {
+    match stdin {
+        Stdin::Null => None,
+        Stdin::Bytes(bytes) => Some(tokio::spawn(async move {
+            // A command that exits without reading its stdin makes this fail; harmless.
+            let _ = input.write_all(&bytes).await;
+            let _ = input.shutdown().await;
+        })),
+        Stdin::Channel(mut rx) => Some(tokio::spawn(async move {
+            while let Some(bytes) = rx.next().await {
+                if input.write_all(&bytes).await.is_err() || input.flush().await.is_err() {
+                    return;
+                }
+            }
+            let _ = input.shutdown().await;
+        })),
+    }
+}
+
+/// The engine's own message, held back from the stream (`drive`): when the engine
+/// could not start the program, reported as a shell does, on stderr; else the
+/// program's output, passed on.
+fn pass_on_held(
+    result: &mut ExecResult,
+    held: &[u8],
+    shown: &str,
+    tx: &mpsc::UnboundedSender<Item>,
+    budget: &Budget,
+) {
+    let msg = String::from_utf8_lossy(held).into_owned();
+    if result.exit_code == 126 || result.exit_code == 127 {
+        // The engine could not start the program (its message came on stdout).
+        let not_found = msg.contains("not found") || msg.contains("no such file");
+        result.exit_code = if not_found { 127 } else { 126 };
+        let what = if not_found {
+            "command not found".to_string()
+        } else {
+            one_line(&msg)
+        };
+        let line = format!("grove: {shown}: {what}\n").into_bytes();
+        send_capped(tx, budget, StreamKind::Stderr, &line);
+    } else {
+        // The program itself printed it: pass it on.
+        send_capped(tx, budget, StreamKind::Stdout, held);
+    }
+    result.truncated = budget.truncated();
 }
 
 #[derive(Clone, Copy)]
@@ -699,29 +526,6 @@ fn exec_failure_stream(shown: &str, msg: &str, max_output: usize) -> BoxStream<'
     futures::stream::iter(items).boxed()
 }
 
-/// The output cap, shared by stdout and stderr (the cap is on both combined).
-struct Budget {
-    remaining: AtomicUsize,
-    truncated: AtomicBool,
-}
-
-impl Budget {
-    /// Reserves up to `n` bytes; returns how many may be kept.
-    fn take(&self, n: usize) -> usize {
-        let mut granted = 0;
-        let _ = self
-            .remaining
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |rem| {
-                granted = rem.min(n);
-                Some(rem - granted)
-            });
-        if granted < n {
-            self.truncated.store(true, Ordering::SeqCst);
-        }
-        granted
-    }
-}
-
 #[derive(Default)]
 struct TrackState {
     /// Host pid of the exec's first process; `Some(0)` when it ended unseen.
@@ -762,47 +566,22 @@ impl Tracker {
             && host::kill_tree(&self.inner.container_id, pid) == Kill::Done
     }
 
-    /// Synchronous kill (drop paths): on the host, else a restart spawned on the
-    /// current tokio runtime.
-    fn kill(&self) {
-        let pid = {
-            let mut s = self.lock();
-            if s.finished {
-                return;
-            }
-            match s.pid {
-                Some(p) => p,
-                None => {
-                    s.cancelled = true;
-                    return;
-                }
-            }
-        };
-        if pid == 0 || self.kill_on_host(pid) {
-            return;
+    /// The pid to kill now; `None` when the command is over, or when its pid is not
+    /// known yet (the driver then kills as soon as it learns it).
+    fn claim(&self) -> Option<u32> {
+        let mut s = self.lock();
+        if s.finished {
+            return None;
         }
-        if let Ok(handle) = tokio::runtime::Handle::try_current() {
-            let inner = self.inner.clone();
-            handle.spawn(async move { inner.restart().await });
+        if s.pid.is_none() {
+            s.cancelled = true;
         }
+        s.pid
     }
 
-    /// The timeout's kill: like [`Self::kill`], but waits for the restart fallback.
+    /// The timeout's kill: like [`stream::Kill::kill`], but waits for the restart fallback.
     async fn kill_async(&self) {
-        let pid = {
-            let mut s = self.lock();
-            if s.finished {
-                return;
-            }
-            match s.pid {
-                Some(p) => p,
-                None => {
-                    // The driver kills as soon as it learns the pid.
-                    s.cancelled = true;
-                    return;
-                }
-            }
-        };
+        let Some(pid) = self.claim() else { return };
         if pid == 0 || self.kill_on_host(pid) {
             return;
         }
@@ -828,45 +607,24 @@ impl Tracker {
     }
 }
 
-/// Kills the command when dropped before it ended.
-struct KillOnDrop(Arc<Tracker>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        self.0.kill();
-    }
-}
-
-/// The consumer's end: chunks as they arrive, then the result.
-struct ExecStream {
-    rx: mpsc::UnboundedReceiver<Item>,
-    _guard: KillOnDrop,
-}
-
-impl Stream for ExecStream {
-    type Item = Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
-        self.rx.poll_recv(cx)
+impl stream::Kill for Tracker {
+    /// Synchronous kill (drop paths): on the host, else a restart spawned on the
+    /// current tokio runtime.
+    fn kill(&self) {
+        let Some(pid) = self.claim() else { return };
+        if pid == 0 || self.kill_on_host(pid) {
+            return;
+        }
+        if let Ok(handle) = tokio::runtime::Handle::try_current() {
+            let inner = self.inner.clone();
+            handle.spawn(async move { inner.restart().await });
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_budget_is_shared_and_marks_truncation() {
-        let b = Budget {
-            remaining: AtomicUsize::new(10),
-            truncated: AtomicBool::new(false),
-        };
-        assert_eq!(b.take(6), 6);
-        assert!(!b.truncated.load(Ordering::SeqCst));
-        assert_eq!(b.take(6), 4);
-        assert_eq!(b.take(1), 0);
-        assert!(b.truncated.load(Ordering::SeqCst));
-    }
 
     #[test]
     fn engine_messages_about_unstartable_programs_are_recognised() {

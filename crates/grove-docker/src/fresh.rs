@@ -8,7 +8,7 @@ use std::path::Path;
 
 use grove_core::error::RuntimeError;
 
-use crate::exec::Inner;
+use crate::inner::Inner;
 
 /// The scratch directories every read-only runtime empties (besides `$HOME`).
 pub(crate) const SCRATCH_DIRS: &[&str] = &["/tmp", "/var/tmp", "/dev/shm", "/run/lock"];

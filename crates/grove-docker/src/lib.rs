@@ -105,26 +105,34 @@
 //! [`LABEL_RUNTIME`] is not in the owned set. Scope labels
 //! ([`DockerRuntimeProvider::with_scope_label`]) keep several workers, nodes or test
 //! runs on one engine from sweeping each other's containers.
+//!
+//! # Layout
+//! - `plan`: a spec checked and resolved into the container that serves it.
+//! - `inner`: what every exec of one runtime shares, and the engine calls around an
+//!   exec; imports only `agent` and `host`.
+//! - `exec`: one command as an engine exec, or through the agent.
+//! - [`agent`]: the transport of the exec agent (`grove_sandboxd::host::client`) and
+//!   its pool, one agent per container.
+//! - `fresh`: emptied scratch directories for a read-only runtime's command.
+//! - `host`: the container's processes and counters seen from the host.
+//! - [`image`], [`preview`], [`snapshot`]: images, preview relays, snapshots.
 
 pub mod agent;
 mod exec;
 mod fresh;
 mod host;
 pub mod image;
+mod inner;
+mod plan;
 pub mod preview;
 pub mod snapshot;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::os::unix::fs::MetadataExt;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bollard::errors::Error as BollardError;
-use bollard::models::{
-    ContainerCreateBody, HostConfig, HostConfigLogConfig, Mount as DockerMount, MountType,
-    RestartPolicy, RestartPolicyNameEnum,
-};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, InspectContainerOptions, ListContainersOptionsBuilder,
     RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
@@ -134,13 +142,12 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
-    SessionRequest, Sessions,
+    ExecChunk, ExecRequest, ExecResult, Runtime, RuntimeCapabilities, RuntimeProvider, RuntimeSpec,
+    SessionId, SessionInfo, SessionInput, SessionOutput, SessionRequest, Sessions,
 };
 use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
-use sha2::{Digest, Sha256};
+use grove_sandboxd::host::workdir;
 
 pub use bollard;
 
@@ -462,7 +469,7 @@ impl DockerRuntimeProvider {
             None
         };
         Ok(DockerRuntime {
-            inner: Arc::new(exec::Inner {
+            inner: Arc::new(inner::Inner {
                 docker: self.docker.clone(),
                 container_id: id,
                 name,
@@ -652,239 +659,6 @@ impl DockerRuntimeProvider {
         Ok(removed)
     }
 
-    /// Everything about a spec that decides the container, checked and resolved.
-    async fn plan(&self, spec: &RuntimeSpec) -> Result<Plan, RuntimeError> {
-        if spec.network == NetworkPolicy::Limited {
-            return Err(RuntimeError::CommandRejected(
-                "network policy 'limited' is not enforceable by the docker runtime; \
-                 ask for 'none' or 'default'"
-                    .into(),
-            ));
-        }
-        for (k, v) in &spec.env {
-            validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
-        }
-        let image = spec
-            .image
-            .clone()
-            .filter(|s| !s.is_empty())
-            .or_else(|| self.default_image.clone())
-            .ok_or_else(|| {
-                RuntimeError::Unavailable(
-                    "no image for the docker runtime: set RuntimeSpec.image or \
-                     GROVE_DOCKER_IMAGE, or build one (grove image build --minimal)"
-                        .into(),
-                )
-            })?;
-
-        let host_workdir = std::fs::canonicalize(&spec.workdir).map_err(|_| {
-            RuntimeError::NotFound(format!(
-                "workspace directory {} does not exist",
-                spec.workdir.display()
-            ))
-        })?;
-        if !host_workdir.is_dir() {
-            return Err(RuntimeError::NotFound(format!(
-                "workspace {} is not a directory",
-                spec.workdir.display()
-            )));
-        }
-
-        let mut mounts = Vec::with_capacity(spec.mounts.len() + 1);
-        for m in &spec.mounts {
-            if !m.target.is_absolute() || m.target.components().any(|c| c == Component::ParentDir) {
-                return Err(RuntimeError::CommandRejected(format!(
-                    "mount target {} must be an absolute path without '..'",
-                    m.target.display()
-                )));
-            }
-            let source = std::fs::canonicalize(&m.source).map_err(|_| {
-                RuntimeError::NotFound(format!(
-                    "mount source {} does not exist",
-                    m.source.display()
-                ))
-            })?;
-            mounts.push((source, m.target.clone(), m.writable));
-        }
-        // The workspace inside: through the deepest mount whose source contains it; a
-        // spec that mounts no part of it gets it read-only, never more.
-        let (inside_workdir, workdir_writable) = match mounts
-            .iter()
-            .filter(|(source, _, _)| host_workdir.starts_with(source))
-            .max_by_key(|(source, _, _)| source.components().count())
-        {
-            Some((source, target, writable)) => (
-                target.join(
-                    host_workdir
-                        .strip_prefix(source)
-                        .expect("checked by starts_with"),
-                ),
-                *writable,
-            ),
-            None => {
-                mounts.push((host_workdir.clone(), host_workdir.clone(), false));
-                (host_workdir.clone(), false)
-            }
-        };
-
-        let user = match &self.user {
-            Some(u) => u.clone(),
-            None => {
-                let meta = std::fs::metadata(&host_workdir).map_err(|e| {
-                    RuntimeError::NotFound(format!("workspace {}: {e}", spec.workdir.display()))
-                })?;
-                if meta.uid() == 0 {
-                    fallback_user()
-                } else {
-                    format!("{}:{}", meta.uid(), meta.gid())
-                }
-            }
-        };
-        let uid = user.split(':').next().unwrap_or("");
-        if uid == "0" || uid == "root" || uid.is_empty() {
-            return Err(RuntimeError::CommandRejected(format!(
-                "the docker runtime runs commands as a non-root user; {user:?} is root"
-            )));
-        }
-
-        let memory_mb = spec.resources.memory_mb.unwrap_or(DEFAULT_MEMORY_MB).max(6);
-        let pids = spec.resources.pids.unwrap_or(DEFAULT_PIDS).max(8);
-        let mut cpus = spec.resources.cpu.unwrap_or(DEFAULT_CPUS);
-        if !(cpus.is_finite() && cpus > 0.0) {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cpu limit {cpus} must be a positive number"
-            )));
-        }
-        if let Some(ncpu) = self.engine_cpus().await {
-            cpus = cpus.min(ncpu as f64);
-        }
-
-        let mut labels: BTreeMap<String, String> = spec.labels.clone();
-        labels.extend(self.scope.clone());
-        let runtime_id = match spec.labels.get(LABEL_RUNTIME) {
-            Some(id) => id.clone(),
-            None => {
-                // Deterministic, so a retried create of the same spec re-attaches.
-                let digest =
-                    Sha256::digest(serde_json::to_vec(spec).expect("a RuntimeSpec serializes"));
-                format!("spec-{}", &hex::encode(digest)[..20])
-            }
-        };
-        validate_runtime_id(&runtime_id)?;
-        labels.insert(LABEL_RUNTIME.into(), runtime_id.clone());
-        labels.insert(LABEL_MANAGED.into(), "true".into());
-        if let Some(home) = &self.home_path {
-            labels.insert(LABEL_HOME_PATH.into(), home.to_string_lossy().into_owned());
-        }
-
-        let mut env = vec![
-            format!("PATH={BASE_PATH}"),
-            "HOME=/tmp".to_string(),
-            "LANG=C.UTF-8".to_string(),
-        ];
-        env.retain(|kv| {
-            let key = kv.split('=').next().unwrap_or("");
-            !spec.env.contains_key(key)
-        });
-        env.extend(spec.env.iter().map(|(k, v)| format!("{k}={v}")));
-
-        let network_mode = match spec.network {
-            NetworkPolicy::None => "none",
-            NetworkPolicy::Default => "bridge",
-            NetworkPolicy::Limited => unreachable!("refused above"),
-        };
-        let mut docker_mounts: Vec<DockerMount> = mounts
-            .iter()
-            .map(|(source, target, writable)| DockerMount {
-                target: Some(target.to_string_lossy().into_owned()),
-                source: Some(source.to_string_lossy().into_owned()),
-                typ: Some(MountType::BIND),
-                read_only: Some(!writable),
-                ..Default::default()
-            })
-            .collect();
-        if let Some(pool) = &self.agents {
-            docker_mounts.push(DockerMount {
-                target: Some(agent::INSIDE_PATH.into()),
-                source: Some(pool.binary().to_string_lossy().into_owned()),
-                typ: Some(MountType::BIND),
-                read_only: Some(true),
-                ..Default::default()
-            });
-        }
-        let memory = (memory_mb * 1024 * 1024) as i64;
-        let host_config = HostConfig {
-            mounts: Some(docker_mounts),
-            network_mode: Some(network_mode.into()),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges".into()]),
-            privileged: Some(false),
-            init: Some(true),
-            pids_limit: Some(pids as i64),
-            memory: Some(memory),
-            memory_swap: Some(memory),
-            nano_cpus: Some((cpus * 1e9) as i64),
-            ipc_mode: Some("private".into()),
-            restart_policy: Some(RestartPolicy {
-                name: Some(RestartPolicyNameEnum::NO),
-                maximum_retry_count: None,
-            }),
-            log_config: Some(HostConfigLogConfig {
-                typ: Some("none".into()),
-                config: None,
-            }),
-            ..Default::default()
-        };
-        // What an engine exec's process starts with: the engine adds HOSTNAME (the
-        // container's env wins).
-        let own_hostname = env.iter().any(|kv| kv.starts_with("HOSTNAME="));
-        let exec_env = (!own_hostname)
-            .then(|| ("HOSTNAME".to_string(), "grove".to_string()))
-            .into_iter()
-            .chain(env.iter().map(|kv| {
-                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
-                (k.to_string(), v.to_string())
-            }))
-            .collect();
-        let mut body = ContainerCreateBody {
-            image: Some(image.clone()),
-            user: Some(user),
-            env: Some(env),
-            working_dir: Some(inside_workdir.to_string_lossy().into_owned()),
-            entrypoint: Some(vec!["sleep".into()]),
-            cmd: Some(vec!["2147483647".into()]),
-            hostname: Some("grove".into()),
-            labels: Some(labels.clone().into_iter().collect()),
-            host_config: Some(host_config),
-            attach_stdin: Some(false),
-            attach_stdout: Some(false),
-            attach_stderr: Some(false),
-            tty: Some(false),
-            open_stdin: Some(false),
-            ..Default::default()
-        };
-        let canonical = serde_json::to_string(
-            &serde_json::to_value(&body).expect("a container config serializes"),
-        )
-        .expect("a JSON value serializes");
-        let hash = hex::encode(Sha256::digest(canonical.as_bytes()))[..16].to_string();
-        labels.insert(LABEL_SPEC.into(), hash.clone());
-        body.labels = Some(labels.into_iter().collect());
-
-        Ok(Plan {
-            body,
-            hash,
-            image,
-            runtime_id,
-            host_workdir,
-            inside_workdir,
-            workdir_writable,
-            memory_mb,
-            pids,
-            env: exec_env,
-        })
-    }
-
     async fn engine_cpus(&self) -> Option<i64> {
         static NCPU: std::sync::OnceLock<i64> = std::sync::OnceLock::new();
         if let Some(n) = NCPU.get() {
@@ -913,19 +687,6 @@ impl DockerRuntimeProvider {
         }
         found
     }
-}
-
-struct Plan {
-    body: ContainerCreateBody,
-    hash: String,
-    image: String,
-    runtime_id: String,
-    host_workdir: PathBuf,
-    inside_workdir: PathBuf,
-    workdir_writable: bool,
-    memory_mb: u64,
-    pids: u64,
-    env: Vec<(String, String)>,
 }
 
 fn validate_runtime_id(id: &str) -> Result<(), RuntimeError> {
@@ -1120,7 +881,7 @@ impl Sessions for DockerRuntimeProvider {
 /// The runtime of one workspace: a handle on its container. Cheap to clone.
 #[derive(Clone)]
 pub struct DockerRuntime {
-    inner: Arc<exec::Inner>,
+    inner: Arc<inner::Inner>,
 }
 
 impl std::fmt::Debug for DockerRuntime {
@@ -1178,43 +939,9 @@ impl DockerRuntime {
     /// The cwd inside the container, refusing anything that is not a directory inside
     /// the workspace after resolving symlinks on the host.
     fn resolve_cwd(&self, cwd: Option<&Path>) -> Result<PathBuf, RuntimeError> {
-        let Some(rel) = cwd else {
-            return Ok(self.inner.inside_workdir.clone());
-        };
-        if rel.is_absolute() {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cwd {} must be relative to the workspace root",
-                rel.display()
-            )));
-        }
-        if rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cwd {} must not contain '..'",
-                rel.display()
-            )));
-        }
-        let host = std::fs::canonicalize(self.inner.host_workdir.join(rel)).map_err(|_| {
-            RuntimeError::CommandRejected(format!(
-                "cwd {} does not exist in the workspace",
-                rel.display()
-            ))
-        })?;
-        let inner = host.strip_prefix(&self.inner.host_workdir).map_err(|_| {
-            RuntimeError::CommandRejected(format!(
-                "cwd {} resolves outside the workspace",
-                rel.display()
-            ))
-        })?;
-        if !host.is_dir() {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cwd {} is not a directory",
-                rel.display()
-            )));
-        }
-        Ok(self.inner.inside_workdir.join(inner))
+        let (_, inside) =
+            workdir::resolve_cwd(&self.inner.host_workdir, &self.inner.inside_workdir, cwd)?;
+        Ok(inside)
     }
 }
 

@@ -29,12 +29,15 @@
 //! # Layout
 //! - [`api`]: the typed clients (REST, envd Connect-JSON process service, files).
 //! - [`error`]: [`E2bError`] and its mapping to `RuntimeError`.
+//! - `sandboxes`: E2B's calls for the shared sandbox lifecycle (find, create,
+//!   converge, recover: `grove_remote_runtime::lifecycle`).
 //! - [`session`]: interactive sessions (envd processes with stdin).
 //! - [`workspace`]: workspaces inside the sandbox (one clone per repository, then a
 //!   `<user>_<scope>_<branch>` clone of it per workspace), made with the sandbox's git.
 
 pub mod api;
 pub mod error;
+mod sandboxes;
 pub mod session;
 pub mod workspace;
 
@@ -54,7 +57,8 @@ use grove_core::ports::{
 
 pub use api::{Client, Envd, ProcessEvent, SandboxInfo, SandboxState, Secret};
 pub use error::E2bError;
-use grove_remote_runtime::{lexical_cwd, network_name, validate_exec, OutputCap, RemoteSpec};
+use grove_remote_runtime::lifecycle;
+use grove_remote_runtime::{lexical_cwd, validate_exec, OutputCap, RemoteSpec};
 pub use grove_remote_runtime::{
     RemoteWorkspace, SandboxKey, WorkspacePlacement, LABEL_MANAGED, LABEL_NETWORK, LABEL_PROJECT,
     LABEL_USER,
@@ -180,11 +184,6 @@ struct Inner {
     sessions: Arc<grove_core::session::SessionTable>,
 }
 
-enum Recovery {
-    Genuine,
-    Again(SandboxInfo),
-}
-
 impl E2bRuntimeProvider {
     pub fn new(config: E2bConfig) -> Result<Self, E2bError> {
         Self::with_scope(config, BTreeMap::new())
@@ -254,120 +253,7 @@ impl E2bRuntimeProvider {
         key: &SandboxKey,
         network: NetworkPolicy,
     ) -> Result<SandboxInfo, RuntimeError> {
-        let mut known = self.inner.known.lock().await;
-        if let Some(info) = known.get(key) {
-            return Ok(info.clone());
-        }
-        let found = oldest(self.inner.client.list(&self.metadata_of(key)).await?);
-        let info = match found {
-            Some(s) => {
-                check_network(&s, network)?;
-                tracing::info!(sandbox = %s.sandbox_id, user = %key.user, project = %key.project, "e2b sandbox recovered by metadata");
-                self.inner
-                    .client
-                    .connect(&s.sandbox_id, self.inner.config.timeout_secs)
-                    .await?
-            }
-            None => self.create_sandbox(key, network).await?,
-        };
-        known.insert(key.clone(), info.clone());
-        Ok(info)
-    }
-
-    async fn create_sandbox(
-        &self,
-        key: &SandboxKey,
-        network: NetworkPolicy,
-    ) -> Result<SandboxInfo, RuntimeError> {
-        if network == NetworkPolicy::Limited {
-            return Err(RuntimeError::CommandRejected(
-                "network limited is not offered by the E2B runtime (none or default)".into(),
-            ));
-        }
-        let c = &self.inner.config;
-        let mut metadata = self.metadata_of(key);
-        metadata.insert(LABEL_NETWORK.into(), network_name(network).into());
-        let body = api::NewSandbox {
-            template_id: c.template.clone(),
-            timeout: c.timeout_secs,
-            auto_pause: c.auto_pause,
-            secure: true,
-            metadata,
-            env_vars: BTreeMap::new(),
-            allow_internet_access: network == NetworkPolicy::Default,
-        };
-        let info = self.inner.client.create(&body).await?;
-        tracing::info!(sandbox = %info.sandbox_id, user = %key.user, project = %key.project, "e2b sandbox created");
-        self.converge(key, info, network).await
-    }
-
-    /// After creating `ours`: another worker may have created a sandbox for the same
-    /// key at the same moment. Keeps the one every racer keeps (the oldest,
-    /// [`grove_remote_runtime::survivor`]) and kills `ours` if it is not that one; a
-    /// sandbox another racer created is never killed here.
-    async fn converge(
-        &self,
-        key: &SandboxKey,
-        ours: SandboxInfo,
-        network: NetworkPolicy,
-    ) -> Result<SandboxInfo, RuntimeError> {
-        let Some(keep) = oldest(self.inner.client.list(&self.metadata_of(key)).await?) else {
-            // Ours is not listed yet: nothing else to compare with.
-            return Ok(ours);
-        };
-        if keep.sandbox_id == ours.sandbox_id {
-            return Ok(ours);
-        }
-        tracing::info!(ours = %ours.sandbox_id, kept = %keep.sandbox_id, user = %key.user, project = %key.project, "another worker created this sandbox too: keeping the older one");
-        match self.inner.client.kill(&ours.sandbox_id).await {
-            Ok(()) | Err(E2bError::Api { status: 404, .. }) => {}
-            Err(e) => {
-                tracing::warn!(sandbox = %ours.sandbox_id, error = %e, "killing the sandbox that lost a create race failed")
-            }
-        }
-        check_network(&keep, network)?;
-        Ok(self
-            .inner
-            .client
-            .connect(&keep.sandbox_id, self.inner.config.timeout_secs)
-            .await?)
-    }
-
-    async fn recover(
-        &self,
-        key: &SandboxKey,
-        info: &SandboxInfo,
-        network: NetworkPolicy,
-    ) -> Result<Recovery, RuntimeError> {
-        let id = &info.sandbox_id;
-        match self.inner.client.get(id).await {
-            Ok(s) if s.state == Some(SandboxState::Paused) => {
-                tracing::info!(sandbox = %id, "e2b sandbox paused: resuming it");
-                let info = self
-                    .inner
-                    .client
-                    .connect(id, self.inner.config.timeout_secs)
-                    .await?;
-                self.inner
-                    .known
-                    .lock()
-                    .await
-                    .insert(key.clone(), info.clone());
-                Ok(Recovery::Again(info))
-            }
-            Ok(_) => Ok(Recovery::Genuine),
-            Err(E2bError::Api { status: 404, .. }) => {
-                tracing::warn!(sandbox = %id, "e2b sandbox gone: creating it again");
-                {
-                    let mut known = self.inner.known.lock().await;
-                    if known.get(key).map(|k| &k.sandbox_id) == Some(id) {
-                        known.remove(key);
-                    }
-                }
-                Ok(Recovery::Again(self.sandbox(key, network).await?))
-            }
-            Err(e) => Err(e.into()),
-        }
+        lifecycle::sandbox(&*self.inner, key, network).await
     }
 
     /// Runs `op` against the envd of `key`'s sandbox with the paused / gone recovery.
@@ -381,19 +267,14 @@ impl E2bRuntimeProvider {
         F: Fn(Envd) -> Fut,
         Fut: std::future::Future<Output = Result<T, E2bError>>,
     {
-        let info = self.sandbox(key, network).await?;
-        let envd = self.inner.client.envd(&info);
-        match op(envd.clone()).await {
-            Ok(v) => Ok((envd, v)),
-            Err(first) => match self.recover(key, &info, network).await? {
-                Recovery::Genuine => Err(first.into()),
-                Recovery::Again(info) => {
-                    let envd = self.inner.client.envd(&info);
-                    let v = op(envd.clone()).await?;
-                    Ok((envd, v))
-                }
-            },
-        }
+        let client = &self.inner.client;
+        let (_, v) = lifecycle::with_sandbox(&*self.inner, key, network, |info| {
+            let envd = client.envd(&info);
+            let call = op(envd.clone());
+            async move { call.await.map(|v| (envd, v)) }
+        })
+        .await?;
+        Ok(v)
     }
 
     /// Reads a file inside `key`'s sandbox.
@@ -434,14 +315,7 @@ impl E2bRuntimeProvider {
     /// Kills the sandbox of `key` and everything in it (workspaces included): the
     /// explicit cleanup. Absent is success.
     pub async fn kill_sandbox(&self, key: &SandboxKey) -> Result<(), RuntimeError> {
-        self.inner.known.lock().await.remove(key);
-        for s in self.inner.client.list(&self.metadata_of(key)).await? {
-            match self.inner.client.kill(&s.sandbox_id).await {
-                Ok(()) | Err(E2bError::Api { status: 404, .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-        Ok(())
+        lifecycle::discard_all(&*self.inner, key).await
     }
 
     /// The runtime `spec` describes, its sandbox found or created.

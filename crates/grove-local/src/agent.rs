@@ -6,7 +6,9 @@
 //! writable workspace still runs in a view where the workspace is read-only: it gets
 //! the read-only view's agent, not the writable one's.
 //!
-//! Each agent is served by two host threads: the owner, which spawns bwrap (so
+//! The client itself (routing, stdin, timeouts, kills) is
+//! `grove_sandboxd::host::client`; this module is its transport (a process's pipes)
+//! and the pool. Each agent is served by two host threads: the owner, which spawns bwrap (so
 //! `--die-with-parent` follows that thread, which lives exactly as long as the agent
 //! is in use) and writes queued frames (stdin data, kills), and a reader that delivers
 //! the agent's frames straight into each exec's stream. The exec request itself is
@@ -25,19 +27,19 @@ use std::ffi::OsString;
 use std::io::{BufReader, Read, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use futures::channel::oneshot;
-use futures::stream::{BoxStream, Stream, StreamExt};
+use futures::stream::BoxStream;
 use grove_core::error::RuntimeError;
-use grove_core::ports::{ExecChunk, ExecResult, StreamKind};
-use grove_sandboxd::protocol::{self, Event, Request};
+use grove_core::ports::ExecChunk;
+use grove_sandboxd::host::client::{self, Client, Link, Router, HELLO_TIMEOUT};
+use grove_sandboxd::protocol::{self, Event};
 use tokio::sync::mpsc;
+
+pub(crate) use grove_sandboxd::host::client::AgentExec;
 
 /// Environment variable naming the agent binary; empty or `off` turns the agent off.
 pub const AGENT_ENV: &str = "GROVE_SANDBOXD";
@@ -50,17 +52,11 @@ pub const AGENT_FILE: &str = "grove-sandboxd";
 const INSIDE_DIRS: &[&str] = &["/run", "/tmp"];
 const INSIDE_NAME: &str = ".grove-sandboxd";
 
-/// How long a starting agent may take to say hello.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-
 /// An agent nobody used for this long is stopped (on the next lookup).
 const IDLE: Duration = Duration::from_secs(300);
 
 /// At most this many agents live at once; the least recently used idle ones go first.
 const MAX_AGENTS: usize = 32;
-
-/// Stdin is sent in frames of this size.
-const STDIN_CHUNK: usize = 64 * 1024;
 
 /// Where the agent binary is: `$GROVE_SANDBOXD`, else `grove-sandboxd` next to the
 /// running executable or one directory up (cargo puts test binaries in `deps/`).
@@ -114,16 +110,6 @@ pub(crate) struct AgentKey {
     pub fresh_tmp: bool,
 }
 
-/// One exec as the agent runs it.
-pub(crate) struct AgentExec {
-    pub argv: Vec<String>,
-    pub cwd: String,
-    pub env: Vec<(String, String)>,
-    pub stdin: Option<Vec<u8>>,
-    pub timeout: Option<Duration>,
-    pub max_output: usize,
-}
-
 /// Why the agent path could not take an exec (the caller then starts a sandbox of its
 /// own for it, today's path).
 #[derive(Debug)]
@@ -157,7 +143,7 @@ impl AgentPool {
     /// Stops the agents of a runtime (hibernate, destroy). Execs in flight keep their
     /// agent alive until they end.
     pub fn remove_backend(&self, backend_id: &str) {
-        self.lock().retain(|_, a| a.backend_id != backend_id);
+        self.lock().retain(|_, a| a.link().backend_id != backend_id);
     }
 
     /// How many agents are up (tests).
@@ -174,24 +160,16 @@ impl AgentPool {
         cgroup: Option<&crate::jail::Cgroup>,
         exec: AgentExec,
     ) -> Result<BoxStream<'static, Result<ExecChunk, RuntimeError>>, NotTaken> {
-        let exec = Arc::new(exec);
-        let mut why = String::new();
-        // A second try only when the first agent was found gone before it got the
-        // request: nothing ran, so nothing runs twice.
-        for _ in 0..2 {
-            let agent = self.get_or_start(key, bwrap, backend_id, cgroup).await?;
-            match agent.submit(exec.clone()).await {
-                Ok(stream) => return Ok(stream),
-                Err(e) => {
-                    why = e;
-                    let mut agents = self.lock();
-                    if agents.get(key).is_some_and(|a| Arc::ptr_eq(a, &agent)) {
-                        agents.remove(key);
-                    }
-                }
+        let forget = |agent: &Arc<AgentProc>| {
+            let mut agents = self.lock();
+            if agents.get(key).is_some_and(|a| Arc::ptr_eq(a, agent)) {
+                agents.remove(key);
             }
-        }
-        Err(NotTaken(why))
+        };
+        let start = || self.get_or_start(key, bwrap, backend_id, cgroup);
+        client::exec(exec, start, forget)
+            .await
+            .map_err(|e| e.unwrap_or_else(NotTaken))
     }
 
     async fn get_or_start(
@@ -204,10 +182,10 @@ impl AgentPool {
         {
             let mut agents = self.lock();
             let now = Instant::now();
-            let stale = |a: &AgentProc| a.is_dead() || (a.idle() && a.last_used(now) > IDLE);
+            let stale = |a: &AgentProc| a.is_dead() || (a.idle() && a.link().last_used(now) > IDLE);
             agents.retain(|_, a| !stale(a));
             if let Some(a) = agents.get(key) {
-                a.touch();
+                a.link().touch();
                 return Ok(a.clone());
             }
         }
@@ -227,7 +205,7 @@ impl AgentPool {
             argv.push("--fresh-tmp".into());
         }
         let (cmd, seccomp_fd) = self.jail.command(bwrap, &argv, cgroup).map_err(NotTaken)?;
-        let agent = AgentProc::start(cmd, seccomp_fd, backend_id.to_string(), cgroup.cloned())
+        let agent = start(cmd, seccomp_fd, backend_id.to_string(), cgroup.cloned())
             .await
             .map_err(NotTaken)?;
         let mut agents = self.lock();
@@ -240,46 +218,16 @@ impl AgentPool {
             if let Some(oldest) = agents
                 .iter()
                 .filter(|(_, a)| a.idle())
-                .max_by_key(|(_, a)| a.last_used(now))
+                .max_by_key(|(_, a)| a.link().last_used(now))
                 .map(|(k, _)| k.clone())
             {
                 agents.remove(&oldest);
             }
         }
         agents.insert(key.clone(), agent.clone());
-        tracing::debug!(backend_id, pid = agent.pid, "exec agent started");
+        tracing::debug!(backend_id, pid = agent.link().pid, "exec agent started");
         Ok(agent)
     }
-}
-
-type Item = Result<ExecChunk, RuntimeError>;
-
-/// Where the reader delivers one exec's frames: straight into the consumer's channel
-/// (no task in between), with what the result needs to know.
-struct Route {
-    out: mpsc::UnboundedSender<Item>,
-    /// Set by the timer before it asks for the kill.
-    timed_out: Arc<AtomicBool>,
-    /// Set once the result (or the agent's death) was delivered.
-    finished: Arc<AtomicBool>,
-    timer: Option<tokio::task::AbortHandle>,
-}
-
-impl Route {
-    fn end(self, item: Item) {
-        self.finished.store(true, Ordering::SeqCst);
-        if let Some(t) = self.timer {
-            t.abort();
-        }
-        // A consumer that went away only means nobody listens any more.
-        let _ = self.out.send(item);
-    }
-}
-
-#[derive(Default)]
-struct Routes {
-    by_id: HashMap<u64, Route>,
-    dead: bool,
 }
 
 /// The agent's stdin, shared by the callers (an exec request is written at once) and
@@ -288,82 +236,35 @@ type Input = Arc<Mutex<Option<ChildStdin>>>;
 
 /// The host's handle on one running agent. Dropping the last handle (the pool's, and
 /// those held by execs in flight) stops it.
-pub(crate) struct AgentProc {
+pub(crate) type AgentProc = Client<Piped>;
+
+/// The transport of one agent: its stdin pipe, and what the pool knows of it.
+pub(crate) struct Piped {
     input: Input,
-    queue: std::sync::mpsc::Sender<Vec<u8>>,
-    routes: Arc<Mutex<Routes>>,
-    next_id: AtomicU64,
     last_used: Mutex<Instant>,
     backend_id: String,
     pid: u32,
 }
 
-impl std::fmt::Debug for AgentProc {
+impl std::fmt::Debug for Piped {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "AgentProc(pid {} of {})", self.pid, self.backend_id)
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn frame(req: &Request, payload: &[u8]) -> Vec<u8> {
-    let mut bytes = Vec::with_capacity(64 + payload.len());
-    // Writing into a Vec fails only for frames over the protocol's limits, which the
-    // callers' own limits (argv, env, stdin chunks) keep below.
-    let _ = protocol::write_frame(&mut bytes, req, payload);
-    bytes
-}
-
-impl AgentProc {
-    /// Spawns `cmd` (bwrap around the agent, jailed) and waits for its hello.
-    async fn start(
-        cmd: Command,
-        seccomp_fd: std::os::fd::OwnedFd,
-        backend_id: String,
-        cgroup: Option<crate::jail::Cgroup>,
-    ) -> Result<Arc<Self>, String> {
-        let (ready_tx, ready_rx) = oneshot::channel::<Result<u32, String>>();
-        let (queue, rx) = std::sync::mpsc::channel::<Vec<u8>>();
-        let routes = Arc::new(Mutex::new(Routes::default()));
-        let input: Input = Arc::new(Mutex::new(None));
-        {
-            let (routes, input) = (routes.clone(), input.clone());
-            std::thread::Builder::new()
-                .name("grove-sandboxd".into())
-                .spawn(move || owner(cmd, seccomp_fd, rx, ready_tx, routes, input, cgroup))
-                .map_err(|e| format!("cannot start a thread for the agent: {e}"))?;
+impl Link for Piped {
+    /// Written here and now (a small frame into a pipe the agent always drains):
+    /// whether it reached the pipe decides between a retry and an error.
+    async fn write_now(&self, frame: &[u8]) -> bool {
+        let mut input = lock(&self.input);
+        match input.as_mut() {
+            Some(pipe) => pipe.write_all(frame).and_then(|()| pipe.flush()).is_ok(),
+            None => false,
         }
-        let pid = match tokio::time::timeout(HELLO_TIMEOUT, ready_rx).await {
-            Ok(Ok(Ok(pid))) => pid,
-            Ok(Ok(Err(why))) => return Err(why),
-            Ok(Err(_)) => return Err("the agent's threads ended before it said hello".into()),
-            Err(_) => {
-                return Err(format!(
-                    "the agent did not say hello within {HELLO_TIMEOUT:?}"
-                ))
-            }
-        };
-        Ok(Arc::new(AgentProc {
-            input,
-            queue,
-            routes,
-            next_id: AtomicU64::new(1),
-            last_used: Mutex::new(Instant::now()),
-            backend_id,
-            pid,
-        }))
     }
+}
 
-    fn is_dead(&self) -> bool {
-        lock(&self.routes).dead
-    }
-
-    fn idle(&self) -> bool {
-        lock(&self.routes).by_id.is_empty()
-    }
-
+impl Piped {
     fn touch(&self) {
         *lock(&self.last_used) = Instant::now();
     }
@@ -371,118 +272,47 @@ impl AgentProc {
     fn last_used(&self, now: Instant) -> Duration {
         now.saturating_duration_since(*lock(&self.last_used))
     }
+}
 
-    /// Sends the exec; `Err` only when it certainly did not reach the agent.
-    async fn submit(
-        self: &Arc<Self>,
-        exec: Arc<AgentExec>,
-    ) -> Result<BoxStream<'static, Item>, String> {
-        let id = self.next_id.fetch_add(1, Ordering::SeqCst);
-        let (out, rx) = mpsc::unbounded_channel();
-        let timed_out = Arc::new(AtomicBool::new(false));
-        let finished = Arc::new(AtomicBool::new(false));
-        {
-            let mut routes = lock(&self.routes);
-            if routes.dead {
-                return Err("the exec agent had ended".into());
-            }
-            routes.by_id.insert(
-                id,
-                Route {
-                    out,
-                    timed_out: timed_out.clone(),
-                    finished: finished.clone(),
-                    timer: None,
-                },
-            );
-        }
-        let req = Request::Exec {
-            id,
-            argv: exec.argv.clone(),
-            cwd: exec.cwd.clone(),
-            env: exec.env.clone(),
-            stdin: exec.stdin.is_some(),
-            max_output: exec.max_output as u64,
-        };
-        // Written here and now (a small frame into a pipe the agent always drains):
-        // whether it reached the pipe decides between a retry and an error.
-        let written = {
-            let mut input = lock(&self.input);
-            match input.as_mut() {
-                Some(pipe) => pipe
-                    .write_all(&frame(&req, b""))
-                    .and_then(|()| pipe.flush())
-                    .is_ok(),
-                None => false,
-            }
-        };
-        if !written {
-            lock(&self.routes).by_id.remove(&id);
-            return Err("the exec request could not be written to the agent".into());
-        }
-        if let Some(data) = &exec.stdin {
-            for chunk in data.chunks(STDIN_CHUNK) {
-                let _ = self.queue.send(frame(&Request::Stdin { id }, chunk));
-            }
-            let _ = self.queue.send(frame(&Request::CloseStdin { id }, b""));
-        }
-        if let Some(t) = exec.timeout {
-            // The timer holds only the queue, so a finished exec leaves nothing behind
-            // once the reader aborts it.
-            let queue = self.queue.clone();
-            let flag = timed_out.clone();
-            let timer = tokio::spawn(async move {
-                tokio::time::sleep(t).await;
-                flag.store(true, Ordering::SeqCst);
-                let _ = queue.send(frame(&Request::Kill { id }, b""));
-            });
-            match lock(&self.routes).by_id.get_mut(&id) {
-                Some(route) => route.timer = Some(timer.abort_handle()),
-                None => timer.abort(),
-            }
-        }
-        Ok(ExecStream {
-            rx,
-            _guard: KillOnDrop {
-                agent: self.clone(),
-                id,
-                finished,
-            },
-        }
-        .boxed())
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Spawns `cmd` (bwrap around the agent, jailed) and waits for its hello.
+async fn start(
+    cmd: Command,
+    seccomp_fd: std::os::fd::OwnedFd,
+    backend_id: String,
+    cgroup: Option<crate::jail::Cgroup>,
+) -> Result<Arc<AgentProc>, String> {
+    let (ready_tx, ready_rx) = oneshot::channel::<Result<u32, String>>();
+    let (queue, rx) = mpsc::unbounded_channel::<Vec<u8>>();
+    let router = Router::default();
+    let input: Input = Arc::new(Mutex::new(None));
+    {
+        let (router, input) = (router.clone(), input.clone());
+        std::thread::Builder::new()
+            .name("grove-sandboxd".into())
+            .spawn(move || owner(cmd, seccomp_fd, rx, ready_tx, router, input, cgroup))
+            .map_err(|e| format!("cannot start a thread for the agent: {e}"))?;
     }
-}
-
-/// Kills the exec when its stream is dropped before it ended; keeps the agent alive
-/// while the exec runs.
-struct KillOnDrop {
-    agent: Arc<AgentProc>,
-    id: u64,
-    finished: Arc<AtomicBool>,
-}
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        if !self.finished.load(Ordering::SeqCst) {
-            let _ = self
-                .agent
-                .queue
-                .send(frame(&Request::Kill { id: self.id }, b""));
+    let pid = match tokio::time::timeout(HELLO_TIMEOUT, ready_rx).await {
+        Ok(Ok(Ok(pid))) => pid,
+        Ok(Ok(Err(why))) => return Err(why),
+        Ok(Err(_)) => return Err("the agent's threads ended before it said hello".into()),
+        Err(_) => {
+            return Err(format!(
+                "the agent did not say hello within {HELLO_TIMEOUT:?}"
+            ))
         }
-    }
-}
-
-struct ExecStream {
-    rx: mpsc::UnboundedReceiver<Item>,
-    _guard: KillOnDrop,
-}
-
-impl Stream for ExecStream {
-    type Item = Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
-        self.rx.poll_recv(cx)
-    }
+    };
+    let link = Piped {
+        input,
+        last_used: Mutex::new(Instant::now()),
+        backend_id,
+        pid,
+    };
+    Ok(Arc::new(Client::new(link, queue, router)))
 }
 
 /// The owner thread: spawns bwrap, starts the reader, writes queued frames until the
@@ -491,9 +321,9 @@ impl Stream for ExecStream {
 fn owner(
     mut cmd: Command,
     seccomp_fd: std::os::fd::OwnedFd,
-    rx: std::sync::mpsc::Receiver<Vec<u8>>,
+    mut rx: mpsc::UnboundedReceiver<Vec<u8>>,
     ready: oneshot::Sender<Result<u32, String>>,
-    routes: Arc<Mutex<Routes>>,
+    router: Router,
     input: Input,
     // Held until the agent is reaped: the last handle removes the cgroup.
     _cgroup: Option<crate::jail::Cgroup>,
@@ -528,12 +358,11 @@ fn owner(
             .spawn(move || log_stderr(stderr, &first_err));
     }
     {
-        let routes = routes.clone();
         let _ = std::thread::Builder::new()
             .name("grove-sandboxd-read".into())
-            .spawn(move || reader(output, ready, routes, first_err));
+            .spawn(move || reader(output, ready, router, first_err));
     }
-    for bytes in rx {
+    while let Some(bytes) = rx.blocking_recv() {
         let mut input = lock(&input);
         let broken = match input.as_mut() {
             Some(pipe) => pipe.write_all(&bytes).and_then(|()| pipe.flush()).is_err(),
@@ -558,92 +387,41 @@ fn owner(
 fn reader(
     output: std::process::ChildStdout,
     ready: oneshot::Sender<Result<u32, String>>,
-    routes: Arc<Mutex<Routes>>,
+    router: Router,
     first_err: Arc<Mutex<String>>,
 ) {
     let mut output = BufReader::new(output);
-    let hello = protocol::read_frame::<_, Event>(&mut output);
-    match hello {
-        Ok(Some((Event::Hello { version, pid }, _))) if version == protocol::VERSION => {
-            let _ = ready.send(Ok(pid));
-        }
-        Ok(Some((Event::Hello { version, .. }, _))) => {
-            let _ = ready.send(Err(format!(
-                "the agent speaks protocol {version}, this grove {}",
-                protocol::VERSION
-            )));
-            return mark_dead(&routes);
-        }
-        other => {
-            // Give bwrap's message (on stderr) a moment to arrive.
-            std::thread::sleep(Duration::from_millis(20));
-            let msg = lock(&first_err).clone();
-            let _ = ready.send(Err(format!(
-                "the agent did not start ({}): {}",
-                match other {
-                    Ok(None) => "it ended".to_string(),
-                    Ok(Some((ev, _))) => format!("unexpected {ev:?}"),
-                    Err(e) => e.to_string(),
-                },
-                msg.trim()
-            )));
-            return mark_dead(&routes);
-        }
-    }
-    loop {
-        let (ev, payload) = match protocol::read_frame::<_, Event>(&mut output) {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
-            Err(e) => {
-                tracing::warn!(error = %e, "exec agent sent a bad frame; stopping it");
-                break;
-            }
-        };
-        match ev {
-            Event::Started { .. } | Event::Hello { .. } => {}
-            Event::Output { id, stream } => {
-                let stream = match stream {
-                    protocol::Stream::Stdout => StreamKind::Stdout,
-                    protocol::Stream::Stderr => StreamKind::Stderr,
-                };
-                if let Some(route) = lock(&routes).by_id.get(&id) {
-                    let _ = route.out.send(Ok(ExecChunk::Output {
-                        stream,
-                        data: payload,
-                    }));
-                }
-            }
-            Event::Exit {
-                id,
-                code,
-                truncated,
-            } => {
-                let route = lock(&routes).by_id.remove(&id);
-                if let Some(route) = route {
-                    let timed_out = route.timed_out.load(Ordering::SeqCst);
-                    route.end(Ok(ExecChunk::Finished(ExecResult {
-                        exit_code: code,
-                        timed_out,
-                        truncated,
-                        ..ExecResult::default()
-                    })));
+    let started = match protocol::read_frame::<_, Event>(&mut output) {
+        Ok(Some((first, _))) => client::hello(first),
+        Ok(None) => Err(start_failure("it ended", &first_err)),
+        Err(e) => Err(start_failure(&e.to_string(), &first_err)),
+    };
+    let ok = started.is_ok();
+    let _ = ready.send(started);
+    if ok {
+        loop {
+            match protocol::read_frame::<_, Event>(&mut output) {
+                Ok(Some((ev, payload))) => router.deliver(ev, payload),
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!(error = %e, "exec agent sent a bad frame; stopping it");
+                    break;
                 }
             }
         }
     }
-    mark_dead(&routes);
+    router.close(
+        "the sandbox's exec agent ended while the command ran (the command may have \
+         run in part; it was not retried)",
+    );
 }
 
-fn mark_dead(routes: &Mutex<Routes>) {
-    let mut routes = lock(routes);
-    routes.dead = true;
-    for (_, route) in routes.by_id.drain() {
-        route.end(Err(RuntimeError::Unavailable(
-            "the sandbox's exec agent ended while the command ran (the command may have \
-             run in part; it was not retried)"
-                .into(),
-        )));
-    }
+/// Why the agent did not start, with bwrap's message (on stderr).
+fn start_failure(why: &str, first_err: &Mutex<String>) -> String {
+    // Give bwrap's message a moment to arrive.
+    std::thread::sleep(Duration::from_millis(20));
+    let msg = lock(first_err).clone();
+    format!("the agent did not start ({why}): {}", msg.trim())
 }
 
 /// The agent's (and bwrap's) own stderr: logged, the first bytes kept for a start

@@ -42,7 +42,7 @@ pub use seccomp::denied_syscalls;
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::io::Read;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -50,12 +50,13 @@ use futures::stream::{BoxStream, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::identity::SandboxIdentity;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, Mount, NetworkPolicy, Runtime, RuntimeCapabilities,
+    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
     RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
     SessionRequest, Sessions,
 };
 use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
+use grove_sandboxd::host::workdir::{self, Placed};
 
 /// Output kept per command (stdout + stderr combined) when the request names no cap.
 pub const DEFAULT_MAX_OUTPUT_BYTES: usize = 1024 * 1024;
@@ -247,64 +248,12 @@ impl LocalRuntimeProvider {
         for (k, v) in &spec.env {
             validate_env(k, v).map_err(|e| RuntimeError::CommandRejected(e.to_string()))?;
         }
-        let workdir = std::fs::canonicalize(&spec.workdir).map_err(|_| {
-            RuntimeError::NotFound(format!(
-                "workspace directory {} does not exist",
-                spec.workdir.display()
-            ))
-        })?;
-        if !workdir.is_dir() {
-            return Err(RuntimeError::NotFound(format!(
-                "workspace {} is not a directory",
-                spec.workdir.display()
-            )));
-        }
-
-        let mut mounts = Vec::with_capacity(spec.mounts.len() + 1);
-        for m in &spec.mounts {
-            if !m.target.is_absolute() || m.target.components().any(|c| c == Component::ParentDir) {
-                return Err(RuntimeError::CommandRejected(format!(
-                    "mount target {} must be an absolute path without '..'",
-                    m.target.display()
-                )));
-            }
-            let source = std::fs::canonicalize(&m.source).map_err(|_| {
-                RuntimeError::NotFound(format!(
-                    "mount source {} does not exist",
-                    m.source.display()
-                ))
-            })?;
-            mounts.push(Mount {
-                source,
-                target: m.target.clone(),
-                writable: m.writable,
-            });
-        }
-
-        // Where the workspace appears inside: through the deepest mount whose source
-        // contains it. A spec that mounts no part of it gets it read-only, never more.
-        let (inside_workdir, workdir_writable) = match mounts
-            .iter()
-            .filter(|m| workdir.starts_with(&m.source))
-            .max_by_key(|m| m.source.components().count())
-        {
-            Some(m) => (
-                m.target.join(
-                    workdir
-                        .strip_prefix(&m.source)
-                        .expect("checked by starts_with"),
-                ),
-                m.writable,
-            ),
-            None => {
-                mounts.push(Mount {
-                    source: workdir.clone(),
-                    target: workdir.clone(),
-                    writable: false,
-                });
-                (workdir.clone(), false)
-            }
-        };
+        let Placed {
+            workdir,
+            mounts,
+            inside_workdir,
+            workdir_writable,
+        } = workdir::place(&spec.workdir, &spec.mounts)?;
 
         let (mode, cgroup) = match &self.isolation {
             Isolation::Bwrap(path) => {
@@ -333,32 +282,7 @@ impl LocalRuntimeProvider {
             }
             Isolation::Unavailable(why) => (Mode::Direct { why: why.clone() }, None),
         };
-        let agent = match (&mode, &self.agents) {
-            (Mode::Bwrap { program, prefix }, Some(pool)) => {
-                use std::os::unix::fs::MetadataExt;
-                let mut mount_ids = Vec::with_capacity(mounts.len());
-                for m in &mounts {
-                    let meta = std::fs::metadata(&m.source).map_err(|_| {
-                        RuntimeError::NotFound(format!(
-                            "mount source {} does not exist",
-                            m.source.display()
-                        ))
-                    })?;
-                    mount_ids.push((meta.dev(), meta.ino()));
-                }
-                Some(AgentRoute {
-                    pool: pool.clone(),
-                    key: agent::AgentKey {
-                        prefix: prefix.clone(),
-                        mount_ids,
-                        fresh_tmp: !mounts.iter().any(|m| m.writable),
-                    },
-                    bwrap: program.clone(),
-                    backend_id: self.backend_id(&spec),
-                })
-            }
-            _ => None,
-        };
+        let agent = self.agent_route(&mode, &mounts, &spec)?;
         let mut env: BTreeMap<String, String> = sandbox::BASE_ENV
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -375,6 +299,43 @@ impl LocalRuntimeProvider {
             workdir_writable,
             env,
         })
+    }
+
+    /// How a runtime of `mode` reaches its exec agent, when the provider has agents
+    /// and the runtime a sandbox view.
+    fn agent_route(
+        &self,
+        mode: &Mode,
+        mounts: &[grove_core::ports::Mount],
+        spec: &RuntimeSpec,
+    ) -> Result<Option<AgentRoute>, RuntimeError> {
+        let route = match (mode, &self.agents) {
+            (Mode::Bwrap { program, prefix }, Some(pool)) => {
+                use std::os::unix::fs::MetadataExt;
+                let mut mount_ids = Vec::with_capacity(mounts.len());
+                for m in mounts {
+                    let meta = std::fs::metadata(&m.source).map_err(|_| {
+                        RuntimeError::NotFound(format!(
+                            "mount source {} does not exist",
+                            m.source.display()
+                        ))
+                    })?;
+                    mount_ids.push((meta.dev(), meta.ino()));
+                }
+                Some(AgentRoute {
+                    pool: pool.clone(),
+                    key: agent::AgentKey {
+                        prefix: prefix.clone(),
+                        mount_ids,
+                        fresh_tmp: !mounts.iter().any(|m| m.writable),
+                    },
+                    bwrap: program.clone(),
+                    backend_id: self.backend_id(spec),
+                })
+            }
+            _ => None,
+        };
+        Ok(route)
     }
 }
 
@@ -663,44 +624,7 @@ impl LocalRuntime {
     /// Resolves a request's cwd to (host path, path inside the sandbox), refusing
     /// anything that is not a directory inside the workspace after resolving symlinks.
     fn resolve_cwd(&self, cwd: Option<&Path>) -> Result<(PathBuf, PathBuf), RuntimeError> {
-        let Some(rel) = cwd else {
-            return Ok((self.workdir.clone(), self.inside_workdir.clone()));
-        };
-        if rel.is_absolute() {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cwd {} must be relative to the workspace root",
-                rel.display()
-            )));
-        }
-        if rel
-            .components()
-            .any(|c| !matches!(c, Component::Normal(_) | Component::CurDir))
-        {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cwd {} must not contain '..'",
-                rel.display()
-            )));
-        }
-        let host = std::fs::canonicalize(self.workdir.join(rel)).map_err(|_| {
-            RuntimeError::CommandRejected(format!(
-                "cwd {} does not exist in the workspace",
-                rel.display()
-            ))
-        })?;
-        let inner = host.strip_prefix(&self.workdir).map_err(|_| {
-            RuntimeError::CommandRejected(format!(
-                "cwd {} resolves outside the workspace",
-                rel.display()
-            ))
-        })?;
-        if !host.is_dir() {
-            return Err(RuntimeError::CommandRejected(format!(
-                "cwd {} is not a directory",
-                rel.display()
-            )));
-        }
-        let inside = self.inside_workdir.join(inner);
-        Ok((host, inside))
+        workdir::resolve_cwd(&self.workdir, &self.inside_workdir, cwd)
     }
 }
 

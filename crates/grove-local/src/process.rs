@@ -9,16 +9,14 @@
 use std::ffi::OsString;
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
-use std::pin::Pin;
 use std::process::{ExitStatus, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
 use std::time::Duration;
 
-use futures::stream::{BoxStream, Stream, StreamExt};
+use futures::stream::{BoxStream, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::ports::{ExecChunk, ExecResult, StreamKind};
+use grove_sandboxd::host::stream::{Budget, ExecStream, Item, Kill, KillOnDrop};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -68,10 +66,11 @@ pub(crate) enum Stdin {
     Channel(futures::channel::mpsc::UnboundedReceiver<Vec<u8>>),
 }
 
-type Item = Result<ExecChunk, RuntimeError>;
-
-/// Starts the process; must be called inside a tokio runtime.
-pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeError> {
+/// The command of `launch` (jailed when it is sandboxed), not yet spawned, and the
+/// seccomp program's descriptor to close once it is.
+fn command(
+    launch: &Launch,
+) -> Result<(tokio::process::Command, Option<std::os::fd::OwnedFd>), RuntimeError> {
     let (std_cmd, seccomp_fd) = match &launch.jail {
         Some(j) => {
             let (cmd, fd) = j
@@ -103,7 +102,12 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
         // (with bwrap: bwrap itself, whose death tears down the pid namespace).
         .process_group(0)
         .kill_on_drop(true);
+    Ok((cmd, seccomp_fd))
+}
 
+/// Starts the process; must be called inside a tokio runtime.
+pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeError> {
+    let (mut cmd, seccomp_fd) = command(&launch)?;
     let spawned = cmd.spawn();
     // bwrap has its own copy of the seccomp program's descriptor now.
     drop(seccomp_fd);
@@ -128,36 +132,16 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
     });
 
     let (tx, rx) = mpsc::unbounded_channel();
-    let budget = Arc::new(Budget {
-        remaining: AtomicUsize::new(launch.max_output),
-        truncated: AtomicBool::new(false),
-    });
+    let budget = Arc::new(Budget::new(launch.max_output));
     let stdout = child.stdout.take().expect("stdout is piped");
     let stderr = child.stderr.take().expect("stderr is piped");
     let out_reader = tokio::spawn(pump(stdout, StreamKind::Stdout, tx.clone(), budget.clone()));
     let err_reader = tokio::spawn(pump(stderr, StreamKind::Stderr, tx.clone(), budget.clone()));
-    // A separate task: a command that never reads its stdin must not stall the rest.
-    let writer = match (child.stdin.take(), launch.stdin) {
-        (Some(mut pipe), Stdin::Bytes(bytes)) => Some(tokio::spawn(async move {
-            // EPIPE when the command exits without reading is expected and harmless.
-            let _ = pipe.write_all(&bytes).await;
-            let _ = pipe.shutdown().await;
-        })),
-        (Some(mut pipe), Stdin::Channel(mut rx)) => Some(tokio::spawn(async move {
-            while let Some(bytes) = rx.next().await {
-                if pipe.write_all(&bytes).await.is_err() || pipe.flush().await.is_err() {
-                    return;
-                }
-            }
-            let _ = pipe.shutdown().await;
-        })),
-        _ => None,
-    };
+    let writer = feed_stdin(child.stdin.take(), launch.stdin);
 
     let driver_guard = KillOnDrop(group.clone());
-    let stream_guard = KillOnDrop(group.clone());
-    let timeout = launch.timeout;
-    let sandboxed = launch.sandboxed;
+    let stream_kill = group.clone();
+    let (timeout, sandboxed) = (launch.timeout, launch.sandboxed);
     tokio::spawn(async move {
         let _guard = driver_guard;
         let (status, timed_out) = wait(&mut child, &group, timeout).await;
@@ -184,7 +168,7 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
             stdout: Vec::new(),
             stderr: Vec::new(),
             timed_out,
-            truncated: budget.truncated.load(Ordering::SeqCst),
+            truncated: budget.truncated(),
         };
         if sandboxed && !timed_out && result.exit_code == 1 && out.total == 0 {
             match classify_bwrap_failure(&err.prefix) {
@@ -199,11 +183,31 @@ pub(crate) fn start(launch: Launch) -> Result<BoxStream<'static, Item>, RuntimeE
         let _ = tx.send(Ok(ExecChunk::Finished(result)));
     });
 
-    Ok(ExecStream {
-        rx,
-        _guard: stream_guard,
+    Ok(ExecStream::new(rx, stream_kill).boxed())
+}
+
+/// Feeds the command's stdin from a task of its own: a command that never reads its
+/// stdin must not stall the rest.
+fn feed_stdin(
+    pipe: Option<tokio::process::ChildStdin>,
+    stdin: Stdin,
+) -> Option<tokio::task::JoinHandle<()>> {
+    match (pipe, stdin) {
+        (Some(mut pipe), Stdin::Bytes(bytes)) => Some(tokio::spawn(async move {
+            // EPIPE when the command exits without reading is expected and harmless.
+            let _ = pipe.write_all(&bytes).await;
+            let _ = pipe.shutdown().await;
+        })),
+        (Some(mut pipe), Stdin::Channel(mut rx)) => Some(tokio::spawn(async move {
+            while let Some(bytes) = rx.next().await {
+                if pipe.write_all(&bytes).await.is_err() || pipe.flush().await.is_err() {
+                    return;
+                }
+            }
+            let _ = pipe.shutdown().await;
+        })),
+        _ => None,
     }
-    .boxed())
 }
 
 /// Waits for the child, killing its group when the timeout passes first.
@@ -238,29 +242,6 @@ struct PipeSummary {
     total: u64,
     /// The first bytes read, kept or not.
     prefix: Vec<u8>,
-}
-
-/// The output cap, shared by stdout and stderr (the cap is on both combined).
-struct Budget {
-    remaining: AtomicUsize,
-    truncated: AtomicBool,
-}
-
-impl Budget {
-    /// Reserves up to `n` bytes; returns how many may be kept.
-    fn take(&self, n: usize) -> usize {
-        let mut granted = 0;
-        let _ = self
-            .remaining
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |rem| {
-                granted = rem.min(n);
-                Some(rem - granted)
-            });
-        if granted < n {
-            self.truncated.store(true, Ordering::SeqCst);
-        }
-        granted
-    }
 }
 
 /// Reads a pipe to its end, forwarding what fits in the budget and dropping the rest:
@@ -372,14 +353,16 @@ struct Group {
     _cgroup: Option<crate::jail::Cgroup>,
 }
 
-impl Group {
+impl Kill for Group {
     fn kill(&self) {
         let exited = self.exited.lock().unwrap_or_else(|e| e.into_inner());
         if !*exited {
             self.signal();
         }
     }
+}
 
+impl Group {
     /// Kills what is left of the group and retires the pgid.
     fn finish(&self) {
         let mut exited = self.exited.lock().unwrap_or_else(|e| e.into_inner());
@@ -400,45 +383,9 @@ impl Group {
     }
 }
 
-/// Kills the group when dropped before the command ended.
-struct KillOnDrop(Arc<Group>);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        self.0.kill();
-    }
-}
-
-/// The consumer's end: chunks as the readers produce them, then the result.
-struct ExecStream {
-    rx: mpsc::UnboundedReceiver<Item>,
-    _guard: KillOnDrop,
-}
-
-impl Stream for ExecStream {
-    type Item = Item;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Item>> {
-        self.rx.poll_recv(cx)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn the_budget_is_shared_and_marks_truncation() {
-        let b = Budget {
-            remaining: AtomicUsize::new(10),
-            truncated: AtomicBool::new(false),
-        };
-        assert_eq!(b.take(6), 6);
-        assert!(!b.truncated.load(Ordering::SeqCst));
-        assert_eq!(b.take(6), 4);
-        assert_eq!(b.take(1), 0);
-        assert!(b.truncated.load(Ordering::SeqCst));
-    }
 
     #[test]
     fn bwrap_messages_are_told_apart_from_exec_failures_and_command_output() {

@@ -5,8 +5,10 @@
 //! [`SandboxKey`]'s labels; both refuse host mounts (a remote sandbox cannot see host
 //! paths) and run a runtime's commands in a workspace directory inside the sandbox;
 //! both place workspaces at `<home>/grove/workspaces/<user>_<scope>_<branch>`, made
-//! from one clone per repository at `<home>/grove/repos/<repo>`. The crate does no IO
-//! and knows no provider's API.
+//! from one clone per repository at `<home>/grove/repos/<repo>`; both find, create,
+//! converge and recover their sandbox the same way ([`lifecycle`]). The crate does no
+//! IO of its own and knows no provider's API: a provider lends its API calls through
+//! [`lifecycle::SandboxApi`].
 //!
 //! # Layout
 //! - [`config`]: the API root and key, both or neither.
@@ -14,10 +16,12 @@
 //!   exec request and its cwd, and the output cap of an exec.
 //! - [`placement`]: workspaces inside a sandbox (what to make, where it goes).
 //! - [`race`]: which sandbox every racer keeps after a create race.
+//! - [`lifecycle`]: find, create, converge and recover a provider's sandbox.
 //! - [`http`]: HTTP statuses to `RuntimeError`, and path-segment encoding.
 
 pub mod config;
 pub mod http;
+pub mod lifecycle;
 pub mod placement;
 pub mod race;
 pub mod spec;
