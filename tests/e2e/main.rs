@@ -21,6 +21,7 @@ mod remote_placement;
 mod replay;
 mod runtimes;
 mod secrets;
+mod states;
 mod stop;
 mod tools;
 mod tools_http;

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use grove_core::error::CommandError;
 use grove_core::events::Event;
 use grove_core::model::{RepoCacheRow, WorkspaceRow, LEGACY_SAVED_REF_PREFIX};
+use grove_core::state::RepoCacheState;
 use grove_postgres::rows;
 use tracing::{info, warn};
 use uuid::Uuid;
@@ -127,7 +128,7 @@ impl JobContext {
         caches: impl Iterator<Item = &'a RepoCacheRow>,
     ) -> usize {
         let mut dropped = 0;
-        for cache in caches.filter(|c| c.state == "ready") {
+        for cache in caches.filter(|c| c.state == RepoCacheState::Ready) {
             let git = self.git.clone();
             let dir = PathBuf::from(&cache.local_path);
             let Ok(names) = blocking(move || git.cache_saved_refs(&dir)).await else {

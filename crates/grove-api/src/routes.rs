@@ -13,6 +13,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache};
+use grove_core::state::LedgerStatus;
 use grove_postgres::{api_queries, reader, rows};
 use uuid::Uuid;
 
@@ -390,12 +391,12 @@ pub async fn get_exec(
     };
     let error = status
         .error
-        .filter(|_| status.status == "failed")
+        .filter(|_| status.status == LedgerStatus::Failed)
         .map(|e| ApiError::Command(e).body());
     Ok(Json(ExecStatus {
         exec_id: id,
         workspace_id,
-        status: status.status,
+        status: status.status.as_str().to_owned(),
         result,
         error,
     }))

@@ -15,6 +15,7 @@ use grove_core::commands::{Command, CommandResult, EvictSweep, ReleaseReport, Re
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::eviction::{plan, workspace_queue, Action, ActionKind, Plan, QueueEntry};
 use grove_core::model::WorkspaceRow;
+use grove_core::placement::Placement;
 use grove_core::sweep::{SweepReport, SweepTrigger};
 use grove_workers::config::EvictionSettings;
 use grove_workers::sweep::{describe, load_node};
@@ -41,7 +42,7 @@ fn node_or_default(node: Option<String>) -> Result<String> {
         .or_else(|| std::env::var("GROVE_NODE").ok().filter(|n| !n.is_empty()))
         .unwrap_or_else(|| "local".into());
     grove_core::validate::validate_owner_id("node", &node)?;
-    if grove_core::commands::is_remote_placement(&node) {
+    if Placement::of_node(&node).is_remote() {
         return Err(crate::invalid(format!(
             "{node} is a remote runtime, not a node: its workspaces are not swept"
         )));
@@ -306,7 +307,7 @@ pub async fn queue_positions(
     // A workspace placed in a remote provider is never swept: it has no position.
     let nodes: BTreeMap<&str, ()> = list
         .iter()
-        .filter(|w| !grove_core::commands::is_remote_placement(&w.node))
+        .filter(|w| !Placement::of_node(&w.node).is_remote())
         .map(|w| (w.node.as_str(), ()))
         .collect();
     let mut out = HashMap::new();

@@ -26,6 +26,7 @@ use clap::{Args, Parser, Subcommand};
 use grove_core::commands::{AcquireWorkspace, Command, CommandResult, EnsureRepoCache, Exec};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::model::{ExecKind, WorkspaceMode};
+use grove_core::placement::Placement;
 use grove_core::ports::NetworkPolicy;
 use grove_core::validate::ValidationError;
 use grove_postgres::{reader, replay, rows};
@@ -740,7 +741,7 @@ async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
 /// the provider), and its sweep and sessions would take in-sandbox paths for host ones.
 pub(crate) fn validate_node(node: &str) -> Result<()> {
     grove_core::validate::validate_owner_id("node", node)?;
-    if grove_core::commands::is_remote_placement(node) {
+    if Placement::of_node(node).is_remote() {
         return Err(invalid(format!(
             "node name {node:?} is reserved for the remote runtime of that name"
         )));

@@ -38,13 +38,8 @@ pub struct McpArgs {
 
 pub async fn mcp(args: McpArgs) -> Result<ExitCode> {
     let workspace_id = parse_id(&args.workspace)?;
-    if !grove_core::commands::KNOWN_RUNTIMES.contains(&args.runtime.as_str()) {
-        return Err(invalid(format!(
-            "--runtime {:?}: expected one of {}",
-            args.runtime.chars().take(40).collect::<String>(),
-            grove_core::commands::KNOWN_RUNTIMES.join(", ")
-        )));
-    }
+    grove_core::placement::RuntimeKind::parse_named("--runtime", &args.runtime)
+        .map_err(|e| invalid(e.to_string()))?;
     let git_token = read_token(&args.token_env)?;
     let worker = if args.worker {
         Some(build_worker(args.node, args.concurrency).await?)

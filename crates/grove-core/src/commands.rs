@@ -10,6 +10,7 @@ use crate::merge_back::{MergeBackDiff, MergeBackReport, MergeStrategy};
 use crate::model::{
     ExecKind, ExecOutcome, RepoCacheRow, WorkspaceKey, WorkspaceMode, WorkspaceRow,
 };
+use crate::placement::{Placement, RuntimeKind};
 use crate::platform::{
     validate_body, validate_number, validate_title, PullRequest, PullRequestComment,
 };
@@ -19,20 +20,6 @@ use crate::validate::{
     validate_branch_scope_id, validate_command, validate_env, validate_owner_id, validate_ref,
     RepoName, RepoUrl, ValidationError,
 };
-
-/// Runtime provider names a request may ask for (whether one is configured on the
-/// worker that takes the job is that worker's answer).
-pub const KNOWN_RUNTIMES: &[&str] = &["local", "docker", "daytona", "e2b"];
-
-/// Runtime providers a workspace may be placed in (ADR 15): its files then live inside
-/// the provider's sandbox, the provider's name is its `node`, and its jobs go to the
-/// provider's queue. No worker node may take one of these names.
-pub const REMOTE_PLACEMENTS: &[&str] = &["daytona", "e2b"];
-
-/// Whether a workspace's `node` names a remote provider rather than a host node.
-pub fn is_remote_placement(node: &str) -> bool {
-    REMOTE_PLACEMENTS.contains(&node)
-}
 
 /// Largest stdin a command may carry through the queue.
 pub const MAX_STDIN_BYTES: usize = 1024 * 1024;
@@ -70,7 +57,9 @@ impl AcquireWorkspace {
     /// The remote provider this acquire places the workspace in, if any (`None`,
     /// `local` and `docker` all mean the worker's node).
     pub fn remote_placement(&self) -> Option<&str> {
-        self.runtime.as_deref().filter(|r| is_remote_placement(r))
+        self.runtime
+            .as_deref()
+            .filter(|r| Placement::of_node(r).is_remote())
     }
     /// The scope part of the uniqueness key.
     pub fn scope(&self) -> &str {
@@ -296,13 +285,7 @@ impl Command {
                 RepoUrl::parse(&c.repo_url)?;
                 validate_ref(&c.base_ref)?;
                 if let Some(r) = &c.runtime {
-                    if !KNOWN_RUNTIMES.contains(&r.as_str()) {
-                        return Err(ValidationError::Request(format!(
-                            "unknown workspace runtime {:?}: expected one of {}",
-                            r.chars().take(40).collect::<String>(),
-                            KNOWN_RUNTIMES.join(", ")
-                        )));
-                    }
+                    RuntimeKind::parse_named("workspace runtime", r)?;
                 }
                 match c.mode {
                     WorkspaceMode::Analysis => {}
@@ -330,13 +313,7 @@ impl Command {
                 for (k, v) in &e.env {
                     validate_env(k, v)?;
                 }
-                if !KNOWN_RUNTIMES.contains(&e.runtime.as_str()) {
-                    return Err(ValidationError::Request(format!(
-                        "unknown runtime {:?}: expected one of {}",
-                        e.runtime.chars().take(40).collect::<String>(),
-                        KNOWN_RUNTIMES.join(", ")
-                    )));
-                }
+                RuntimeKind::parse_named("runtime", &e.runtime)?;
                 if let Some(cwd) = &e.cwd {
                     if cwd.contains('\0')
                         || cwd.starts_with('/')
@@ -357,7 +334,7 @@ impl Command {
             Self::EvictSweep(c) => {
                 validate_owner_id("node", &c.node)?;
                 // The sweep deletes host directories; a remote provider has none.
-                if is_remote_placement(&c.node) {
+                if Placement::of_node(&c.node).is_remote() {
                     return Err(ValidationError::Request(format!(
                         "{} is a remote runtime, not a node: its workspaces are not swept",
                         c.node

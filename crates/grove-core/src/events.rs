@@ -11,6 +11,7 @@ use uuid::Uuid;
 use crate::eviction::Reason;
 use crate::merge_back::MergeStrategy;
 use crate::model::{Capabilities, ExecKind, SavedWork, WorkspaceMode};
+use crate::state::WorkspaceState;
 use crate::sweep::SweepReport;
 
 /// The stream a repo cache's events belong to.
@@ -195,7 +196,7 @@ pub enum Event {
         workspace_id: Uuid,
         cause: Option<EvictionCause>,
         error: String,
-        state: Option<String>,
+        state: Option<WorkspaceState>,
     },
     /// An evicted workspace was checked out again at its path, branch and saved state.
     #[serde(rename = "workspace.restored")]

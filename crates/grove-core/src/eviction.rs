@@ -47,6 +47,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::model::{RepoCacheRow, RuntimeRow, WorkspaceMode, WorkspaceRow};
+use crate::state::{RuntimeState, WorkspaceState};
 
 const MINUTE: u64 = 60;
 const HOUR: u64 = 60 * MINUTE;
@@ -257,11 +258,11 @@ pub struct Inventory {
 /// Where a workspace is in its life, as far as eviction cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum WorkspaceState {
+pub enum WorkspaceActivity {
     /// Its files exist and no job holds it: a candidate (`ready`, `released`).
     Ready,
-    /// A job is creating, restoring or evicting it: never a candidate, and it keeps its
-    /// repo cache alive. Any state string eviction does not know maps here.
+    /// A job is evicting it (or, as the sweep decides, otherwise holds it): never a
+    /// candidate, and it keeps its repo cache alive.
     Busy,
     /// Already evicted (a record kept for restore): ignored, and not a live workspace of its
     /// repo cache. Whether its saved work still needs the cache is
@@ -269,14 +270,13 @@ pub enum WorkspaceState {
     Evicted,
 }
 
-impl WorkspaceState {
-    /// The mapping from the projection's state strings; unknown states are [`Self::Busy`]
-    /// so that a state added later is never evicted by mistake.
-    pub fn from_row_state(state: &str) -> Self {
+impl WorkspaceActivity {
+    /// What a workspace's state means to eviction.
+    pub fn of(state: WorkspaceState) -> Self {
         match state {
-            "ready" | "released" => Self::Ready,
-            "evicted" => Self::Evicted,
-            _ => Self::Busy,
+            WorkspaceState::Ready | WorkspaceState::Released => Self::Ready,
+            WorkspaceState::Evicting => Self::Busy,
+            WorkspaceState::Evicted => Self::Evicted,
         }
     }
 }
@@ -288,7 +288,7 @@ pub struct WorkspaceItem {
     pub id: Uuid,
     pub repo_cache_id: Uuid,
     pub mode: WorkspaceMode,
-    pub state: WorkspaceState,
+    pub state: WorkspaceActivity,
     pub dirty: bool,
     pub pinned_until: Option<DateTime<Utc>>,
     pub last_used_at: DateTime<Utc>,
@@ -304,7 +304,7 @@ impl WorkspaceItem {
             id: row.id,
             repo_cache_id: row.repo_cache_id,
             mode: row.mode,
-            state: WorkspaceState::from_row_state(&row.state),
+            state: WorkspaceActivity::of(row.state),
             dirty: row.dirty,
             pinned_until: row.pinned_until,
             last_used_at: row.last_used_at,
@@ -317,7 +317,7 @@ impl WorkspaceItem {
 /// Whether a runtime runs, and since when it is stopped.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "state", rename_all = "snake_case")]
-pub enum RuntimeState {
+pub enum RuntimeActivity {
     Running,
     Stopped { since: DateTime<Utc> },
 }
@@ -327,7 +327,7 @@ pub enum RuntimeState {
 pub struct RuntimeItem {
     pub id: Uuid,
     pub workspace_id: Uuid,
-    pub state: RuntimeState,
+    pub state: RuntimeActivity,
     pub last_used_at: DateTime<Utc>,
     /// False only when a health check failed (decided by the caller, e.g. after repeated
     /// failures); a runtime that was not checked is healthy.
@@ -336,14 +336,13 @@ pub struct RuntimeItem {
 
 impl RuntimeItem {
     /// `running` is running; `stopped` is stopped since the row's `updated_at` (the
-    /// projection sets it at `runtime.stopped`); any other state counts as running, which
-    /// protects its workspace and at worst gets the runtime stopped when idle.
+    /// projection sets it at `runtime.stopped`).
     pub fn from_row(row: &RuntimeRow, healthy: bool) -> Self {
-        let state = match row.state.as_str() {
-            "stopped" => RuntimeState::Stopped {
+        let state = match row.state {
+            RuntimeState::Stopped => RuntimeActivity::Stopped {
                 since: row.updated_at,
             },
-            _ => RuntimeState::Running,
+            RuntimeState::Running => RuntimeActivity::Running,
         };
         Self {
             id: row.id,
@@ -601,7 +600,7 @@ fn runtime_phase(
             Some(ws) if ws.command_in_flight => None,
             Some(_) if !rt.healthy => Some((1, rt.last_used_at, destroy(Reason::UnhealthyRuntime))),
             Some(_) => match rt.state {
-                RuntimeState::Stopped { since } => {
+                RuntimeActivity::Stopped { since } => {
                     let stopped_secs = age_secs(inv.now, since);
                     let threshold_secs = policy.runtime_destroy_stopped_after_secs;
                     (stopped_secs > threshold_secs).then(|| {
@@ -612,7 +611,7 @@ fn runtime_phase(
                         (2, since, destroy(reason))
                     })
                 }
-                RuntimeState::Running => {
+                RuntimeActivity::Running => {
                     let idle_secs = age_secs(inv.now, rt.last_used_at);
                     let threshold_secs = policy.runtime_idle_stop_after_secs;
                     (idle_secs > threshold_secs).then(|| {
@@ -641,7 +640,7 @@ fn runtime_phase(
                 }
             ))
         );
-        let stopped = matches!(rt.state, RuntimeState::Stopped { .. }) || decided.is_some();
+        let stopped = matches!(rt.state, RuntimeActivity::Stopped { .. }) || decided.is_some();
         if !destroyed {
             remaining.entry(rt.workspace_id).or_default().push(rt.id);
             if !stopped {
@@ -693,13 +692,13 @@ fn workspace_candidates<'a>(
     let mut out: Vec<Candidate<'a>> = inv
         .workspaces
         .iter()
-        .filter(|ws| ws.state != WorkspaceState::Evicted)
+        .filter(|ws| ws.state != WorkspaceActivity::Evicted)
         .map(|ws| {
             let tier = Tier::of(ws.mode, ws.dirty);
             let idle_secs = age_secs(inv.now, ws.last_used_at);
             let ttl_secs = policy.workspace_ttl.for_mode(ws.mode);
             let ttl_expired = !ws.dirty && idle_secs > ttl_secs;
-            let protection = if ws.state == WorkspaceState::Busy {
+            let protection = if ws.state == WorkspaceActivity::Busy {
                 Some(Protection::Busy)
             } else if ws.command_in_flight {
                 Some(Protection::CommandInFlight)
@@ -739,7 +738,7 @@ fn workspace_candidates<'a>(
 fn live_workspaces(inv: &Inventory) -> HashMap<Uuid, &WorkspaceItem> {
     inv.workspaces
         .iter()
-        .filter(|ws| ws.state != WorkspaceState::Evicted)
+        .filter(|ws| ws.state != WorkspaceActivity::Evicted)
         .map(|ws| (ws.id, ws))
         .collect()
 }
@@ -943,11 +942,11 @@ mod tests {
                     None
                 };
                 let state = if flags.contains(&"busy") {
-                    WorkspaceState::Busy
+                    WorkspaceActivity::Busy
                 } else if flags.contains(&"evicted") {
-                    WorkspaceState::Evicted
+                    WorkspaceActivity::Evicted
                 } else {
-                    WorkspaceState::Ready
+                    WorkspaceActivity::Ready
                 };
                 WorkspaceItem {
                     id: id(n),
@@ -968,9 +967,9 @@ mod tests {
                 id: id(n),
                 workspace_id: id(ws),
                 state: if state.starts_with("stopped") {
-                    RuntimeState::Stopped { since: ago(secs) }
+                    RuntimeActivity::Stopped { since: ago(secs) }
                 } else {
-                    RuntimeState::Running
+                    RuntimeActivity::Running
                 },
                 last_used_at: ago(secs),
                 healthy: !state.ends_with("unhealthy"),
@@ -1918,7 +1917,7 @@ mod tests {
     }
 
     #[test]
-    fn rows_map_to_inventory_items_and_unknown_states_are_kept_safe() {
+    fn rows_map_to_inventory_items_by_their_typed_state() {
         let at = now();
         let mut row = WorkspaceRow {
             id: id(1),
@@ -1933,7 +1932,7 @@ mod tests {
             base_commit: "c".into(),
             branch_name: None,
             local_path: "/x".into(),
-            state: "released".into(),
+            state: WorkspaceState::Released,
             dirty: true,
             pinned_until: None,
             last_used_at: at,
@@ -1946,17 +1945,15 @@ mod tests {
             saved: None,
         };
         let item = WorkspaceItem::from_row(&row, true);
-        assert_eq!(item.state, WorkspaceState::Ready);
+        assert_eq!(item.state, WorkspaceActivity::Ready);
         assert_eq!(item.size_bytes, 0);
         assert!(item.dirty && item.command_in_flight);
         for (state, expected) in [
-            ("ready", WorkspaceState::Ready),
-            ("creating", WorkspaceState::Busy),
-            ("restoring", WorkspaceState::Busy),
-            ("evicted", WorkspaceState::Evicted),
-            ("something-new", WorkspaceState::Busy),
+            (WorkspaceState::Ready, WorkspaceActivity::Ready),
+            (WorkspaceState::Evicting, WorkspaceActivity::Busy),
+            (WorkspaceState::Evicted, WorkspaceActivity::Evicted),
         ] {
-            row.state = state.into();
+            row.state = state;
             assert_eq!(WorkspaceItem::from_row(&row, false).state, expected);
         }
         let mut rt = RuntimeRow {
@@ -1965,7 +1962,7 @@ mod tests {
             backend_kind: "local".into(),
             backend_runtime_id: "x".into(),
             image: None,
-            state: "stopped".into(),
+            state: RuntimeState::Stopped,
             last_started_at: None,
             last_used_at: ago(H),
             expires_at: None,
@@ -1974,12 +1971,12 @@ mod tests {
         };
         assert_eq!(
             RuntimeItem::from_row(&rt, true).state,
-            RuntimeState::Stopped { since: ago(M) }
+            RuntimeActivity::Stopped { since: ago(M) }
         );
-        rt.state = "starting".into();
+        rt.state = RuntimeState::Running;
         assert_eq!(
             RuntimeItem::from_row(&rt, true).state,
-            RuntimeState::Running
+            RuntimeActivity::Running
         );
     }
 }

@@ -3,6 +3,7 @@
 //! # Layout
 //! - [`validate`]: untrusted input (repo names, URLs, refs, ids, commands, env).
 //! - [`model`]: workspace modes, capabilities, projection rows.
+//! - [`state`]: the lifecycle states of caches, workspaces, runtimes and jobs as types.
 //! - [`layout`]: deterministic, hostile-safe paths under `$GROVE_HOME`.
 //! - [`events`]: the event catalogue and its envelope.
 //! - [`projection`]: the pure fold from events to projection rows.
@@ -15,6 +16,8 @@
 //! - [`ports`]: the traits adapters implement (git, runtimes, optional runtime
 //!   capabilities).
 //! - [`session`]: interactive sessions as data, and the table providers share.
+//! - [`placement`]: runtime kinds, and whether a workspace lives on a node or in a
+//!   remote provider.
 //! - [`merge_back`]: bringing a task workspace's commits into an edit workspace.
 //! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
@@ -38,10 +41,12 @@ pub mod layout;
 pub mod local_repo;
 pub mod merge_back;
 pub mod model;
+pub mod placement;
 pub mod platform;
 pub mod ports;
 pub mod projection;
 pub mod session;
+pub mod state;
 pub mod sweep;
 pub mod tool_catalog;
 pub mod tools;

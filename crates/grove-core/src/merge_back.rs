@@ -266,7 +266,7 @@ mod tests {
             base_commit: "0".repeat(40),
             branch_name: crate::model::branch_for(mode, "s"),
             local_path: "/x".into(),
-            state: "ready".into(),
+            state: crate::state::WorkspaceState::Ready,
             dirty: false,
             pinned_until: None,
             last_used_at: now,

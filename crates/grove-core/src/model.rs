@@ -6,6 +6,8 @@ use uuid::Uuid;
 
 use crate::validate::ValidationError;
 
+use crate::state::{RepoCacheState, RuntimeState, WorkspaceState};
+
 /// What a workspace is for; decides its key, its branch and its capabilities.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -144,7 +146,7 @@ pub struct RepoCacheRow {
     pub last_fetched_at: Option<DateTime<Utc>>,
     pub last_used_at: DateTime<Utc>,
     pub size_bytes: i64,
-    pub state: String,
+    pub state: RepoCacheState,
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
 }
@@ -164,7 +166,7 @@ pub struct WorkspaceRow {
     pub base_commit: String,
     pub branch_name: Option<String>,
     pub local_path: String,
-    pub state: String,
+    pub state: WorkspaceState,
     pub dirty: bool,
     pub pinned_until: Option<DateTime<Utc>>,
     pub last_used_at: DateTime<Utc>,
@@ -252,7 +254,7 @@ pub struct RuntimeRow {
     pub backend_kind: String,
     pub backend_runtime_id: String,
     pub image: Option<String>,
-    pub state: String,
+    pub state: RuntimeState,
     pub last_started_at: Option<DateTime<Utc>>,
     pub last_used_at: DateTime<Utc>,
     pub expires_at: Option<DateTime<Utc>>,

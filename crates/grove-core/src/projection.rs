@@ -12,6 +12,7 @@ use uuid::Uuid;
 
 use crate::events::Event;
 use crate::model::{RepoCacheRow, RuntimeRow, WorkspaceRow};
+use crate::state::{RepoCacheState, RuntimeState, WorkspaceState};
 
 /// Rows of the three projections, keyed by id, plus the ids an `apply` touched.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -132,7 +133,7 @@ impl Projections {
                         last_fetched_at: Some(at),
                         last_used_at: at,
                         size_bytes,
-                        state: "ready".into(),
+                        state: RepoCacheState::Ready,
                         created_at: at,
                         updated_at: at,
                     },
@@ -148,7 +149,7 @@ impl Projections {
                     row.last_used_at = at;
                     row.size_bytes = size_bytes;
                     // A fetch of an evicted cache is its re-clone.
-                    row.state = "ready".into();
+                    row.state = RepoCacheState::Ready;
                     row.updated_at = at;
                     self.touched.repo_caches.insert(repo_cache_id);
                 }
@@ -191,7 +192,7 @@ impl Projections {
                         base_commit,
                         branch_name,
                         local_path,
-                        state: "ready".into(),
+                        state: WorkspaceState::Ready,
                         dirty: false,
                         pinned_until: None,
                         last_used_at: at,
@@ -207,10 +208,10 @@ impl Projections {
                 self.touched.workspaces.insert(workspace_id);
             }
             Event::WorkspaceAcquired { workspace_id } => {
-                self.update_workspace(workspace_id, at, |row| row.state = "ready".into());
+                self.update_workspace(workspace_id, at, |row| row.state = WorkspaceState::Ready);
             }
             Event::WorkspaceReleased { workspace_id } => {
-                self.update_workspace(workspace_id, at, |row| row.state = "released".into());
+                self.update_workspace(workspace_id, at, |row| row.state = WorkspaceState::Released);
             }
             Event::WorkspaceDirtyChanged {
                 workspace_id,
@@ -279,7 +280,7 @@ impl Projections {
                         backend_kind,
                         backend_runtime_id,
                         image,
-                        state: "running".into(),
+                        state: RuntimeState::Running,
                         last_started_at: Some(at),
                         last_used_at: at,
                         expires_at: None,
@@ -291,7 +292,7 @@ impl Projections {
             }
             Event::RuntimeStopped { runtime_id, .. } => {
                 if let Some(row) = self.runtimes.get_mut(&runtime_id) {
-                    row.state = "stopped".into();
+                    row.state = RuntimeState::Stopped;
                     row.updated_at = at;
                     self.touched.runtimes.insert(runtime_id);
                 }
@@ -316,7 +317,7 @@ impl Projections {
                 saved,
                 ..
             } => self.change_workspace(workspace_id, at, |row| {
-                row.state = "evicting".into();
+                row.state = WorkspaceState::Evicting;
                 row.evicted_at = Some(at);
                 row.saved = saved;
             }),
@@ -325,7 +326,7 @@ impl Projections {
                 saved,
                 ..
             } => self.change_workspace(workspace_id, at, |row| {
-                row.state = "evicted".into();
+                row.state = WorkspaceState::Evicted;
                 row.evicted_at = Some(at);
                 row.saved = saved;
                 // Its files take no space any more; `dirty` keeps saying whether it had
@@ -350,7 +351,7 @@ impl Projections {
                 size_bytes,
                 ..
             } => self.update_workspace(workspace_id, at, |row| {
-                row.state = "ready".into();
+                row.state = WorkspaceState::Ready;
                 row.dirty = dirty;
                 row.size_bytes = size_bytes;
                 row.size_measured_at = Some(at);
@@ -369,7 +370,7 @@ impl Projections {
             }
             Event::RepoCacheEvicted { repo_cache_id, .. } => {
                 if let Some(row) = self.repo_caches.get_mut(&repo_cache_id) {
-                    row.state = "evicted".into();
+                    row.state = RepoCacheState::Evicted;
                     row.size_bytes = 0;
                     row.updated_at = at;
                     self.touched.repo_caches.insert(repo_cache_id);
@@ -507,7 +508,7 @@ mod tests {
             },
             at(3),
         );
-        assert_eq!(p.runtimes[&rt].state, "stopped");
+        assert_eq!(p.runtimes[&rt].state, RuntimeState::Stopped);
         p.apply(&Event::WorkspaceDestroyed { workspace_id: id }, at(4));
         assert!(p.workspaces.is_empty());
         assert_eq!(Reads::of(&[created(id)]).workspaces, vec![id]);
@@ -555,7 +556,7 @@ mod tests {
             },
             at(4),
         );
-        assert_eq!(p.workspaces[&id].state, "evicting");
+        assert_eq!(p.workspaces[&id].state, WorkspaceState::Evicting);
         p.apply(
             &Event::WorkspaceEvicted {
                 workspace_id: id,
@@ -567,7 +568,7 @@ mod tests {
             at(5),
         );
         let row = &p.workspaces[&id];
-        assert_eq!(row.state, "evicted");
+        assert_eq!(row.state, WorkspaceState::Evicted);
         assert_eq!(row.size_bytes, 0);
         assert_eq!(row.saved.as_ref(), Some(&saved));
         assert_eq!(row.evicted_at, Some(at(5)));
@@ -588,7 +589,10 @@ mod tests {
         let row = &p.workspaces[&id];
         assert_eq!(row.saved.as_ref(), Some(&moved));
         assert!(!moved.in_cache() && saved.in_cache());
-        assert_eq!((row.state.as_str(), row.last_used_at), ("evicted", at(1)));
+        assert_eq!(
+            (row.state, row.last_used_at),
+            (WorkspaceState::Evicted, at(1))
+        );
         p.apply(
             &Event::WorkspaceRestored {
                 workspace_id: id,
@@ -600,7 +604,7 @@ mod tests {
             at(6),
         );
         let row = &p.workspaces[&id];
-        assert_eq!(row.state, "ready");
+        assert_eq!(row.state, WorkspaceState::Ready);
         assert!(row.dirty && row.saved.is_none() && row.evicted_at.is_none());
         assert_eq!((row.size_bytes, row.last_used_at), (600, at(6)));
     }
@@ -635,12 +639,12 @@ mod tests {
                 workspace_id: id,
                 cause: None,
                 error: "interrupted".into(),
-                state: Some("released".into()),
+                state: Some(WorkspaceState::Released),
             },
             at(4),
         );
         let row = &p.workspaces[&id];
-        assert_eq!(row.state, "released");
+        assert_eq!(row.state, WorkspaceState::Released);
         assert_eq!(row.evicted_at, None);
     }
 }

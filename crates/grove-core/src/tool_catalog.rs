@@ -9,6 +9,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::model::Capabilities;
+use crate::placement::Placement;
 use crate::tools::{ToolOp, ToolSpec};
 
 /// `(name, writes, description)` of every tool, in the order offered.
@@ -73,7 +74,7 @@ pub fn all_tools() -> Vec<ToolSpec> {
 /// writable, and on a workspace placed inside a remote provider (its `node` is the
 /// provider's name) only those that work there ([`works_remotely`]).
 pub fn tools_for(caps: &Capabilities, node: &str) -> Vec<ToolSpec> {
-    let remote = crate::commands::is_remote_placement(node);
+    let remote = Placement::of_node(node).is_remote();
     TOOLS
         .iter()
         .filter(|(_, writes, _)| caps.writable || !writes)
@@ -258,7 +259,11 @@ mod tests {
     #[test]
     fn a_workspace_in_a_remote_provider_is_offered_only_what_runs_there() {
         let caps = Capabilities::from_mode(WorkspaceMode::Edit);
-        for provider in crate::commands::REMOTE_PLACEMENTS {
+        for provider in crate::placement::RuntimeKind::ALL
+            .iter()
+            .filter(|k| k.is_remote())
+            .map(|k| k.as_str())
+        {
             let names: Vec<String> = tools_for(&caps, provider)
                 .into_iter()
                 .map(|t| t.name)

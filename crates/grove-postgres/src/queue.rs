@@ -13,6 +13,8 @@ use chrono::{DateTime, Utc};
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Event, Metadata};
+use grove_core::placement::Placement;
+use grove_core::state::{LedgerStatus, UnknownState};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
@@ -43,10 +45,9 @@ pub fn provider_queue(provider: &str) -> String {
 /// The queue of the jobs on a workspace whose `node` is `placement`: its node's queue,
 /// or its provider's queue when it is placed in a remote provider.
 pub fn placement_queue(placement: &str) -> String {
-    if grove_core::commands::is_remote_placement(placement) {
-        provider_queue(placement)
-    } else {
-        node_queue(placement)
+    match Placement::of_node(placement) {
+        Placement::Remote(provider) => provider_queue(provider.as_str()),
+        Placement::Node(node) => node_queue(node),
     }
 }
 
@@ -70,7 +71,7 @@ pub fn backoff(attempt: i32) -> Duration {
 pub struct CommandStatus {
     pub command_id: Uuid,
     pub kind: String,
-    pub status: String,
+    pub status: LedgerStatus,
     pub attempts: i32,
     pub job_status: Option<String>,
     pub result: Option<CommandResult>,
@@ -79,7 +80,16 @@ pub struct CommandStatus {
 
 impl CommandStatus {
     pub fn is_finished(&self) -> bool {
-        self.status == "succeeded" || self.status == "failed"
+        self.status.is_finished()
+    }
+}
+
+/// The ledger status of a finished command, as stored.
+fn finished_status(succeeded: bool) -> &'static str {
+    if succeeded {
+        LedgerStatus::Succeeded.as_str()
+    } else {
+        LedgerStatus::Failed.as_str()
     }
 }
 
@@ -133,7 +143,11 @@ pub async fn status(
     Ok(Some(CommandStatus {
         command_id: row.try_get("command_id")?,
         kind: row.try_get("kind")?,
-        status: row.try_get("status")?,
+        status: {
+            let text: String = row.try_get("status")?;
+            text.parse()
+                .map_err(|e: UnknownState| StoreError::Corrupt(e.to_string()))?
+        },
         attempts: row.try_get("attempts")?,
         job_status: row.try_get("job_status")?,
         result: result.map(serde_json::from_value).transpose()?,
@@ -384,11 +398,7 @@ async fn finish_ledger(
          SELECT pg_notify($5, $1::text)",
     )
     .bind(command_id)
-    .bind(if error.is_none() {
-        "succeeded"
-    } else {
-        "failed"
-    })
+    .bind(finished_status(error.is_none()))
     .bind(result.map(serde_json::to_value).transpose()?)
     .bind(error.map(serde_json::to_value).transpose()?)
     .bind(DONE_CHANNEL)
@@ -421,11 +431,7 @@ async fn record_outcome<'c>(
          SELECT ledger.command_id FROM ledger",
     )
     .bind(job.command_id)
-    .bind(if outcome.is_ok() {
-        "succeeded"
-    } else {
-        "failed"
-    })
+    .bind(finished_status(outcome.is_ok()))
     .bind(
         outcome
             .as_ref()

@@ -20,6 +20,17 @@ pub const REPO_CACHE_COLUMNS: &str = "id, node, identity, repo_name, repo_url, p
 pub const WORKSPACE_COLUMNS: &str = "id, repo_cache_id, node, project_id, user_id, mode, conversation_id, task_id, base_ref, base_commit, branch_name, local_path, state, dirty, pinned_until, last_used_at, size_bytes, writable, isolated, persistent, created_at, updated_at, size_measured_at, evicted_at, saved_ref, saved_commit, saved_head, saved_patch";
 pub const RUNTIME_COLUMNS: &str = "id, workspace_id, backend_kind, backend_runtime_id, image, state, last_started_at, last_used_at, expires_at, created_at, updated_at";
 
+/// A row's `state` column as its type; a value this build does not know is
+/// [`StoreError::Corrupt`].
+fn parse_state<T>(r: &PgRow) -> Result<T, StoreError>
+where
+    T: std::str::FromStr<Err = grove_core::state::UnknownState>,
+{
+    let text: String = r.try_get("state")?;
+    text.parse()
+        .map_err(|e: grove_core::state::UnknownState| StoreError::Corrupt(e.to_string()))
+}
+
 pub fn repo_cache_from_row(r: &PgRow) -> Result<RepoCacheRow, StoreError> {
     Ok(RepoCacheRow {
         id: r.try_get("id")?,
@@ -34,7 +45,7 @@ pub fn repo_cache_from_row(r: &PgRow) -> Result<RepoCacheRow, StoreError> {
         last_fetched_at: r.try_get("last_fetched_at")?,
         last_used_at: r.try_get("last_used_at")?,
         size_bytes: r.try_get("size_bytes")?,
-        state: r.try_get("state")?,
+        state: parse_state(r)?,
         created_at: r.try_get("created_at")?,
         updated_at: r.try_get("updated_at")?,
     })
@@ -55,7 +66,7 @@ pub fn workspace_from_row(r: &PgRow) -> Result<WorkspaceRow, StoreError> {
         base_commit: r.try_get("base_commit")?,
         branch_name: r.try_get("branch_name")?,
         local_path: r.try_get("local_path")?,
-        state: r.try_get("state")?,
+        state: parse_state(r)?,
         dirty: r.try_get("dirty")?,
         pinned_until: r.try_get("pinned_until")?,
         last_used_at: r.try_get("last_used_at")?,
@@ -101,7 +112,7 @@ pub fn runtime_from_row(r: &PgRow) -> Result<RuntimeRow, StoreError> {
         backend_kind: r.try_get("backend_kind")?,
         backend_runtime_id: r.try_get("backend_runtime_id")?,
         image: r.try_get("image")?,
-        state: r.try_get("state")?,
+        state: parse_state(r)?,
         last_started_at: r.try_get("last_started_at")?,
         last_used_at: r.try_get("last_used_at")?,
         expires_at: r.try_get("expires_at")?,
@@ -234,7 +245,7 @@ pub async fn upsert_repo_cache(
     .bind(r.last_fetched_at)
     .bind(r.last_used_at)
     .bind(r.size_bytes)
-    .bind(&r.state)
+    .bind(r.state.as_str())
     .bind(r.created_at)
     .bind(r.updated_at)
     .execute(conn)
@@ -264,7 +275,7 @@ pub async fn upsert_workspace(
     .bind(&r.base_commit)
     .bind(&r.branch_name)
     .bind(&r.local_path)
-    .bind(&r.state)
+    .bind(r.state.as_str())
     .bind(r.dirty)
     .bind(r.pinned_until)
     .bind(r.last_used_at)
@@ -300,7 +311,7 @@ pub async fn upsert_runtime(
     .bind(&r.backend_kind)
     .bind(&r.backend_runtime_id)
     .bind(&r.image)
-    .bind(&r.state)
+    .bind(r.state.as_str())
     .bind(r.last_started_at)
     .bind(r.last_used_at)
     .bind(r.expires_at)

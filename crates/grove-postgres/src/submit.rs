@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
+use grove_core::state::LedgerStatus;
 use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -280,13 +281,16 @@ async fn wait_step(
             .into())));
         };
         if status.is_finished() {
-            if let Some(err) = status.error.filter(|_| status.status == "failed") {
+            if let Some(err) = status
+                .error
+                .filter(|_| status.status == LedgerStatus::Failed)
+            {
                 return Ok(Some(Err(err.into())));
             }
             return Ok(Some(Ok(status.result.unwrap_or(CommandResult::Done))));
         }
         let late = started.elapsed() > opts.claim_timeout;
-        if late && status.status == "queued" && status.attempts == 0 {
+        if late && status.status == LedgerStatus::Queued && status.attempts == 0 {
             // A job on a remote provider's queue waits for a worker with that provider.
             let queue: Option<String> = sqlx::query_scalar(
                 "SELECT j.job_type FROM grove.commands c JOIN apalis.jobs j ON j.id = c.job_id

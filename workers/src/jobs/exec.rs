@@ -6,14 +6,16 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use grove_core::commands::{is_remote_placement, CommandResult, Exec, DEFAULT_MAX_OUTPUT_BYTES};
+use grove_core::commands::{CommandResult, Exec, DEFAULT_MAX_OUTPUT_BYTES};
 use grove_core::decide::exec::{check_exec, exec_kind};
 use grove_core::error::{CommandError, ErrorKind, RuntimeError};
 use grove_core::events::{Event, Metadata};
 use grove_core::model::{ExecKind, ExecOutcome, RuntimeRow, WorkspaceRow};
+use grove_core::placement::Placement;
 use grove_core::ports::{
     ExecRequest, ExecResult, Mount, NetworkPolicy, ResourceHints, RuntimeProvider, RuntimeSpec,
 };
+use grove_core::state::RuntimeState;
 use grove_postgres::locks::AdvisoryLock;
 use grove_postgres::{rows, store};
 use uuid::Uuid;
@@ -153,7 +155,7 @@ impl JobContext {
             None => (self.workspace(e.workspace_id).await?, None),
         };
         let kind = exec_kind(e.kind, &ws);
-        let remote = is_remote_placement(&ws.node);
+        let remote = Placement::of_node(&ws.node).is_remote();
         let network = check_exec(&ws, kind, &e.runtime, &self.runtimes.kinds())
             .and_then(|()| self.remote_network(&ws, remote));
         let network = match network {
@@ -181,7 +183,7 @@ impl JobContext {
             .as_ref()
             .map(|r| r.id)
             .unwrap_or_else(|| Uuid::new_v5(&ws.id, provider.kind().as_bytes()));
-        let place = Placement {
+        let place = ExecSite {
             ws: &ws,
             kind,
             remote,
@@ -236,7 +238,7 @@ impl JobContext {
     async fn exec_spec(
         &self,
         lock: &mut AdvisoryLock,
-        place: &Placement<'_>,
+        place: &ExecSite<'_>,
         e: &Exec,
         provider: &dyn RuntimeProvider,
         remote_network: Option<NetworkPolicy>,
@@ -348,7 +350,7 @@ impl JobContext {
 }
 
 /// Where an exec runs: its workspace, class, placement and runtime record.
-struct Placement<'a> {
+struct ExecSite<'a> {
     ws: &'a WorkspaceRow,
     kind: ExecKind,
     remote: bool,
@@ -361,7 +363,7 @@ struct Placement<'a> {
 /// long-lived one keeps the mount it was created with, so it gets the workspace's own
 /// writability.
 fn mounts(
-    place: &Placement<'_>,
+    place: &ExecSite<'_>,
     provider: &dyn RuntimeProvider,
     ws_dir: PathBuf,
     cache_dir: Option<PathBuf>,
@@ -387,7 +389,7 @@ fn mounts(
 fn start_events(e: &Exec, command_id: Uuid, p: &Prepared) -> Vec<Event> {
     let (ws, provider, spec, runtime_id) = (&p.ws, &p.provider, &p.spec, p.runtime_id);
     let mut events = match &p.existing {
-        Some(r) if r.state == "running" => vec![],
+        Some(r) if r.state == RuntimeState::Running => vec![],
         _ => vec![Event::RuntimeStarted {
             runtime_id,
             workspace_id: ws.id,

@@ -5,10 +5,12 @@
 use std::path::PathBuf;
 
 use chrono::{DateTime, Utc};
-use grove_core::commands::{is_remote_placement, CommandResult};
+use grove_core::commands::CommandResult;
 use grove_core::error::CommandError;
 use grove_core::events::Event;
 use grove_core::model::WorkspaceRow;
+use grove_core::placement::Placement;
+use grove_core::state::RuntimeState;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
@@ -75,7 +77,7 @@ impl JobContext {
             .map_err(store_error)?;
         let mut events = Vec::new();
         for r in runtimes {
-            if !destroy && r.state != "running" {
+            if !destroy && r.state != RuntimeState::Running {
                 continue;
             }
             // A runtime of a provider this worker lacks is still recorded as gone: its
@@ -116,7 +118,7 @@ impl JobContext {
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
             .await?;
         let (ws, mut lock) = self.lock_workspace_any(workspace_id, false).await?;
-        if is_remote_placement(&ws.node) {
+        if Placement::of_node(&ws.node).is_remote() {
             return self.destroy_remote(ws, vec![lock, key_lock]).await;
         }
         let mut events = self

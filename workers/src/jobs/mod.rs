@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use grove_core::commands::is_remote_placement;
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::model::WorkspaceRow;
+use grove_core::placement::Placement;
 use grove_core::ports::RuntimeProvider;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use uuid::Uuid;
@@ -36,7 +36,7 @@ impl JobContext {
         shared: bool,
     ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
         let (ws, lock) = self.lock_workspace_any(id, shared).await?;
-        if matches!(ws.state.as_str(), "evicted" | "evicting") {
+        if !ws.state.has_files() {
             lock.release().await.ok();
             return Err(CommandError::new(
                 ErrorKind::Conflict,
@@ -118,7 +118,7 @@ impl JobContext {
 /// Refuses an operation that needs the workspace's files on this host when the
 /// workspace lives inside a remote provider (ADR 15: exec is the way in for now).
 pub(crate) fn host_only(ws: &WorkspaceRow, what: &str) -> Result<(), CommandError> {
-    if is_remote_placement(&ws.node) {
+    if Placement::of_node(&ws.node).is_remote() {
         return Err(not_yet(ws, what));
     }
     Ok(())

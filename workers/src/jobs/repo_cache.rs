@@ -10,6 +10,7 @@ use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event};
 use grove_core::model::RepoCacheRow;
 use grove_core::ports::GitToken;
+use grove_core::state::RepoCacheState;
 use grove_core::validate::RepoUrl;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use grove_postgres::rows;
@@ -172,7 +173,9 @@ impl CacheNeed {
 
     /// Usable as it is: no fetch needed, and its files are in place.
     fn usable(&self, row: &RepoCacheRow) -> bool {
-        !self.must_fetch(row) && row.state != "evicted" && PathBuf::from(&row.local_path).is_dir()
+        !self.must_fetch(row)
+            && row.state != RepoCacheState::Evicted
+            && PathBuf::from(&row.local_path).is_dir()
     }
 }
 

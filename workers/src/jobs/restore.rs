@@ -11,6 +11,7 @@ use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Event, EvictionCause};
 use grove_core::model::{saved_ref_name, RepoCacheRow, WorkspaceRow};
 use grove_core::ports::{CheckoutReport, GitToken, RestoreRequest};
+use grove_core::state::WorkspaceState;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use grove_postgres::rows;
 use tracing::{info, warn};
@@ -89,7 +90,7 @@ impl JobContext {
                 cause: Some(EvictionCause::Interrupted),
                 error: "an interrupted eviction was rolled back: the files were still in place"
                     .into(),
-                state: Some("ready".into()),
+                state: Some(WorkspaceState::Ready),
             }]),
             Ok(RestoreStep::Rebuild { reuse_checkout }) => {
                 self.rebuild(&ws, token, at, reuse_checkout, &mut locks)

@@ -50,7 +50,7 @@ impl JobContext {
                 report.delegated.push((ws.id, child));
                 continue;
             }
-            let evicted = !matches!(ws.state.as_str(), "ready" | "released");
+            let evicted = !ws.state.has_files();
             if evicted && !c.destroy_workspaces {
                 report.already_evicted.push(ws.id);
                 continue;

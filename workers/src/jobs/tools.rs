@@ -4,10 +4,11 @@
 
 use std::path::PathBuf;
 
-use grove_core::commands::{is_remote_placement, CommandResult, DEFAULT_MAX_OUTPUT_BYTES};
+use grove_core::commands::{CommandResult, DEFAULT_MAX_OUTPUT_BYTES};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::Event;
 use grove_core::model::WorkspaceRow;
+use grove_core::placement::Placement;
 use grove_core::ports::{CommitRequest, GitToken, PushRequest};
 use grove_core::tools::{DiffAgainst, ToolOp, ToolOutput, ToolRequest};
 use grove_postgres::rows;
@@ -47,7 +48,7 @@ impl JobContext {
                 ),
             ));
         }
-        if is_remote_placement(&ws.node) {
+        if Placement::of_node(&ws.node).is_remote() {
             return self.remote_tool(ws, op).await;
         }
         let (ws, lock) = self.lock_workspace(ws.id, !op.is_write()).await?;

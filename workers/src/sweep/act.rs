@@ -9,6 +9,7 @@ use grove_core::events::{Correlation, Event, EvictionCause};
 use grove_core::eviction::{Action, ActionKind, Reason};
 use grove_core::model::{RuntimeRow, SavedWork, WorkspaceRow};
 use grove_core::ports::SaveWorkRequest;
+use grove_core::state::{RepoCacheState, RuntimeState};
 use grove_core::sweep::ActionOutcome;
 use grove_postgres::locks::LockScope;
 use grove_postgres::rows;
@@ -155,15 +156,16 @@ impl JobContext {
             return skip("a command on its workspace is queued or running");
         }
         match action.reason {
-            Reason::IdleRuntime { .. } if current.state != "running" => {
+            Reason::IdleRuntime { .. } if current.state != RuntimeState::Running => {
                 return skip("the runtime is no longer running");
             }
             Reason::StoppedRuntime { .. }
-                if current.state != "stopped" || current.updated_at != planned.updated_at =>
+                if current.state != RuntimeState::Stopped
+                    || current.updated_at != planned.updated_at =>
             {
                 return skip("the runtime changed since the plan");
             }
-            Reason::WorkspaceEvicted { .. } if current.state == "running" => {
+            Reason::WorkspaceEvicted { .. } if current.state == RuntimeState::Running => {
                 return skip("the runtime is running");
             }
             Reason::OrphanRuntime => {
@@ -173,7 +175,7 @@ impl JobContext {
                         .await
                         .map_err(store_error)?
                 };
-                if ws.is_some_and(|w| is_live(&w.state)) {
+                if ws.is_some_and(|w| is_live(w.state)) {
                     return skip("its workspace exists");
                 }
             }
@@ -307,7 +309,7 @@ impl JobContext {
         let Ok(ws) = self.workspace(planned.id).await else {
             return skip("the workspace is gone");
         };
-        if !matches!(ws.state.as_str(), "ready" | "released") {
+        if !ws.state.has_files() {
             return skip("its state changed since the plan");
         }
         if ws.last_used_at != planned.last_used_at {
@@ -378,7 +380,7 @@ impl JobContext {
         let cache = state
             .caches
             .get(&ws.repo_cache_id)
-            .filter(|c| c.state == "ready" && Path::new(&c.local_path).is_dir());
+            .filter(|c| c.state == RepoCacheState::Ready && Path::new(&c.local_path).is_dir());
         let Some(cache) = cache else {
             return Err("its repo cache is missing, so its work cannot be saved".into());
         };
@@ -515,7 +517,7 @@ impl JobContext {
             let Some(current) = current else {
                 return Ok((Ended::skipped("the repo cache is gone"), None));
             };
-            if current.state != "ready" || current.last_used_at != planned.last_used_at {
+            if current.state != RepoCacheState::Ready || current.last_used_at != planned.last_used_at {
                 return Ok((Ended::skipped("the repo cache was used since the plan"), None));
             }
             if live > 0 {

@@ -8,6 +8,7 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use grove_core::eviction::{Inventory, Reason, RepoCacheItem, RuntimeItem, WorkspaceItem};
 use grove_core::model::{RepoCacheRow, RuntimeRow, WorkspaceRow};
+use grove_core::state::{RepoCacheState, WorkspaceState};
 use grove_postgres::{rows, StoreError};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -32,8 +33,11 @@ pub(crate) fn size(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
 }
 
-pub(crate) fn is_live(state: &str) -> bool {
-    state != "evicted"
+pub(crate) fn is_live(state: WorkspaceState) -> bool {
+    match state {
+        WorkspaceState::Ready | WorkspaceState::Released | WorkspaceState::Evicting => true,
+        WorkspaceState::Evicted => false,
+    }
 }
 
 /// A node's records and the inventory built from them.
@@ -66,7 +70,7 @@ pub async fn load_node(
     drop(conn);
     let saved_in: HashSet<Uuid> = workspaces
         .iter()
-        .filter(|w| !is_live(&w.state) || w.state == "evicting")
+        .filter(|w| !w.state.has_files())
         .filter(|w| w.saved.is_some())
         .map(|w| w.repo_cache_id)
         .collect();
@@ -75,12 +79,12 @@ pub async fn load_node(
         .unwrap_or(0);
     let used_bytes = workspaces
         .iter()
-        .filter(|w| is_live(&w.state))
+        .filter(|w| is_live(w.state))
         .map(|w| size(w.size_bytes))
         .chain(
             caches
                 .iter()
-                .filter(|c| c.state != "evicted")
+                .filter(|c| c.state != RepoCacheState::Evicted)
                 .map(|c| size(c.size_bytes)),
         )
         .sum::<u64>()
@@ -99,7 +103,7 @@ pub async fn load_node(
             .collect(),
         repo_caches: caches
             .iter()
-            .filter(|c| c.state != "evicted")
+            .filter(|c| c.state != RepoCacheState::Evicted)
             .map(|c| RepoCacheItem::from_row(c, saved_in.contains(&c.id)))
             .collect(),
     };

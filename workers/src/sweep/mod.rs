@@ -48,7 +48,7 @@ use std::time::Instant;
 use grove_core::commands::{CommandResult, EvictSweep};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event};
-use grove_core::eviction::{plan, Action, Plan, WorkspaceState};
+use grove_core::eviction::{plan, Action, Plan, WorkspaceActivity};
 use grove_core::sweep::{ActionOutcome, ActionRecord, SweepReport, SweepTrigger};
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use tracing::info;
@@ -190,8 +190,8 @@ impl JobContext {
                 }
             }
             for ws in &mut state.inventory.workspaces {
-                if excluded.contains(&ws.id) && ws.state == WorkspaceState::Ready {
-                    ws.state = WorkspaceState::Busy;
+                if excluded.contains(&ws.id) && ws.state == WorkspaceActivity::Ready {
+                    ws.state = WorkspaceActivity::Busy;
                 }
             }
             let p = plan(&self.config.eviction.policy, &state.inventory);

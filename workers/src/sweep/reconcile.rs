@@ -9,6 +9,7 @@ use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event, EvictionCause};
 use grove_core::eviction::Target;
 use grove_core::model::WorkspaceRow;
+use grove_core::state::{RepoCacheState, RuntimeState, WorkspaceState};
 use grove_core::sweep::{Reconciled, SweepReport};
 use grove_postgres::locks::LockScope;
 use grove_postgres::rows;
@@ -65,9 +66,8 @@ impl JobContext {
             )
         };
         for ws in workspaces {
-            let suspicious = ws.state == "evicting"
-                || (matches!(ws.state.as_str(), "ready" | "released")
-                    && !Path::new(&ws.local_path).is_dir());
+            let suspicious = ws.state == WorkspaceState::Evicting
+                || (ws.state.has_files() && !Path::new(&ws.local_path).is_dir());
             if !suspicious {
                 continue;
             }
@@ -83,7 +83,7 @@ impl JobContext {
             result?;
         }
         for cache in caches {
-            if cache.state != "ready" || Path::new(&cache.local_path).is_dir() {
+            if cache.state != RepoCacheState::Ready || Path::new(&cache.local_path).is_dir() {
                 continue;
             }
             let Some(lock) = try_lock(
@@ -102,8 +102,8 @@ impl JobContext {
                     .await
                     .map_err(store_error)?
             };
-            if let Some(current) =
-                current.filter(|c| c.state == "ready" && !Path::new(&c.local_path).is_dir())
+            if let Some(current) = current
+                .filter(|c| c.state == RepoCacheState::Ready && !Path::new(&c.local_path).is_dir())
             {
                 self.record(
                     command_id,
@@ -133,18 +133,18 @@ impl JobContext {
         report: &mut SweepReport,
     ) -> Result<(), CommandError> {
         let present = Path::new(&ws.local_path).is_dir();
-        let (event, what) = match (ws.state.as_str(), present) {
-            ("evicting", true) => (
+        let (event, what) = match (ws.state, present) {
+            (WorkspaceState::Evicting, true) => (
                 Event::WorkspaceEvictionBlocked {
                     workspace_id: ws.id,
                     cause: Some(EvictionCause::Interrupted),
                     error: "an interrupted eviction was rolled back: the files were still in place"
                         .into(),
-                    state: Some("released".into()),
+                    state: Some(WorkspaceState::Released),
                 },
                 "interrupted eviction rolled back",
             ),
-            ("evicting", false) => (
+            (WorkspaceState::Evicting, false) => (
                 Event::WorkspaceEvicted {
                     workspace_id: ws.id,
                     cause: EvictionCause::Interrupted,
@@ -154,7 +154,7 @@ impl JobContext {
                 },
                 "interrupted eviction finished",
             ),
-            ("ready" | "released", false) => (
+            (WorkspaceState::Ready | WorkspaceState::Released, false) => (
                 Event::WorkspaceEvicted {
                     workspace_id: ws.id,
                     cause: EvictionCause::DirectoryMissing,
@@ -164,7 +164,8 @@ impl JobContext {
                 },
                 "directory missing: recorded as evicted",
             ),
-            _ => return Ok(()),
+            (WorkspaceState::Ready | WorkspaceState::Released, true)
+            | (WorkspaceState::Evicted, _) => return Ok(()),
         };
         self.record(command_id, correlation_of(ws), &[event])
             .await?;
@@ -193,7 +194,7 @@ impl JobContext {
         let every = chrono::Duration::from_std(self.config.eviction.measure_every)
             .unwrap_or(chrono::Duration::MAX);
         for ws in workspaces {
-            if !matches!(ws.state.as_str(), "ready" | "released") {
+            if !ws.state.has_files() {
                 continue;
             }
             let due = match ws.size_measured_at {
@@ -225,7 +226,11 @@ impl JobContext {
     /// Runtimes whose provider says they are unhealthy (local runtimes always are healthy).
     pub(super) async fn health_checks(&self, state: &NodeState) -> HashSet<Uuid> {
         let mut out = HashSet::new();
-        for rt in state.runtimes.values().filter(|r| r.state == "running") {
+        for rt in state
+            .runtimes
+            .values()
+            .filter(|r| r.state == RuntimeState::Running)
+        {
             if let Some(provider) = self.runtimes.get(&rt.backend_kind) {
                 if let Ok(false) = provider.healthy(&rt.backend_runtime_id).await {
                     out.insert(rt.id);

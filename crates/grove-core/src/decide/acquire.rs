@@ -1,8 +1,8 @@
 //! What an acquire of a key does with the workspace recorded under it, if any.
 
-use crate::commands::is_remote_placement;
 use crate::error::{CommandError, ErrorKind};
 use crate::model::WorkspaceRow;
+use crate::placement::Placement;
 
 /// The branch an acquire takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,23 +36,25 @@ pub fn acquire_step<'a>(
         });
     };
     if row.node != node {
-        let place = if is_remote_placement(&row.node) {
-            format!("inside {0}; acquire it with --runtime {0}", row.node)
-        } else if remote_placement.is_some() {
-            format!("on node {}; acquire it without --runtime {node}", row.node)
-        } else {
-            format!("on node {}; acquire it there", row.node)
+        let place = match (Placement::of_node(&row.node), remote_placement) {
+            (Placement::Remote(provider), _) => {
+                format!("inside {provider}; acquire it with --runtime {provider}")
+            }
+            (Placement::Node(other), Some(_)) => {
+                format!("on node {other}; acquire it without --runtime {node}")
+            }
+            (Placement::Node(other), None) => format!("on node {other}; acquire it there"),
         };
         return Err(CommandError::new(
             ErrorKind::Conflict,
             format!("workspace {} lives {place}", row.id),
         ));
     }
-    if is_remote_placement(&row.node) {
+    if Placement::of_node(&row.node).is_remote() {
         // Its files are in the provider's sandbox: nothing to check on this host.
         return Ok(AcquireStep::Reacquire);
     }
-    if matches!(row.state.as_str(), "evicted" | "evicting") {
+    if !row.state.has_files() {
         return Ok(AcquireStep::Restore);
     }
     if !dir_exists {

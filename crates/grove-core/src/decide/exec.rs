@@ -1,8 +1,8 @@
 //! An exec's class and the refusals checked before anything of it is recorded.
 
-use crate::commands::is_remote_placement;
 use crate::error::{CommandError, ErrorKind};
 use crate::model::{ExecKind, WorkspaceRow};
+use crate::placement::Placement;
 
 /// The class of an exec: the one asked for, else `write` on a writable workspace and
 /// `read` on a read-only one.
@@ -24,7 +24,7 @@ pub fn check_exec(
     runtime: &str,
     configured: &[&str],
 ) -> Result<(), CommandError> {
-    let remote = is_remote_placement(&ws.node);
+    let remote = Placement::of_node(&ws.node).is_remote();
     let rejected = |msg: String| Err(CommandError::new(ErrorKind::Rejected, msg));
     if kind.is_mutating() && !ws.capabilities.writable {
         return rejected(format!(
@@ -40,7 +40,7 @@ pub fn check_exec(
             ws.id, ws.node, runtime
         ));
     }
-    if !remote && is_remote_placement(runtime) {
+    if !remote && Placement::of_node(runtime).is_remote() {
         return rejected(format!(
             "workspace {} lives on node {}: runtime {2} runs only workspaces placed in it (acquire with --runtime {2})",
             ws.id, ws.node, runtime

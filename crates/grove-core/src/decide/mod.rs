@@ -30,7 +30,7 @@ pub(crate) mod fixtures {
             base_commit: "0".repeat(40),
             branch_name: crate::model::branch_for(mode, "s"),
             local_path: "/x".into(),
-            state: state.into(),
+            state: state.parse().expect("a known workspace state"),
             dirty: false,
             pinned_until: None,
             last_used_at: now,

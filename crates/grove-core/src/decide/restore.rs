@@ -2,6 +2,7 @@
 
 use crate::error::{CommandError, ErrorKind};
 use crate::model::WorkspaceRow;
+use crate::state::WorkspaceState;
 
 /// The branch a restore takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,18 +36,20 @@ pub fn restore_step(
             ),
         ));
     }
-    match ws.state.as_str() {
+    match ws.state {
         // An eviction moves the directory away before it records `evicted`: a
         // directory found at the path of an `evicted` record is a finished restore.
-        "evicted" => Ok(RestoreStep::Rebuild {
+        WorkspaceState::Evicted => Ok(RestoreStep::Rebuild {
             reuse_checkout: dir_exists && git_dir_exists,
         }),
-        "evicting" if dir_exists => Ok(RestoreStep::RollBack),
-        "evicting" => Ok(RestoreStep::Rebuild {
+        WorkspaceState::Evicting if dir_exists => Ok(RestoreStep::RollBack),
+        WorkspaceState::Evicting => Ok(RestoreStep::Rebuild {
             reuse_checkout: false,
         }),
-        _ if dir_exists => Ok(RestoreStep::Unchanged),
-        _ => Err(CommandError::new(
+        WorkspaceState::Ready | WorkspaceState::Released if dir_exists => {
+            Ok(RestoreStep::Unchanged)
+        }
+        WorkspaceState::Ready | WorkspaceState::Released => Err(CommandError::new(
             ErrorKind::Conflict,
             format!(
                 "workspace {} has a record but its directory is missing and it was not evicted; the next eviction sweep records it as evicted, then restore it",
