@@ -334,8 +334,200 @@ async fn limit_hit(
     None
 }
 
-/// Runs the exec to its end: (exit code, timed out, the engine's own "exec failed"
-/// message if that was the first output, held back from the stream).
+/// What the driver knows about one exec while it runs: output read, the engine's
+/// answers, the timeout's kill. Each event updates it; [`Drive::done`] says when to stop.
+struct Drive<'a> {
+    inner: &'a Inner,
+    tracker: &'a Tracker,
+    first: bool,
+    held: Option<bytes::Bytes>,
+    eof: bool,
+    exit: Option<i64>,
+    timed_out: bool,
+    killed_at: Option<Instant>,
+    exited_at: Option<Instant>,
+    last_data: Instant,
+    pid_known: bool,
+    /// The engine can answer an inspect made just after the start with `Running: false`
+    /// and no exit code, before the process exists: that is "not yet", not an end.
+    unstarted_answers: u32,
+    poll_delay: Duration,
+    next_poll: Instant,
+}
+
+/// Whether the driver goes on reading.
+enum Flow {
+    Continue,
+    Stop,
+}
+
+impl<'a> Drive<'a> {
+    fn new(inner: &'a Inner, tracker: &'a Tracker) -> Self {
+        Self {
+            inner,
+            tracker,
+            first: true,
+            held: None,
+            eof: false,
+            exit: None,
+            timed_out: false,
+            killed_at: None,
+            exited_at: None,
+            last_data: Instant::now(),
+            pid_known: false,
+            unstarted_answers: 0,
+            poll_delay: Duration::from_millis(2),
+            next_poll: Instant::now(),
+        }
+    }
+
+    /// Whether reading is over: output and exit both known, output held open too long
+    /// after the end, or the engine silent too long after a kill.
+    fn done(&mut self) -> bool {
+        if self.eof && self.exit.is_some() {
+            return true;
+        }
+        if let Some(at) = self.exited_at {
+            if at.elapsed() > DRAIN_MAX || self.last_data.elapsed() > DRAIN_IDLE {
+                tracing::warn!(container = %self.inner.name,
+                    "command output still open after the command ended; stopped reading");
+                return true;
+            }
+        }
+        if let Some(at) = self.killed_at {
+            if self.exit.is_none() && at.elapsed() > KILL_GRACE {
+                tracing::warn!(container = %self.inner.name, "the engine did not report the killed exec's end");
+                self.exit = Some(137);
+                return true;
+            }
+        }
+        false
+    }
+
+    /// When to look at the clocks of [`Self::done`] again while draining.
+    fn drain_tick(&self, far: Instant) -> Instant {
+        if self.exited_at.is_some() || self.killed_at.is_some() {
+            Instant::now() + Duration::from_millis(50)
+        } else {
+            far
+        }
+    }
+
+    /// One item of the output stream (`None`: its end).
+    fn on_output(
+        &mut self,
+        item: Option<Result<LogOutput, bollard::errors::Error>>,
+        tx: &mpsc::UnboundedSender<Item>,
+        budget: &Budget,
+    ) {
+        let log = match item {
+            Some(Ok(log)) => log,
+            Some(Err(e)) => {
+                tracing::debug!(error = %e, "exec output stream failed");
+                self.eof = true;
+                return;
+            }
+            None => {
+                self.eof = true;
+                self.poll_delay = Duration::from_millis(1);
+                self.next_poll = Instant::now();
+                return;
+            }
+        };
+        let (stream, data) = match log {
+            LogOutput::StdErr { message } => (StreamKind::Stderr, message),
+            LogOutput::StdOut { message } | LogOutput::Console { message } => {
+                (StreamKind::Stdout, message)
+            }
+            LogOutput::StdIn { .. } => return,
+        };
+        self.last_data = Instant::now();
+        if std::mem::take(&mut self.first)
+            && stream == StreamKind::Stdout
+            && is_exec_failure(&String::from_utf8_lossy(&data[..data.len().min(512)]))
+        {
+            self.held = Some(data);
+            return;
+        }
+        send_capped(tx, budget, stream, &data);
+    }
+
+    /// Asks the engine about the exec: its pid once known, its end, the next poll.
+    async fn poll(&mut self, exec_id: &str) -> Result<Flow, RuntimeError> {
+        let r = match self.inner.docker.inspect_exec(exec_id).await {
+            Ok(r) => r,
+            // Killed at its timeout, by a container restart where the host could
+            // not kill it: the engine may then forget the exec (404) or refuse
+            // while the container restarts (409). Either way the command is over.
+            Err(e) if self.timed_out => {
+                tracing::debug!(container = %self.inner.name, error = %e,
+                    "the timed-out exec is gone from the engine; it ended with the kill");
+                self.exit = Some(137);
+                return Ok(Flow::Stop);
+            }
+            Err(e) if status(&e) == Some(404) => {
+                return Err(RuntimeError::NotFound(format!(
+                    "the exec in container {} vanished",
+                    self.inner.name
+                )));
+            }
+            Err(e) => return Err(engine_error("inspecting the exec", &e)),
+        };
+        if !self.pid_known {
+            if let Some(pid) = r.pid.filter(|p| *p > 0) {
+                self.pid_known = true;
+                self.tracker.set_pid(pid as u32);
+            }
+        }
+        let not_yet = r.running == Some(false)
+            && r.exit_code.is_none()
+            && !self.pid_known
+            && self.unstarted_answers < MAX_UNSTARTED_ANSWERS;
+        if not_yet {
+            self.unstarted_answers += 1;
+            self.poll_delay = Duration::from_millis(20);
+        } else if r.running == Some(false) {
+            self.on_exit(r.exit_code.unwrap_or(-1));
+            return Ok(Flow::Continue);
+        } else {
+            let cap = if self.eof || !self.pid_known {
+                Duration::from_millis(20)
+            } else {
+                Duration::from_millis(250)
+            };
+            self.poll_delay = (self.poll_delay * 2).min(cap);
+        }
+        self.next_poll = Instant::now() + self.poll_delay;
+        Ok(Flow::Continue)
+    }
+
+    /// The engine reported the end: background processes that hold the output open go
+    /// with the command.
+    fn on_exit(&mut self, code: i64) {
+        if !self.pid_known {
+            self.pid_known = true;
+            self.tracker.set_pid(0);
+        }
+        self.exit = Some(code);
+        if !self.eof {
+            self.exited_at = Some(Instant::now());
+            self.tracker.kill_stragglers();
+        }
+    }
+
+    /// The timeout passed: kill the tree and poll at once for the end.
+    async fn on_deadline(&mut self) {
+        self.timed_out = true;
+        self.killed_at = Some(Instant::now());
+        self.tracker.kill_async().await;
+        self.poll_delay = Duration::from_millis(2);
+        self.next_poll = Instant::now();
+    }
+}
+
+/// Reads the exec's output and polls the engine until both say it is over, killing it
+/// at `deadline`. Returns the exit code, whether it timed out, and a held first chunk
+/// that looked like the engine's own "exec failed" message.
 async fn drive(
     inner: &Inner,
     exec_id: &str,
@@ -346,142 +538,24 @@ async fn drive(
     deadline: Option<Instant>,
 ) -> Result<(i32, bool, Option<bytes::Bytes>), RuntimeError> {
     let mut output = output.fuse();
-    let mut first = true;
-    let mut held = None;
-    let mut eof = false;
-    let mut exit: Option<i64> = None;
-    let mut timed_out = false;
-    let mut killed_at: Option<Instant> = None;
-    let mut exited_at: Option<Instant> = None;
-    let mut last_data = Instant::now();
-    let mut pid_known = false;
-    // The engine can answer an inspect made just after the start with `Running: false`
-    // and no exit code, before the process exists: that is "not yet", not an end.
-    let mut unstarted_answers = 0u32;
-    let mut poll_delay = Duration::from_millis(2);
-    let mut next_poll = Instant::now();
+    let mut d = Drive::new(inner, tracker);
     let far = Instant::now() + Duration::from_secs(86400 * 365);
-
-    loop {
-        if eof && exit.is_some() {
-            break;
-        }
-        if let Some(at) = exited_at {
-            if at.elapsed() > DRAIN_MAX || last_data.elapsed() > DRAIN_IDLE {
-                tracing::warn!(container = %inner.name,
-                    "command output still open after the command ended; stopped reading");
-                break;
-            }
-        }
-        if let Some(at) = killed_at {
-            if exit.is_none() && at.elapsed() > KILL_GRACE {
-                tracing::warn!(container = %inner.name, "the engine did not report the killed exec's end");
-                exit = Some(137);
-                break;
-            }
-        }
-        let drain_tick = if exited_at.is_some() || killed_at.is_some() {
-            Instant::now() + Duration::from_millis(50)
-        } else {
-            far
-        };
+    while !d.done() {
+        let drain_tick = d.drain_tick(far);
         tokio::select! {
-            item = output.next(), if !eof => match item {
-                Some(Ok(log)) => {
-                    let (stream, data) = match log {
-                        LogOutput::StdErr { message } => (StreamKind::Stderr, message),
-                        LogOutput::StdOut { message } | LogOutput::Console { message } => {
-                            (StreamKind::Stdout, message)
-                        }
-                        LogOutput::StdIn { .. } => continue,
-                    };
-                    last_data = Instant::now();
-                    if std::mem::take(&mut first)
-                        && stream == StreamKind::Stdout
-                        && is_exec_failure(&String::from_utf8_lossy(&data[..data.len().min(512)]))
-                    {
-                        held = Some(data);
-                        continue;
-                    }
-                    send_capped(tx, budget, stream, &data);
-                }
-                Some(Err(e)) => {
-                    tracing::debug!(error = %e, "exec output stream failed");
-                    eof = true;
-                }
-                None => {
-                    eof = true;
-                    poll_delay = Duration::from_millis(1);
-                    next_poll = Instant::now();
-                }
-            },
-            _ = tokio::time::sleep_until(next_poll), if exit.is_none() => {
-                let r = match inner.docker.inspect_exec(exec_id).await {
-                    Ok(r) => r,
-                    // Killed at its timeout, by a container restart where the host could
-                    // not kill it: the engine may then forget the exec (404) or refuse
-                    // while the container restarts (409). Either way the command is over.
-                    Err(e) if timed_out => {
-                        tracing::debug!(container = %inner.name, error = %e,
-                            "the timed-out exec is gone from the engine; it ended with the kill");
-                        exit = Some(137);
-                        break;
-                    }
-                    Err(e) if status(&e) == Some(404) => {
-                        return Err(RuntimeError::NotFound(format!(
-                            "the exec in container {} vanished", inner.name)));
-                    }
-                    Err(e) => return Err(engine_error("inspecting the exec", &e)),
-                };
-                if !pid_known {
-                    if let Some(pid) = r.pid.filter(|p| *p > 0) {
-                        pid_known = true;
-                        tracker.set_pid(pid as u32);
-                    }
-                }
-                let not_yet = r.running == Some(false)
-                    && r.exit_code.is_none()
-                    && !pid_known
-                    && unstarted_answers < MAX_UNSTARTED_ANSWERS;
-                if not_yet {
-                    unstarted_answers += 1;
-                    poll_delay = Duration::from_millis(20);
-                    next_poll = Instant::now() + poll_delay;
-                } else if r.running == Some(false) {
-                    if !pid_known {
-                        pid_known = true;
-                        tracker.set_pid(0);
-                    }
-                    exit = Some(r.exit_code.unwrap_or(-1));
-                    if !eof {
-                        // Background processes hold the output open: the command is
-                        // over, they go with it.
-                        exited_at = Some(Instant::now());
-                        tracker.kill_stragglers();
-                    }
-                } else {
-                    let cap = if eof || !pid_known {
-                        Duration::from_millis(20)
-                    } else {
-                        Duration::from_millis(250)
-                    };
-                    poll_delay = (poll_delay * 2).min(cap);
-                    next_poll = Instant::now() + poll_delay;
+            item = output.next(), if !d.eof => d.on_output(item, tx, budget),
+            _ = tokio::time::sleep_until(d.next_poll), if d.exit.is_none() => {
+                if let Flow::Stop = d.poll(exec_id).await? {
+                    break;
                 }
             },
             _ = tokio::time::sleep_until(deadline.unwrap_or(far)),
-                if deadline.is_some() && !timed_out && exit.is_none() => {
-                timed_out = true;
-                killed_at = Some(Instant::now());
-                tracker.kill_async().await;
-                poll_delay = Duration::from_millis(2);
-                next_poll = Instant::now();
-            },
+                if deadline.is_some() && !d.timed_out && d.exit.is_none() => d.on_deadline().await,
             _ = tokio::time::sleep_until(drain_tick) => {},
         }
     }
-    let code = exit.unwrap_or(-1);
-    Ok((i32::try_from(code).unwrap_or(-1), timed_out, held))
+    let code = d.exit.unwrap_or(-1);
+    Ok((i32::try_from(code).unwrap_or(-1), d.timed_out, d.held))
 }
 
 /// Forwards what fits in the budget (dropping the rest; a dropped receiver only

@@ -443,7 +443,7 @@ impl JobContext {
                 workspace_id: ws.id,
                 cause: Some(cause),
                 error: format!("moving the workspace to the trash failed: {e}"),
-                state: Some(ws.state.clone()),
+                state: Some(ws.state),
             };
             self.record(command_id, correlation, &[back]).await?;
             let ended = Ended::blocked(format!("moving it to the trash failed: {e}"));
