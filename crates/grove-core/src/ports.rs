@@ -428,8 +428,11 @@ impl Serialize for RuntimeCapabilities {
 
 /// A running or stopped runtime attached to one workspace.
 pub trait Runtime: Send + Sync {
-    /// Runs a command to completion.
-    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>>;
+    /// Runs a command to completion: [`Self::exec_stream`], collected (one
+    /// implementation of a command per runtime, streaming).
+    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
+        Box::pin(async move { collect_exec(self.exec_stream(req).await?).await })
+    }
     /// Runs a command, yielding output as it is produced and the result last.
     fn exec_stream(
         &self,

@@ -629,13 +629,6 @@ impl Follow {
 }
 
 impl Runtime for DaytonaRuntime {
-    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
-        Box::pin(async move {
-            let stream = self.start(req).await?;
-            grove_core::ports::collect_exec(stream).await
-        })
-    }
-
     fn exec_stream(
         &self,
         req: ExecRequest,

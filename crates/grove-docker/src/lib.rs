@@ -142,8 +142,8 @@ use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use grove_core::error::RuntimeError;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, Runtime, RuntimeCapabilities, RuntimeProvider, RuntimeSpec,
-    SessionId, SessionInfo, SessionInput, SessionOutput, SessionRequest, Sessions,
+    ExecChunk, ExecRequest, Runtime, RuntimeCapabilities, RuntimeProvider, RuntimeSpec, SessionId,
+    SessionInfo, SessionInput, SessionOutput, SessionRequest, Sessions,
 };
 use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
@@ -946,13 +946,6 @@ impl DockerRuntime {
 }
 
 impl Runtime for DockerRuntime {
-    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
-        Box::pin(async move {
-            let plan = self.prepare(req)?;
-            grove_core::ports::collect_exec(exec::start(self.inner.clone(), plan).await?).await
-        })
-    }
-
     fn exec_stream(
         &self,
         req: ExecRequest,

@@ -50,9 +50,8 @@ use futures::stream::{BoxStream, StreamExt};
 use grove_core::error::RuntimeError;
 use grove_core::identity::SandboxIdentity;
 use grove_core::ports::{
-    ExecChunk, ExecRequest, ExecResult, NetworkPolicy, Runtime, RuntimeCapabilities,
-    RuntimeProvider, RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput,
-    SessionRequest, Sessions,
+    ExecChunk, ExecRequest, NetworkPolicy, Runtime, RuntimeCapabilities, RuntimeProvider,
+    RuntimeSpec, SessionId, SessionInfo, SessionInput, SessionOutput, SessionRequest, Sessions,
 };
 use grove_core::session::{SessionTable, Started};
 use grove_core::validate::{validate_command, validate_env};
@@ -706,10 +705,6 @@ struct Validated {
 }
 
 impl Runtime for LocalRuntime {
-    fn exec(&self, req: ExecRequest) -> BoxFuture<'_, Result<ExecResult, RuntimeError>> {
-        Box::pin(async move { grove_core::ports::collect_exec(self.start(req).await?).await })
-    }
-
     fn exec_stream(
         &self,
         req: ExecRequest,
