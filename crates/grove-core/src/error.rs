@@ -36,12 +36,21 @@ pub enum GitError {
     /// do not retry; nothing was read or changed (rejected).
     #[error("refused: {0}")]
     Untrusted(String),
+    /// A clone or fetch ran past its time budget (`GROVE_GIT_TRANSFER_TIMEOUT_SECS`),
+    /// or the disk filled up. Handling: do not retry as-is (it would hit the same
+    /// limit); 429 / exit 1 with `resource_limit`.
+    #[error("resource limit: {0}")]
+    ResourceLimit(String),
+    /// The caller stopped the clone or fetch (its job was cancelled or its worker is
+    /// stopping); git was killed with its process group. Handling: retry later.
+    #[error("git transfer cancelled")]
+    Cancelled,
 }
 
 impl GitError {
     /// Whether retrying later may succeed.
     pub fn is_transient(&self) -> bool {
-        matches!(self, Self::Unavailable(_))
+        matches!(self, Self::Unavailable(_) | Self::Cancelled)
     }
 }
 
@@ -170,6 +179,8 @@ impl From<GitError> for CommandError {
             GitError::InvalidInput(_) => ErrorKind::InvalidInput,
             GitError::Other(_) => ErrorKind::Internal,
             GitError::Untrusted(_) => ErrorKind::Rejected,
+            GitError::ResourceLimit(_) => ErrorKind::ResourceLimit,
+            GitError::Cancelled => ErrorKind::Unavailable,
         };
         let err = Self::new(kind, e.to_string());
         if e.is_transient() {

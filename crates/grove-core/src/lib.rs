@@ -25,6 +25,8 @@
 //! - [`local_repo`]: who may use a local repository URL (the operator's allow-list).
 //! - [`fingerprint`]: keyed fingerprints of git tokens (`auth_scope_hash`).
 //! - [`identity`]: the unprivileged uid/gid sandboxed commands run as.
+//! - [`transfer`]: progress of a clone or fetch, and the handle that watches and stops
+//!   one.
 //!
 //! Architecture invariant: this crate does no IO and knows nothing of sqlx, git2,
 //! bollard, reqwest or tokio.
@@ -50,4 +52,5 @@ pub mod state;
 pub mod sweep;
 pub mod tool_catalog;
 pub mod tools;
+pub mod transfer;
 pub mod validate;

@@ -189,12 +189,15 @@ pub struct JournalRecovery {
 /// directory from a crashed attempt replaces it).
 pub trait GitPort: Send + Sync {
     /// Clones `url` as a bare mirror into `cache_dir` if absent; fetches when `fetch`.
+    /// Reports progress to `watch` while it transfers and stops (`GitError::Cancelled`)
+    /// soon after the watch is cancelled.
     fn ensure_cache(
         &self,
         url: &str,
         cache_dir: &Path,
         token: Option<&GitToken>,
         fetch: bool,
+        watch: &crate::transfer::TransferWatch,
     ) -> Result<CacheReport, GitError>;
     /// Creates a checkout of `base_ref` at `workspace_dir`.
     fn create_checkout(&self, req: &CheckoutRequest<'_>) -> Result<CheckoutReport, GitError>;

@@ -3,6 +3,7 @@
 
 use std::cell::Cell;
 use std::path::Path;
+use std::time::Instant;
 
 use git2::{
     AutotagOption, Cred, CredentialType, Direction, ErrorClass, ErrorCode, FetchOptions,
@@ -10,11 +11,14 @@ use git2::{
 };
 use grove_core::error::GitError;
 use grove_core::ports::{CacheReport, GitToken};
+use grove_core::transfer::{TransferPhase, TransferProgress, TransferWatch};
 
 use crate::errors::{map_git2, map_io, scrub, Phase};
 use crate::fsutil::{
     dir_size_bytes, ensure_parent, partial_sibling, remove_path, remove_stale_partials, PartialDir,
 };
+use crate::remote_cli::RemoteCli;
+use crate::transport::{Transport, TransportConfig};
 
 /// The cache mirrors local branches and tags of the upstream under the same names, so
 /// `refs/heads/<base>` in the cache is the upstream's `<base>`.
@@ -26,17 +30,25 @@ const REMOTE: &str = "origin";
 /// got; past this many calls the credentials are wrong and asking again only loops.
 const MAX_CREDENTIAL_CALLS: u32 = 3;
 
+/// One clone or fetch of a cache: where from, with what, how, watched by whom.
+pub(crate) struct Sync<'a> {
+    pub(crate) url: &'a str,
+    pub(crate) token: Option<&'a GitToken>,
+    pub(crate) config: &'a TransportConfig,
+    pub(crate) watch: &'a TransferWatch,
+}
+
 pub(crate) fn ensure_cache(
-    url: &str,
+    sync: &Sync<'_>,
     cache_dir: &Path,
-    token: Option<&GitToken>,
     fetch: bool,
 ) -> Result<CacheReport, GitError> {
+    let url = sync.url;
     if let Some(repo) = open_complete(cache_dir)? {
         set_origin_url(&repo, url)?;
         let fetched = if fetch {
             tracing::info!(url = %redact_url(url), path = %cache_dir.display(), "fetching repo cache");
-            sync_remote(&repo, url, token)?;
+            sync_remote(&repo, sync)?;
             true
         } else {
             false
@@ -62,7 +74,7 @@ pub(crate) fn ensure_cache(
     );
     {
         let repo = init_mirror(partial.path(), url)?;
-        sync_remote(&repo, url, token)?;
+        sync_remote(&repo, sync)?;
     }
     partial
         .commit_to(cache_dir)
@@ -134,50 +146,115 @@ fn set_origin_url(repo: &Repository, url: &str) -> Result<(), GitError> {
 }
 
 /// Brings the cache's branches and tags up to date with the remote (pruning deleted
-/// ones) and points HEAD at the remote's default branch.
-fn sync_remote(repo: &Repository, url: &str, token: Option<&GitToken>) -> Result<(), GitError> {
-    let local = |e: git2::Error| map_git2(&e, Phase::Local, token);
-    set_origin_url(repo, url)?;
-    let mut remote = repo.find_remote(REMOTE).map_err(local)?;
+/// ones) and points HEAD at the remote's default branch, over the configured transport.
+fn sync_remote(repo: &Repository, sync: &Sync<'_>) -> Result<(), GitError> {
+    set_origin_url(repo, sync.url)?;
+    let default_branch = match &sync.config.transport {
+        Transport::Cli(git) => {
+            let cli = RemoteCli::new(git, sync.config, sync.url, sync.token)?;
+            cli.fetch(repo.path(), sync.watch)?;
+            cli.default_branch(repo.path(), sync.watch)?
+        }
+        Transport::Libgit2 => fetch_libgit2(repo, sync)?,
+        Transport::Missing(why) => return Err(GitError::Unavailable(why.clone())),
+    };
+    if let Some(branch) = default_branch {
+        if branch.starts_with("refs/heads/") && repo.find_reference(&branch).is_ok() {
+            repo.set_head(&branch)
+                .map_err(|e| map_git2(&e, Phase::Local, sync.token))?;
+        }
+    }
+    Ok(())
+}
 
+/// The fetch through libgit2, in this process; returns the remote's default branch.
+fn fetch_libgit2(repo: &Repository, sync: &Sync<'_>) -> Result<Option<String>, GitError> {
+    let (url, token) = (sync.url, sync.token);
+    let local = |e: git2::Error| map_git2(&e, Phase::Local, token);
+    let mut remote = repo.find_remote(REMOTE).map_err(local)?;
     let auth = Auth::for_url(token, url);
+    let started = Instant::now();
+    let limit = sync.config.transfer_timeout;
     let remote_err = |e: git2::Error| -> GitError {
         if auth.refused.get() {
             return GitError::AuthFailed;
+        }
+        if sync.watch.is_cancelled() {
+            return GitError::Cancelled;
+        }
+        if started.elapsed() >= limit {
+            return GitError::ResourceLimit(format!(
+                "the transfer took longer than {} s (GROVE_GIT_TRANSFER_TIMEOUT_SECS)",
+                limit.as_secs()
+            ));
         }
         let mapped = map_git2(&e, Phase::Remote, token);
         tracing::warn!(url = %redact_url(url), error = %mapped, "repo cache remote operation failed");
         mapped
     };
 
-    let default_branch = {
-        let mut conn = remote
-            .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
-            .map_err(remote_err)?;
-        // Read before fetching: the fetch disconnects, after which the remote's
-        // advertisement (and so its HEAD) is gone.
-        let default_branch = conn
-            .default_branch()
-            .ok()
-            .and_then(|b| b.as_str().ok().map(str::to_string));
-        let mut fo = FetchOptions::new();
-        fo.remote_callbacks(auth.callbacks())
-            .prune(FetchPrune::On)
-            // Tags come through the explicit tags refspec, including ones not on any branch.
-            .download_tags(AutotagOption::None)
-            .update_fetchhead(false);
-        conn.remote()
-            .fetch(&[] as &[&str], Some(&mut fo), Some("grove: fetch"))
-            .map_err(remote_err)?;
-        default_branch
-    };
+    let mut conn = remote
+        .connect_auth(Direction::Fetch, Some(auth.callbacks()), None)
+        .map_err(remote_err)?;
+    // Read before fetching: the fetch disconnects, after which the remote's
+    // advertisement (and so its HEAD) is gone.
+    let default_branch = conn
+        .default_branch()
+        .ok()
+        .and_then(|b| b.as_str().ok().map(str::to_string));
+    let mut callbacks = auth.callbacks();
+    callbacks.transfer_progress(|stats| {
+        sync.watch.report(&libgit2_progress(&stats, started));
+        !sync.watch.is_cancelled() && started.elapsed() < limit
+    });
+    let mut fo = FetchOptions::new();
+    fo.remote_callbacks(callbacks)
+        .prune(FetchPrune::On)
+        // Tags come through the explicit tags refspec, including ones not on any branch.
+        .download_tags(AutotagOption::None)
+        .update_fetchhead(false);
+    conn.remote()
+        .fetch(&[] as &[&str], Some(&mut fo), Some("grove: fetch"))
+        .map_err(remote_err)?;
+    let last = libgit2_progress(&conn.remote().stats(), started);
+    sync.watch.report(&TransferProgress {
+        phase: TransferPhase::Done,
+        percent: Some(100),
+        ..last
+    });
+    Ok(default_branch)
+}
 
-    if let Some(branch) = default_branch {
-        if branch.starts_with("refs/heads/") && repo.find_reference(&branch).is_ok() {
-            repo.set_head(&branch).map_err(local)?;
-        }
+/// libgit2's counters as a snapshot: receiving until every object is in, then indexing.
+fn libgit2_progress(stats: &git2::Progress<'_>, started: Instant) -> TransferProgress {
+    let (received, total) = (
+        stats.received_objects() as u64,
+        stats.total_objects() as u64,
+    );
+    let (deltas, deltas_total) = (stats.indexed_deltas() as u64, stats.total_deltas() as u64);
+    let bytes = stats.received_bytes() as u64;
+    let secs = started.elapsed().as_secs_f64().max(0.001);
+    let receiving = total == 0 || received < total;
+    let (done, of) = if receiving {
+        (received, total)
+    } else {
+        (deltas, deltas_total)
+    };
+    TransferProgress {
+        phase: if receiving {
+            TransferPhase::Receiving
+        } else {
+            TransferPhase::Resolving
+        },
+        objects_done: done,
+        objects_total: of,
+        objects_received: received,
+        deltas_done: deltas,
+        deltas_total,
+        bytes_received: bytes,
+        bytes_per_sec: (bytes as f64 / secs) as u64,
+        percent: (of > 0).then(|| (done * 100 / of).min(100) as u8),
     }
-    Ok(())
 }
 
 /// The credentials callback's state for one clone, fetch or push: the token, how often

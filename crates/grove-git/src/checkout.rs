@@ -247,7 +247,7 @@ fn write_tree(dir: &Path, git: Option<&Path>) -> Result<(), GitError> {
 
 /// The git CLI grove writes working trees with, looked up once on `PATH`; `None` when
 /// there is none (then libgit2 writes them).
-fn git_cli() -> Option<&'static Path> {
+pub(crate) fn git_cli() -> Option<&'static Path> {
     static GIT: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
     GIT.get_or_init(|| {
         let found = std::env::var_os("PATH").and_then(|paths| {

@@ -27,6 +27,10 @@
 //! `tree` walks trees an agent can write (hand-over of ownership, removal, size) by
 //! directory descriptors, never following a symlink.
 //!
+//! `transport` chooses how a cache is cloned and fetched: the git CLI (`remote_cli`,
+//! run as a supervised child by `supervise`, its `--progress` read by `progress`) or
+//! libgit2 in process (ADR 25).
+//!
 //! Both are built in a `.<name>.partial-<random>` sibling and renamed into place, so a
 //! crash never leaves a half-built cache or checkout at the final path.
 
@@ -37,8 +41,12 @@ mod fsutil;
 mod journal;
 mod merge;
 mod preserve;
+mod progress;
+mod remote_cli;
 mod restore;
 mod saved;
+mod supervise;
+pub mod transport;
 pub mod tree;
 mod trusted;
 mod workdir;
@@ -55,8 +63,10 @@ use grove_core::ports::{
     SaveWorkRequest,
 };
 use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pushed};
+use grove_core::transfer::TransferWatch;
 
 pub use fsutil::dir_size_bytes;
+pub use transport::{Transport, TransportConfig};
 
 /// Sets libgit2's process-wide network timeouts: `connect` for opening a connection,
 /// `io` for any single read or write on it. libgit2's defaults are zero (wait
@@ -92,16 +102,42 @@ pub unsafe fn trust_foreign_owners() -> Result<(), GitError> {
         .map_err(|e| GitError::Other(errors::scrub(e.message(), None)))
 }
 
-/// The git2 implementation of [`GitPort`]. Stateless: every call opens what it needs.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Git2Adapter;
+/// The git2 implementation of [`GitPort`], with the git CLI moving repo caches'
+/// objects where one is installed. Holds only its transport settings: every call opens
+/// what it needs.
+#[derive(Debug, Clone)]
+pub struct Git2Adapter {
+    transport: TransportConfig,
+}
+
+impl Default for Git2Adapter {
+    fn default() -> Self {
+        Self::new()
+    }
+}
 
 impl Git2Adapter {
-    /// Also applies grove's process-wide libgit2 settings (no system or global config;
-    /// ADR 23) before anything else uses libgit2.
+    /// The transport from the environment (`GROVE_GIT_TRANSPORT`, ...; a value that
+    /// does not parse is logged and the defaults used). Also applies grove's
+    /// process-wide libgit2 settings (no system or global config; ADR 23) before
+    /// anything else uses libgit2.
     pub fn new() -> Self {
+        let transport = TransportConfig::from_env().unwrap_or_else(|e| {
+            tracing::error!(error = %e, "git transport settings ignored");
+            TransportConfig::auto()
+        });
+        Self::with_transport(transport)
+    }
+
+    /// An adapter with these transport settings.
+    pub fn with_transport(transport: TransportConfig) -> Self {
         trusted::init();
-        Self
+        tracing::debug!(transport = ?transport.transport, "git transport for repo caches");
+        Self { transport }
+    }
+
+    pub fn transport(&self) -> &TransportConfig {
+        &self.transport
     }
 }
 
@@ -112,8 +148,15 @@ impl GitPort for Git2Adapter {
         cache_dir: &Path,
         token: Option<&GitToken>,
         fetch: bool,
+        watch: &TransferWatch,
     ) -> Result<CacheReport, GitError> {
-        cache::ensure_cache(url, cache_dir, token, fetch)
+        let sync = cache::Sync {
+            url,
+            token,
+            config: &self.transport,
+            watch,
+        };
+        cache::ensure_cache(&sync, cache_dir, fetch)
     }
 
     fn create_checkout(&self, req: &CheckoutRequest<'_>) -> Result<CheckoutReport, GitError> {

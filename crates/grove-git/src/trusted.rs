@@ -456,7 +456,7 @@ fn is_bare_repo(dir: &Path) -> bool {
 }
 
 /// Refuses a git directory whose local config holds a key the git CLI must not see.
-fn check_cli_config(git_dir: &Path) -> Result<(), GitError> {
+pub(crate) fn check_cli_config(git_dir: &Path) -> Result<(), GitError> {
     let path = git_dir.join("config");
     match entry(&path)? {
         Entry::Missing => return Ok(()),

@@ -11,6 +11,7 @@ use grove_core::events::{Correlation, Event};
 use grove_core::model::RepoCacheRow;
 use grove_core::ports::GitToken;
 use grove_core::state::RepoCacheState;
+use grove_core::transfer::TransferWatch;
 use grove_core::validate::RepoUrl;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use grove_postgres::rows;
@@ -62,7 +63,13 @@ impl JobContext {
         let must_fetch = existing.as_ref().is_some_and(|row| need.must_fetch(row));
         let git = self.git.clone();
         let (u, d, t) = (repo_url.to_string(), cache_dir.clone(), token.cloned());
-        let report = blocking(move || git.ensure_cache(&u, &d, t.as_ref(), must_fetch)).await?;
+        let watch = TransferWatch::none();
+        // Dropping this job's future (a stopping worker) cancels the transfer, which
+        // kills git's process group instead of leaving it running unowned.
+        let guard = watch.cancel_on_drop();
+        let report =
+            blocking(move || git.ensure_cache(&u, &d, t.as_ref(), must_fetch, &watch)).await?;
+        guard.disarm();
         let events = match &existing {
             Some(row) if report.fetched => vec![Event::RepoCacheFetched {
                 repo_cache_id: row.id,

@@ -1,232 +1,286 @@
 //! Tests of `ensure_cache`: clone once, fetch, mirror layout, token hygiene, failures.
 
+use grove_core::transfer::TransferWatch;
 use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::sync::{Arc, Mutex};
 
 use grove_core::error::GitError;
 use grove_core::ports::{GitPort, GitToken};
-use grove_git::{dir_size_bytes, Git2Adapter};
+use grove_git::{dir_size_bytes, Git2Adapter, Transport, TransportConfig};
 
 use crate::support::{git, list_files, partial_siblings, Fixture};
 
 pub(crate) const TOKEN: &str = "ghs_S3cr3tT0kenValue_grove_test_0123456789";
 
-#[test]
-fn ensuring_a_cache_twice_clones_only_once() {
-    let fx = Fixture::new();
-    let dir = fx.path("caches/repo.git");
-    let adapter = Git2Adapter::new();
+/// The contract of `ensure_cache`, run once per transport (the git CLI, libgit2).
+macro_rules! cache_suite {
+    () => {
+        #[test]
+        fn ensuring_a_cache_twice_clones_only_once() {
+            let fx = Fixture::new();
+            let dir = fx.path("caches/repo.git");
+            let adapter = adapter();
 
-    let first = adapter.ensure_cache(&fx.url, &dir, None, false).unwrap();
-    assert!(first.cloned);
-    assert!(first.size_bytes > 0);
-    let files_after_clone = list_files(&dir);
+            let first = adapter
+                .ensure_cache(&fx.url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            assert!(first.cloned);
+            assert!(first.size_bytes > 0);
+            let files_after_clone = list_files(&dir);
 
-    let second = adapter.ensure_cache(&fx.url, &dir, None, false).unwrap();
-    assert!(!second.cloned);
-    assert!(!second.fetched);
-    assert_eq!(second.size_bytes, first.size_bytes);
-    assert_eq!(list_files(&dir), files_after_clone);
-    assert!(partial_siblings(&dir).is_empty());
-}
+            let second = adapter
+                .ensure_cache(&fx.url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            assert!(!second.cloned);
+            assert!(!second.fetched);
+            assert_eq!(second.size_bytes, first.size_bytes);
+            assert_eq!(list_files(&dir), files_after_clone);
+            assert!(partial_siblings(&dir).is_empty());
+        }
 
-#[test]
-fn the_cache_is_a_bare_mirror_of_branches_and_tags_with_the_exact_origin_url() {
-    let fx = Fixture::new();
-    let dir = fx.cache();
-    assert_eq!(git(&dir, &["rev-parse", "--is-bare-repository"]), "true");
-    assert_eq!(git(&dir, &["config", "remote.origin.url"]), fx.url);
-    assert_eq!(
-        git(&dir, &["config", "--get-all", "remote.origin.fetch"]),
-        "+refs/heads/*:refs/heads/*\n+refs/tags/*:refs/tags/*"
-    );
-    assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
-    assert_eq!(git(&dir, &["rev-parse", "refs/heads/feature"]), fx.feature);
-    assert_eq!(git(&dir, &["rev-parse", "refs/tags/v1^{commit}"]), fx.first);
-    // Workspaces borrow these objects, so the git CLI must not collect them on its own.
-    assert_eq!(git(&dir, &["config", "gc.auto"]), "0");
-    // HEAD follows the upstream's default branch.
-    assert_eq!(git(&dir, &["symbolic-ref", "HEAD"]), "refs/heads/main");
-}
+        #[test]
+        fn the_cache_is_a_bare_mirror_of_branches_and_tags_with_the_exact_origin_url() {
+            let fx = Fixture::new();
+            let dir = fx.cache();
+            assert_eq!(git(&dir, &["rev-parse", "--is-bare-repository"]), "true");
+            assert_eq!(git(&dir, &["config", "remote.origin.url"]), fx.url);
+            assert_eq!(
+                git(&dir, &["config", "--get-all", "remote.origin.fetch"]),
+                "+refs/heads/*:refs/heads/*\n+refs/tags/*:refs/tags/*"
+            );
+            assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
+            assert_eq!(git(&dir, &["rev-parse", "refs/heads/feature"]), fx.feature);
+            assert_eq!(git(&dir, &["rev-parse", "refs/tags/v1^{commit}"]), fx.first);
+            // Workspaces borrow these objects, so the git CLI must not collect them on its own.
+            assert_eq!(git(&dir, &["config", "gc.auto"]), "0");
+            // HEAD follows the upstream's default branch.
+            assert_eq!(git(&dir, &["symbolic-ref", "HEAD"]), "refs/heads/main");
+        }
 
-#[test]
-fn a_fetch_brings_in_a_commit_pushed_to_the_upstream_after_the_clone() {
-    let fx = Fixture::new();
-    let dir = fx.cache();
-    let adapter = Git2Adapter::new();
-    let new_commit = fx.commit_on_main("later.txt", "later\n");
-    git(&fx.upstream, &["branch", "-D", "feature"]);
-    git(&fx.upstream, &["tag", "v2"]);
+        #[test]
+        fn a_fetch_brings_in_a_commit_pushed_to_the_upstream_after_the_clone() {
+            let fx = Fixture::new();
+            let dir = fx.cache();
+            let adapter = adapter();
+            let new_commit = fx.commit_on_main("later.txt", "later\n");
+            git(&fx.upstream, &["branch", "-D", "feature"]);
+            git(&fx.upstream, &["tag", "v2"]);
 
-    let unfetched = adapter.ensure_cache(&fx.url, &dir, None, false).unwrap();
-    assert!(!unfetched.fetched);
-    assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
+            let unfetched = adapter
+                .ensure_cache(&fx.url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            assert!(!unfetched.fetched);
+            assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
 
-    let report = adapter.ensure_cache(&fx.url, &dir, None, true).unwrap();
-    assert!(!report.cloned);
-    assert!(report.fetched);
-    assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), new_commit);
-    assert_eq!(git(&dir, &["rev-parse", "refs/tags/v2"]), new_commit);
-    // A mirror drops branches the upstream deleted.
-    assert_eq!(git(&dir, &["branch", "--list", "feature"]), "");
-}
+            let report = adapter
+                .ensure_cache(&fx.url, &dir, None, true, &TransferWatch::none())
+                .unwrap();
+            assert!(!report.cloned);
+            assert!(report.fetched);
+            assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), new_commit);
+            assert_eq!(git(&dir, &["rev-parse", "refs/tags/v2"]), new_commit);
+            // A mirror drops branches the upstream deleted.
+            assert_eq!(git(&dir, &["branch", "--list", "feature"]), "");
+        }
 
-#[test]
-fn a_fetch_with_a_changed_url_records_the_new_url() {
-    let fx = Fixture::new();
-    let dir = fx.cache();
-    let moved = fx.path("moved");
-    std::fs::rename(&fx.upstream, &moved).unwrap();
-    let moved_url = format!("file://{}", moved.display());
-    let adapter = Git2Adapter::new();
-    let unfetched = adapter.ensure_cache(&moved_url, &dir, None, false).unwrap();
-    assert!(!unfetched.cloned);
-    assert_eq!(git(&dir, &["config", "remote.origin.url"]), moved_url);
-    let report = Git2Adapter::new()
-        .ensure_cache(&moved_url, &dir, None, true)
-        .unwrap();
-    assert!(report.fetched);
-    assert_eq!(git(&dir, &["config", "remote.origin.url"]), moved_url);
-}
+        #[test]
+        fn a_fetch_with_a_changed_url_records_the_new_url() {
+            let fx = Fixture::new();
+            let dir = fx.cache();
+            let moved = fx.path("moved");
+            std::fs::rename(&fx.upstream, &moved).unwrap();
+            let moved_url = format!("file://{}", moved.display());
+            let adapter = adapter();
+            let unfetched = adapter
+                .ensure_cache(&moved_url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            assert!(!unfetched.cloned);
+            assert_eq!(git(&dir, &["config", "remote.origin.url"]), moved_url);
+            let report = adapter
+                .ensure_cache(&moved_url, &dir, None, true, &TransferWatch::none())
+                .unwrap();
+            assert!(report.fetched);
+            assert_eq!(git(&dir, &["config", "remote.origin.url"]), moved_url);
+        }
 
-#[test]
-fn a_token_passed_to_ensure_cache_appears_nowhere_under_the_cache_dir() {
-    let fx = Fixture::new();
-    let dir = fx.path("caches/repo.git");
-    let adapter = Git2Adapter::new();
-    let token = GitToken::new(TOKEN.to_string());
-    adapter
-        .ensure_cache(&fx.url, &dir, Some(&token), false)
-        .unwrap();
-    fx.commit_on_main("more.txt", "more\n");
-    adapter
-        .ensure_cache(&fx.url, &dir, Some(&token), true)
-        .unwrap();
+        #[test]
+        fn a_token_passed_to_ensure_cache_appears_nowhere_under_the_cache_dir() {
+            let fx = Fixture::new();
+            let dir = fx.path("caches/repo.git");
+            let adapter = adapter();
+            let token = GitToken::new(TOKEN.to_string());
+            adapter
+                .ensure_cache(&fx.url, &dir, Some(&token), false, &TransferWatch::none())
+                .unwrap();
+            fx.commit_on_main("more.txt", "more\n");
+            adapter
+                .ensure_cache(&fx.url, &dir, Some(&token), true, &TransferWatch::none())
+                .unwrap();
 
-    for rel in list_files(&dir) {
-        let bytes = std::fs::read(dir.join(&rel)).unwrap();
-        assert!(
-            !contains(&bytes, TOKEN.as_bytes()),
-            "token found in {}",
-            rel.display()
-        );
-    }
-    let config = git(&dir, &["config", "--list", "--local"]);
-    assert!(!config.contains(TOKEN));
-    assert_eq!(git(&dir, &["config", "remote.origin.url"]), fx.url);
-    assert!(!format!("{token:?}").contains(TOKEN));
-}
+            for rel in list_files(&dir) {
+                let bytes = std::fs::read(dir.join(&rel)).unwrap();
+                assert!(
+                    !contains(&bytes, TOKEN.as_bytes()),
+                    "token found in {}",
+                    rel.display()
+                );
+            }
+            let config = git(&dir, &["config", "--list", "--local"]);
+            assert!(!config.contains(TOKEN));
+            assert_eq!(git(&dir, &["config", "remote.origin.url"]), fx.url);
+            assert!(!format!("{token:?}").contains(TOKEN));
+        }
 
-#[test]
-fn a_clone_from_a_url_that_does_not_exist_is_unavailable_and_leaves_no_cache_dir() {
-    let fx = Fixture::new();
-    let dir = fx.path("caches/missing.git");
-    let url = format!("file://{}", fx.path("no-such-repo").display());
-    let err = Git2Adapter::new()
-        .ensure_cache(&url, &dir, None, false)
-        .unwrap_err();
-    assert!(matches!(err, GitError::Unavailable(_)), "{err:?}");
-    assert!(err.is_transient());
-    assert!(!err.to_string().contains('\n'));
-    assert!(!dir.exists());
-    assert!(partial_siblings(&dir).is_empty());
-}
+        #[test]
+        fn a_clone_from_a_url_that_does_not_exist_is_unavailable_and_leaves_no_cache_dir() {
+            let fx = Fixture::new();
+            let dir = fx.path("caches/missing.git");
+            let url = format!("file://{}", fx.path("no-such-repo").display());
+            let err = adapter()
+                .ensure_cache(&url, &dir, None, false, &TransferWatch::none())
+                .unwrap_err();
+            assert!(matches!(err, GitError::Unavailable(_)), "{err:?}");
+            assert!(err.is_transient());
+            assert!(!err.to_string().contains('\n'));
+            assert!(!dir.exists());
+            assert!(partial_siblings(&dir).is_empty());
+        }
 
-#[test]
-fn a_refused_connection_is_unavailable() {
-    let port = {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
+        #[test]
+        fn a_refused_connection_is_unavailable() {
+            let port = {
+                let l = TcpListener::bind("127.0.0.1:0").unwrap();
+                l.local_addr().unwrap().port()
+            };
+            let fx = Fixture::new();
+            let dir = fx.path("caches/refused.git");
+            let url = format!("http://127.0.0.1:{port}/acme/repo.git");
+            let err = adapter()
+                .ensure_cache(&url, &dir, None, false, &TransferWatch::none())
+                .unwrap_err();
+            assert!(matches!(err, GitError::Unavailable(_)), "{err:?}");
+            assert!(!dir.exists());
+        }
+
+        #[test]
+        fn a_remote_that_rejects_the_token_gives_auth_failed_after_a_few_attempts() {
+            let server = RejectingServer::start();
+            let fx = Fixture::new();
+            let dir = fx.path("caches/private.git");
+            let token = GitToken::new(TOKEN.to_string());
+            let err = adapter()
+                .ensure_cache(
+                    &server.url,
+                    &dir,
+                    Some(&token),
+                    false,
+                    &TransferWatch::none(),
+                )
+                .unwrap_err();
+            assert_eq!(err, GitError::AuthFailed);
+            assert!(!err.to_string().contains(TOKEN));
+            assert!(!dir.exists());
+            assert!(partial_siblings(&dir).is_empty());
+
+            let auths = server.authorizations();
+            let expected = format!("Basic {}", base64(&format!("x-access-token:{TOKEN}")));
+            assert!(
+                auths.iter().any(|a| a == &expected),
+                "the token was offered as x-access-token basic auth: {auths:?}"
+            );
+            // The callback stops answering instead of looping forever.
+            assert!(auths.len() <= 5, "{} attempts", auths.len());
+        }
+
+        #[test]
+        fn a_remote_asking_for_credentials_without_a_token_gives_auth_failed() {
+            let server = RejectingServer::start();
+            let fx = Fixture::new();
+            let dir = fx.path("caches/private.git");
+            let err = adapter()
+                .ensure_cache(&server.url, &dir, None, false, &TransferWatch::none())
+                .unwrap_err();
+            assert_eq!(err, GitError::AuthFailed);
+            assert!(server.authorizations().is_empty());
+        }
+
+        #[test]
+        fn a_leftover_non_repo_directory_at_the_cache_path_is_replaced() {
+            let fx = Fixture::new();
+            let dir = fx.path("caches/repo.git");
+            std::fs::create_dir_all(dir.join("junk")).unwrap();
+            std::fs::write(dir.join("junk/file"), "half a clone").unwrap();
+            let report = adapter()
+                .ensure_cache(&fx.url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            assert!(report.cloned);
+            assert!(!dir.join("junk").exists());
+            assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
+        }
+
+        #[test]
+        fn stale_partial_clones_are_removed_before_cloning() {
+            let fx = Fixture::new();
+            let dir = fx.path("caches/repo.git");
+            let stale = fx.path("caches/.repo.git.partial-deadbeef");
+            std::fs::create_dir_all(stale.join("objects")).unwrap();
+            let other = fx.path("caches/.other.git.partial-deadbeef");
+            std::fs::create_dir_all(&other).unwrap();
+            adapter()
+                .ensure_cache(&fx.url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            assert!(!stale.exists());
+            assert!(other.exists(), "partials of other caches are left alone");
+        }
+
+        #[test]
+        fn the_reported_size_is_the_apparent_size_of_the_cache_dir() {
+            let fx = Fixture::new();
+            let dir = fx.path("caches/repo.git");
+            let report = adapter()
+                .ensure_cache(&fx.url, &dir, None, false, &TransferWatch::none())
+                .unwrap();
+            let sum: u64 = list_files(&dir)
+                .iter()
+                .map(|rel| std::fs::symlink_metadata(dir.join(rel)).unwrap().len())
+                .sum();
+            assert_eq!(report.size_bytes, sum as i64);
+            assert_eq!(dir_size_bytes(&dir).unwrap(), sum as i64);
+        }
     };
-    let fx = Fixture::new();
-    let dir = fx.path("caches/refused.git");
-    let url = format!("http://127.0.0.1:{port}/acme/repo.git");
-    let err = Git2Adapter::new()
-        .ensure_cache(&url, &dir, None, false)
-        .unwrap_err();
-    assert!(matches!(err, GitError::Unavailable(_)), "{err:?}");
-    assert!(!dir.exists());
 }
 
-#[test]
-fn a_remote_that_rejects_the_token_gives_auth_failed_after_a_few_attempts() {
-    let server = RejectingServer::start();
-    let fx = Fixture::new();
-    let dir = fx.path("caches/private.git");
-    let token = GitToken::new(TOKEN.to_string());
-    let err = Git2Adapter::new()
-        .ensure_cache(&server.url, &dir, Some(&token), false)
-        .unwrap_err();
-    assert_eq!(err, GitError::AuthFailed);
-    assert!(!err.to_string().contains(TOKEN));
-    assert!(!dir.exists());
-    assert!(partial_siblings(&dir).is_empty());
+/// The suite over the git CLI transport.
+mod cli {
+    use super::*;
 
-    let auths = server.authorizations();
-    let expected = format!("Basic {}", base64(&format!("x-access-token:{TOKEN}")));
-    assert!(
-        auths.iter().any(|a| a == &expected),
-        "the token was offered as x-access-token basic auth: {auths:?}"
-    );
-    // The callback stops answering instead of looping forever.
-    assert!(auths.len() <= 5, "{} attempts", auths.len());
+    fn adapter() -> Git2Adapter {
+        Git2Adapter::with_transport(transports().0)
+    }
+
+    cache_suite!();
 }
 
-#[test]
-fn a_remote_asking_for_credentials_without_a_token_gives_auth_failed() {
-    let server = RejectingServer::start();
-    let fx = Fixture::new();
-    let dir = fx.path("caches/private.git");
-    let err = Git2Adapter::new()
-        .ensure_cache(&server.url, &dir, None, false)
-        .unwrap_err();
-    assert_eq!(err, GitError::AuthFailed);
-    assert!(server.authorizations().is_empty());
+/// The suite over libgit2, the fallback when no git binary is installed.
+mod libgit2 {
+    use super::*;
+
+    fn adapter() -> Git2Adapter {
+        Git2Adapter::with_transport(transports().1)
+    }
+
+    cache_suite!();
 }
 
-#[test]
-fn a_leftover_non_repo_directory_at_the_cache_path_is_replaced() {
-    let fx = Fixture::new();
-    let dir = fx.path("caches/repo.git");
-    std::fs::create_dir_all(dir.join("junk")).unwrap();
-    std::fs::write(dir.join("junk/file"), "half a clone").unwrap();
-    let report = Git2Adapter::new()
-        .ensure_cache(&fx.url, &dir, None, false)
-        .unwrap();
-    assert!(report.cloned);
-    assert!(!dir.join("junk").exists());
-    assert_eq!(git(&dir, &["rev-parse", "refs/heads/main"]), fx.main);
-}
-
-#[test]
-fn stale_partial_clones_are_removed_before_cloning() {
-    let fx = Fixture::new();
-    let dir = fx.path("caches/repo.git");
-    let stale = fx.path("caches/.repo.git.partial-deadbeef");
-    std::fs::create_dir_all(stale.join("objects")).unwrap();
-    let other = fx.path("caches/.other.git.partial-deadbeef");
-    std::fs::create_dir_all(&other).unwrap();
-    Git2Adapter::new()
-        .ensure_cache(&fx.url, &dir, None, false)
-        .unwrap();
-    assert!(!stale.exists());
-    assert!(other.exists(), "partials of other caches are left alone");
-}
-
-#[test]
-fn the_reported_size_is_the_apparent_size_of_the_cache_dir() {
-    let fx = Fixture::new();
-    let dir = fx.path("caches/repo.git");
-    let report = Git2Adapter::new()
-        .ensure_cache(&fx.url, &dir, None, false)
-        .unwrap();
-    let sum: u64 = list_files(&dir)
-        .iter()
-        .map(|rel| std::fs::symlink_metadata(dir.join(rel)).unwrap().len())
-        .sum();
-    assert_eq!(report.size_bytes, sum as i64);
-    assert_eq!(dir_size_bytes(&dir).unwrap(), sum as i64);
+/// The CLI and libgit2 transport settings (the tests install git, so the CLI is there).
+pub(crate) fn transports() -> (TransportConfig, TransportConfig) {
+    let git = grove_git::transport::detect_cli().expect("the git tests need git 2.29 or newer");
+    let base = TransportConfig::auto();
+    (
+        base.clone().with_transport(Transport::Cli(git)),
+        base.with_transport(Transport::Libgit2),
+    )
 }
 
 #[test]

@@ -7,4 +7,5 @@ mod merge;
 mod preserve;
 mod saved;
 mod support;
+mod transport;
 mod workdir;

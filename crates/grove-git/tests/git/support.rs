@@ -1,6 +1,7 @@
 //! Test support: fixture upstream repos built with the real git CLI, and helpers to
 //! run git in a workspace and inspect a cache's object store.
 
+use grove_core::transfer::TransferWatch;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -114,7 +115,7 @@ impl Fixture {
     pub fn cache(&self) -> PathBuf {
         let dir = self.path("caches/repo.git");
         Git2Adapter::new()
-            .ensure_cache(&self.url, &dir, None, false)
+            .ensure_cache(&self.url, &dir, None, false, &TransferWatch::none())
             .expect("cache");
         dir
     }
