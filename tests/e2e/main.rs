@@ -13,6 +13,7 @@ mod input;
 mod lifecycle;
 mod mcp;
 mod merge_back;
+mod progress;
 mod pulls;
 mod queue;
 mod reader;

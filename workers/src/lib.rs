@@ -11,6 +11,7 @@
 //!   schedule.
 //! - [`saved_work`]: saved work moved out of shared repo caches at start.
 //! - [`relay`]: relaying a streaming exec's output while it runs.
+//! - [`progress`]: a running clone's or fetch's progress written to its ledger row.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
 //!
 //! Module graph (`use crate::` edges, acyclic): `config` ← `context` ← `boundary`,
@@ -25,6 +26,7 @@ pub mod config;
 pub mod context;
 pub mod home;
 pub mod jobs;
+pub mod progress;
 pub mod relay;
 pub mod runner;
 pub mod saved_work;

@@ -433,7 +433,10 @@ async fn handle(
         panic!("injected panic (GROVE_TEST_PANIC_ON={})", command.kind());
     }
     match command {
-        Command::EnsureRepoCache(c) => deps.ensure_repo_cache(c, token.as_ref(), at).await,
+        Command::EnsureRepoCache(c) => {
+            deps.ensure_repo_cache(c, job.command_id, token.as_ref(), at)
+                .await
+        }
         Command::AcquireWorkspace(c) => {
             let handled = deps
                 .acquire_workspace(c, job.command_id, token.as_ref(), at)
@@ -458,7 +461,7 @@ async fn handle(
         Command::DestroyWorkspace { workspace_id } => deps.destroy_workspace(*workspace_id).await,
         Command::EvictSweep(c) => deps.evict_sweep(c, job.command_id).await,
         Command::RestoreWorkspace { workspace_id } => {
-            deps.restore_workspace(*workspace_id, token.as_ref(), at)
+            deps.restore_workspace(*workspace_id, job.command_id, token.as_ref(), at)
                 .await
         }
         Command::ReleaseScope(c) => deps.release_scope(c, job.command_id).await,

@@ -16,6 +16,7 @@
 //! - [`pulls`]: a workspace's pull requests (open, read, comment) on the git platform.
 //! - [`stream`]: server-sent events: streaming exec, following events.
 //! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
+//! - [`progress`]: a command's status and its clone's or fetch's progress, by key.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
 //! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
 //! - [`dto`]: request and response bodies and their schemas.
@@ -38,6 +39,7 @@ pub mod error;
 pub mod extract;
 pub mod merge_back;
 pub mod notify;
+pub mod progress;
 pub mod pulls;
 mod request;
 pub mod routes;
@@ -229,6 +231,7 @@ impl Modify for BearerAuth {
 pub fn openapi_json() -> String {
     let mut doc = ApiDoc::openapi();
     doc.merge(merge_back::MergeBackDoc::openapi());
+    doc.merge(progress::ProgressDoc::openapi());
     contract::Contract.modify(&mut doc);
     let mut text = doc
         .to_pretty_json()
@@ -303,6 +306,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
         .merge(merge_back::routes())
+        .merge(progress::routes())
         .method_not_allowed_fallback(|| async {
             ApiError::Request(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,

@@ -12,6 +12,7 @@ mod localdb;
 mod mcp;
 mod merge_back;
 mod pr;
+mod progress_bar;
 mod serve;
 mod tool;
 
@@ -635,9 +636,14 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             command.validate()?;
             let token = read_token(&common.token_env)?;
             let pool = connect(4).await?;
-            let result =
-                client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
-            print_result(&result, common.json)
+            // The id is chosen here so the progress bar can follow the command.
+            let id = common.command_id.unwrap_or_else(Uuid::now_v7);
+            let bar = progress_bar::start(&pool, id);
+            let result = client::submit(&pool, &command, Some(id), token.as_deref()).await;
+            if let Some(bar) = bar {
+                bar.finish().await;
+            }
+            print_result(&result?, common.json)
         }
         Top::Workspace(cmd) => workspace(cmd).await,
         Top::Evict {
@@ -816,9 +822,14 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             command.validate()?;
             let token = read_token(&common.token_env)?;
             let pool = connect(4).await?;
-            let result =
-                client::submit(&pool, &command, common.command_id, token.as_deref()).await?;
-            print_result(&result, common.json)
+            // The id is chosen here so the progress bar can follow the command.
+            let id = common.command_id.unwrap_or_else(Uuid::now_v7);
+            let bar = progress_bar::start(&pool, id);
+            let result = client::submit(&pool, &command, Some(id), token.as_deref()).await;
+            if let Some(bar) = bar {
+                bar.finish().await;
+            }
+            print_result(&result?, common.json)
         }
         WorkspaceCmd::List { user, json } => {
             let pool = connect(2).await?;

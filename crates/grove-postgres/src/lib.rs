@@ -7,6 +7,7 @@
 //! - [`queue`]: the command ledger and job rows: enqueue, claim, complete, retry, recover.
 //! - [`locks`]: advisory locks held across workers for the length of an effect.
 //! - [`output`]: the output relay of streaming execs (worker appends, servers read).
+//! - [`progress`]: progress of a running clone or fetch on its ledger row.
 //! - [`reader`]: reading and following the event log in commit-safe order.
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
@@ -21,6 +22,7 @@ pub mod error;
 pub mod locks;
 pub mod migrate;
 pub mod output;
+pub mod progress;
 pub mod queue;
 pub mod reader;
 pub mod replay;

@@ -56,7 +56,7 @@ impl JobContext {
                     .lock(LockScope::WorkspaceCommands, &row.id.to_string(), false)
                     .await?;
                 let row = self.workspace(row.id).await?;
-                self.restore_locked(row, token, at, vec![cmd_lock, key_lock])
+                self.restore_locked(row, command_id, token, at, vec![cmd_lock, key_lock])
                     .await
             }
             (AcquireStep::CreateRemote { provider }, _) => {
@@ -87,7 +87,7 @@ impl JobContext {
         workspace_dir: PathBuf,
     ) -> Result<Made, CommandError> {
         let (cache, events, cache_lock) = self
-            .ensure_cache(&c.repo_name, &c.repo_url, false, token, at)
+            .ensure_cache(&c.repo_name, &c.repo_url, false, token, at, command_id)
             .await?;
         let branch = branch_for(c.mode, c.scope());
         let git = self.git.clone();

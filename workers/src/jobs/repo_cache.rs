@@ -11,7 +11,6 @@ use grove_core::events::{Correlation, Event};
 use grove_core::model::RepoCacheRow;
 use grove_core::ports::GitToken;
 use grove_core::state::RepoCacheState;
-use grove_core::transfer::TransferWatch;
 use grove_core::validate::RepoUrl;
 use grove_postgres::locks::{AdvisoryLock, LockScope};
 use grove_postgres::rows;
@@ -40,6 +39,7 @@ impl JobContext {
         fetch: bool,
         token: Option<&GitToken>,
         at: DateTime<Utc>,
+        command_id: Uuid,
     ) -> Result<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>), CommandError> {
         let url = RepoUrl::parse(repo_url)?;
         // A cache cloned with credentials is served to a caller with other (or no)
@@ -63,13 +63,17 @@ impl JobContext {
         let must_fetch = existing.as_ref().is_some_and(|row| need.must_fetch(row));
         let git = self.git.clone();
         let (u, d, t) = (repo_url.to_string(), cache_dir.clone(), token.cloned());
-        let watch = TransferWatch::none();
+        let (watch, writer) = crate::progress::recorder(self.pool.clone(), command_id);
         // Dropping this job's future (a stopping worker) cancels the transfer, which
         // kills git's process group instead of leaving it running unowned.
         let guard = watch.cancel_on_drop();
         let report =
-            blocking(move || git.ensure_cache(&u, &d, t.as_ref(), must_fetch, &watch)).await?;
+            blocking(move || git.ensure_cache(&u, &d, t.as_ref(), must_fetch, &watch)).await;
         guard.disarm();
+        // The watch is gone with the blocking call: the writer records the last
+        // snapshot and ends, before the outcome is committed.
+        let _ = writer.await;
+        let report = report?;
         let events = match &existing {
             Some(row) if report.fetched => vec![Event::RepoCacheFetched {
                 repo_cache_id: row.id,
@@ -137,11 +141,12 @@ impl JobContext {
     pub async fn ensure_repo_cache(
         &self,
         c: &EnsureRepoCache,
+        command_id: Uuid,
         token: Option<&GitToken>,
         at: DateTime<Utc>,
     ) -> Result<Handled, CommandError> {
         let (row, events, lock) = self
-            .ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at)
+            .ensure_cache(&c.repo_name, &c.repo_url, c.fetch, token, at, command_id)
             .await?;
         Ok(Handled {
             result: Ok(CommandResult::RepoCache(row)),

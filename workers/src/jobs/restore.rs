@@ -28,6 +28,7 @@ impl JobContext {
     pub async fn restore_workspace(
         &self,
         workspace_id: Uuid,
+        command_id: Uuid,
         token: Option<&GitToken>,
         at: DateTime<Utc>,
     ) -> Result<Handled, CommandError> {
@@ -55,7 +56,7 @@ impl JobContext {
                 return Err(e);
             }
         };
-        self.restore_locked(ws, token, at, locks).await
+        self.restore_locked(ws, command_id, token, at, locks).await
     }
 
     /// Restores `ws` (its key and command locks held, passed in `locks`). A workspace
@@ -64,6 +65,7 @@ impl JobContext {
     pub(crate) async fn restore_locked(
         &self,
         ws: WorkspaceRow,
+        command_id: Uuid,
         token: Option<&GitToken>,
         at: DateTime<Utc>,
         mut locks: Vec<AdvisoryLock>,
@@ -93,7 +95,7 @@ impl JobContext {
                 state: Some(WorkspaceState::Ready),
             }]),
             Ok(RestoreStep::Rebuild { reuse_checkout }) => {
-                self.rebuild(&ws, token, at, reuse_checkout, &mut locks)
+                self.rebuild(&ws, command_id, token, at, reuse_checkout, &mut locks)
                     .await
             }
             Err(e) => Err(e),
@@ -120,6 +122,7 @@ impl JobContext {
     async fn rebuild(
         &self,
         ws: &WorkspaceRow,
+        command_id: Uuid,
         token: Option<&GitToken>,
         at: DateTime<Utc>,
         reuse_checkout: bool,
@@ -136,7 +139,14 @@ impl JobContext {
             CommandError::new(ErrorKind::NotFound, msg)
         })?;
         let (cache, mut events, cache_lock) = self
-            .ensure_cache(&cache.repo_name, &cache.repo_url, false, token, at)
+            .ensure_cache(
+                &cache.repo_name,
+                &cache.repo_url,
+                false,
+                token,
+                at,
+                command_id,
+            )
             .await?;
         locks.extend(cache_lock);
         let head = ws
