@@ -11,6 +11,7 @@ use grove_core::transfer::{TransferProgress, TransferWatch};
 use sqlx::PgPool;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use uuid::Uuid;
 
 /// The least time between two writes of one command's progress.
@@ -33,18 +34,27 @@ async fn write_loop(
     mut rx: watch::Receiver<Option<TransferProgress>>,
 ) {
     let mut written: Option<TransferProgress> = None;
+    let mut next_write = Instant::now();
     loop {
-        let open = rx.changed().await.is_ok();
+        let mut open = rx.changed().await.is_ok();
+        // Hold newer snapshots back until MIN_INTERVAL has passed since the last write,
+        // but write the final one as soon as the transfer ends.
+        while open && Instant::now() < next_write {
+            tokio::select! {
+                _ = tokio::time::sleep_until(next_write) => break,
+                changed = rx.changed() => open = changed.is_ok(),
+            }
+        }
         let latest = rx.borrow_and_update().clone();
         if let Some(p) = latest.as_ref().filter(|_| latest != written) {
             if let Err(e) = grove_postgres::progress::record(&pool, command_id, p).await {
                 tracing::debug!(command = %command_id, error = %e, "progress not recorded");
             }
             written = latest;
+            next_write = Instant::now() + MIN_INTERVAL;
         }
         if !open {
             return;
         }
-        tokio::time::sleep(MIN_INTERVAL).await;
     }
 }

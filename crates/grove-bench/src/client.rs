@@ -59,6 +59,15 @@ impl Client {
     /// Enqueues `command` and waits for its outcome, through `grove_postgres::submit`
     /// exactly as the CLI and the API do; only the wake-up is this client's own.
     pub async fn submit(&self, command: &Command) -> Result<CommandResult> {
+        self.submit_with_token(command, None).await
+    }
+
+    /// [`Client::submit`] with a git token handed over as the CLI hands it.
+    pub async fn submit_with_token(
+        &self,
+        command: &Command,
+        token: Option<&str>,
+    ) -> Result<CommandResult> {
         let id = Uuid::now_v7();
         let notify = Arc::new(Notify::new());
         self.waiters.lock().unwrap().insert(id, notify.clone());
@@ -70,7 +79,7 @@ impl Client {
             &self.pool,
             command,
             Some(id),
-            None,
+            token,
             &mut Waiter(notify),
             opts,
         )

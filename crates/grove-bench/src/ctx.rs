@@ -197,6 +197,25 @@ impl Ctx {
         }
     }
 
+    /// An ensure of `url`, fetching when `fetch`, with a git token if given.
+    pub(crate) async fn ensure_with(
+        &self,
+        name: &str,
+        url: &str,
+        fetch: bool,
+        token: Option<&str>,
+    ) -> Result<grove_core::model::RepoCacheRow> {
+        let cmd = Command::EnsureRepoCache(EnsureRepoCache {
+            repo_name: name.into(),
+            repo_url: url.into(),
+            fetch,
+        });
+        match self.client.submit_with_token(&cmd, token).await? {
+            CommandResult::RepoCache(row) => Ok(row),
+            other => bail!("ensure returned {other:?}"),
+        }
+    }
+
     /// The warm cache of the main fixture.
     pub(crate) async fn warm_cache(&self) -> Result<grove_core::model::RepoCacheRow> {
         self.ensure(REPO, &self.url.clone()).await

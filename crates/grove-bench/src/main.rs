@@ -14,6 +14,7 @@ mod fixture;
 mod http;
 mod stats;
 mod sweep;
+mod transfer;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -36,6 +37,11 @@ pub const ALL_CASES: &[&str] = &[
     "replay",
     "http_read_file",
     "http_exec",
+    "cache_first_file",
+    "cache_first_http",
+    "cache_fetch_file",
+    "cache_fetch_http",
+    "worker_rss_after_clone",
 ];
 
 #[derive(Parser, Debug, Clone)]
@@ -90,6 +96,16 @@ pub struct Args {
     /// Requests of each HTTP case (and as many in-process submissions).
     #[arg(long, default_value_t = 1000)]
     pub http_n: usize,
+    /// A bare repository (path) for the transfer cases instead of the generated
+    /// fixture; it is copied, never changed.
+    #[arg(long)]
+    pub repo: Option<PathBuf>,
+    /// Commits the upstream moves by before each cache_fetch_* iteration.
+    #[arg(long, default_value_t = 20)]
+    pub fetch_commits: usize,
+    /// Idle wait before worker_rss_after_clone's last sample.
+    #[arg(long, default_value_t = 60)]
+    pub rss_idle_secs: u64,
     /// Repetitions of the steady (nothing to do) sweep.
     #[arg(long, default_value_t = 5)]
     pub sweep_n: usize,

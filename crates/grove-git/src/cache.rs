@@ -152,10 +152,25 @@ fn sync_remote(repo: &Repository, sync: &Sync<'_>) -> Result<(), GitError> {
     let default_branch = match &sync.config.transport {
         Transport::Cli(git) => {
             let cli = RemoteCli::new(git, sync.config, sync.url, sync.token)?;
-            cli.fetch(repo.path(), sync.watch)?;
-            cli.default_branch(repo.path(), sync.watch)?
+            let dir = repo.path();
+            // The remote's HEAD is asked for while the fetch runs: on a small fetch
+            // over HTTP the second round trip would otherwise be half the time.
+            let (fetched, head) = std::thread::scope(|s| {
+                let head = s.spawn(|| cli.default_branch(dir, sync.watch));
+                let fetched = cli.fetch(dir, sync.watch);
+                let head = head
+                    .join()
+                    .unwrap_or_else(|_| Err(GitError::Other("git ls-remote panicked".into())));
+                (fetched, head)
+            });
+            fetched?;
+            head?
         }
-        Transport::Libgit2 => fetch_libgit2(repo, sync)?,
+        Transport::Libgit2 => {
+            let fetched = fetch_libgit2(repo, sync);
+            release_freed_heap();
+            fetched?
+        }
         Transport::Missing(why) => return Err(GitError::Unavailable(why.clone())),
     };
     if let Some(branch) = default_branch {
@@ -165,6 +180,17 @@ fn sync_remote(repo: &Repository, sync: &Sync<'_>) -> Result<(), GitError> {
         }
     }
     Ok(())
+}
+
+/// Hands the heap libgit2's indexer freed back to the system. glibc keeps freed memory
+/// in the arena of the thread that freed it: after a large clone that is hundreds of
+/// MiB that the worker never touches again (ADR 25 measures it).
+fn release_freed_heap() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages of the allocator to the system.
+    unsafe {
+        libc::malloc_trim(0);
+    }
 }
 
 /// The fetch through libgit2, in this process; returns the remote's default branch.
