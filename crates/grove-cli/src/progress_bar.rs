@@ -63,7 +63,11 @@ fn draw(bar: &ProgressBar, p: &TransferProgress) {
     bar.set_prefix(p.phase.as_str());
     bar.set_length(p.objects_total.max(1));
     bar.set_position(p.objects_done.min(p.objects_total));
-    let mut msg = format!("{}/{} objects", p.objects_done, p.objects_total);
+    let mut msg = if p.objects_total > 0 {
+        format!("{}/{} objects", p.objects_done, p.objects_total)
+    } else {
+        format!("{} objects", p.objects_done)
+    };
     if p.bytes_received > 0 {
         msg.push_str(&format!(", {:.1} MiB", p.bytes_received as f64 / MIB));
     }
