@@ -1,6 +1,7 @@
-//! Progress of a slow clone (ADR 25): the worker writes it to the command's ledger row
-//! while git runs, `GET /v1/progress` shows it to the key's owner only, and
-//! `grove repo ensure` draws a bar on a terminal. Replay is untouched by it.
+//! Clones through the worker (ADR 25): the progress of a slow one (written to the
+//! command's ledger row while git runs, shown by `GET /v1/progress` to the key's owner
+//! only, drawn as a bar by `grove repo ensure` on a terminal; replay untouched), and a
+//! connection cut mid-pack (typed failure, nothing recorded, the next ensure clean).
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -16,6 +17,17 @@ use crate::env_or_skip;
 /// A bare repository `acme/slow.git` under `root` with about 3 MiB of incompressible
 /// blobs, served with a throttle so its clone takes several seconds.
 fn slow_remote(root: &Path) -> (GitServer, String) {
+    remote_with(
+        root,
+        Options {
+            throttle_bytes_per_sec: Some(512 << 10),
+            ..Options::default()
+        },
+    )
+}
+
+/// The same repository served with `options`.
+fn remote_with(root: &Path, options: Options) -> (GitServer, String) {
     let work = root.join("work");
     std::fs::create_dir_all(&work).unwrap();
     git(&work, &["-c", "init.defaultBranch=main", "init", "-q"]);
@@ -58,14 +70,7 @@ fn slow_remote(root: &Path) -> (GitServer, String) {
             bare.to_str().unwrap(),
         ],
     );
-    let server = GitServer::start(
-        &root.join("srv"),
-        Options {
-            throttle_bytes_per_sec: Some(512 << 10),
-            ..Options::default()
-        },
-    )
-    .unwrap();
+    let server = GitServer::start(&root.join("srv"), options).unwrap();
     let url = format!("{}/acme/slow.git", server.base);
     (server, url)
 }
@@ -169,4 +174,39 @@ async fn grove_repo_ensure_draws_a_progress_bar_on_a_terminal() {
         "no progress bar drawn: {drawn:?}"
     );
     assert!(drawn.contains("objects"), "{drawn:?}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_clone_cut_mid_pack_fails_unavailable_and_records_nothing() {
+    let mut env = env_or_skip!("a_clone_cut_mid_pack_fails_unavailable_and_records_nothing");
+    let root = env.dir.path().join("remote");
+    let (_cut, cut_url) = remote_with(
+        &root,
+        Options {
+            cut_after_bytes: Some(256 << 10),
+            ..Options::default()
+        },
+    );
+    env.spawn_worker().await;
+    let out = env
+        .grove(&["repo", "ensure", "--repo", "acme/slow", "--url", &cut_url])
+        .await;
+    let (_, stderr) = text(&out);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("unavailable"), "{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert_eq!(env.count_events("repo_cache.created").await, 0);
+    let repos = env.home().join("repos");
+    let left: Vec<_> = std::fs::read_dir(&repos)
+        .map(|d| d.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "a half cache was left: {left:?}");
+    // The same repository from a healthy server clones cleanly afterwards.
+    let healthy = GitServer::start(&root.join("srv"), Options::default()).unwrap();
+    let url = format!("{}/acme/slow.git", healthy.base);
+    let out = env
+        .grove(&["repo", "ensure", "--repo", "acme/slow", "--url", &url])
+        .await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    assert_eq!(env.count_events("repo_cache.created").await, 1);
 }
