@@ -250,9 +250,9 @@ pub fn openapi_json() -> String {
     doc.merge(merge_back::MergeBackDoc::openapi());
     doc.merge(mcp::McpDoc::openapi());
     contract::Contract.modify(&mut doc);
-    let mut text = doc
-        .to_pretty_json()
-        .expect("the OpenAPI document serializes");
+    let mut value = serde_json::to_value(&doc).expect("the OpenAPI document serializes");
+    contract::describe_event_streams(&mut value);
+    let mut text = serde_json::to_string_pretty(&value).expect("a JSON value serializes");
     text.push('\n');
     text
 }

@@ -30,7 +30,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::dto::{ToolInfo, ToolList};
 use crate::error::{ApiError, ErrorResponse};
-use crate::extract::{git_token, parse_id, OptionalJsonBody};
+use crate::extract::{git_token, parse_id, OptionalObjectBody};
 use crate::request::visible_workspace;
 use crate::AppState;
 
@@ -104,7 +104,7 @@ pub async fn call_tool(
     caller: Caller,
     headers: HeaderMap,
     Path((id, tool)): Path<(String, String)>,
-    OptionalJsonBody(args): OptionalJsonBody<Map<String, Value>>,
+    OptionalObjectBody(args): OptionalObjectBody<Map<String, Value>>,
 ) -> Result<Json<ToolOutput>, ApiError> {
     let workspace_id = parse_id(&id, "workspace")?;
     let ws = visible_workspace(&state, &caller, workspace_id).await?;

@@ -122,8 +122,8 @@ pub fn input_schema(name: &str) -> Value {
             json!({
                 "path": path_arg(),
                 "range": {
-                    "description": "[start, end]: 1-based lines (start >= 1), end -1 for the end of the file.",
-                    "type": "array",
+                    "description": "[start, end]: 1-based lines (start >= 1), end -1 for the end of the file; null or absent: the whole file.",
+                    "type": ["array", "null"],
                     "items": {"type": "integer", "minimum": -1},
                     "minItems": 2,
                     "maxItems": 2
@@ -171,7 +171,7 @@ pub fn input_schema(name: &str) -> Value {
         "git_diff" => object(
             json!({
                 "against": {"type": "string", "enum": ["head", "base", "ref"], "default": "head", "description": "HEAD, the commit the workspace was created at, or `ref`."},
-                "ref": string("With against=ref: a branch, tag or commit id."),
+                "ref": {"type": ["string", "null"], "description": "With against=ref: a branch, tag or commit id."},
                 "paths": {"type": "array", "items": {"type": "string"}}
             }),
             &[],
