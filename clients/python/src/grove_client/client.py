@@ -120,9 +120,9 @@ class Client:
             except httpx.ConnectError as e:
                 # Nothing reached the server: safe to send again, whatever the op.
                 if attempt < self._retry.max_retries:
-                    delay = self._retry.backoff * float(2**attempt)
-                    log.info("%s: cannot connect, retrying in %.1f s", op.describe(), delay)
-                    time.sleep(delay)
+                    pause = self._retry.backoff * float(2**attempt)
+                    log.info("%s: cannot connect, retrying in %.1f s", op.describe(), pause)
+                    time.sleep(pause)
                     attempt += 1
                     continue
                 raise TransportError(f"{op.describe()}: cannot connect: {e}") from None
