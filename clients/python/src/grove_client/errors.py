@@ -3,9 +3,10 @@
 Every error the server answers is `{"error": {"kind", "message", "paths"?}}` with a status
 that follows from the kind (docs/http-api.md). The kind, not the status, picks the class,
 so `except NotFoundError` catches a missing workspace whether it came as a 404 from a
-read or as the failed outcome of a job. An answer without the envelope (a proxy's 502
-page, a kind this version does not know) is an `ApiError` carrying the status and
-`kind=None` or the unknown kind's text.
+read or as the failed outcome of a job. An answer without the envelope (a proxy's 503
+page) or with a kind this version does not know gets the class of its status
+(`STATUS_CLASSES`: a 503 is still an `UnavailableError`), else `ApiError`; `kind` is
+then None or the unknown kind's text.
 
 Messages are the server's one line, which never carries secrets; the client adds the
 method and path of the request, never its headers (the bearer token and the git token
@@ -151,6 +152,24 @@ ERROR_CLASSES: Final[dict[str, type[ApiError]]] = {
 }
 
 
+#: The class of an answer whose kind is absent (no envelope: a proxy's page) or not
+#: one of `ERROR_CLASSES` (a kind newer than this client), by status: the kinds'
+#: statuses (docs/http-api.md), so `except UnavailableError` also catches a load
+#: balancer's 503.
+STATUS_CLASSES: Final[dict[int, type[ApiError]]] = {
+    400: InvalidInputError,
+    401: UnauthorizedError,
+    403: AuthFailedError,
+    404: NotFoundError,
+    409: ConflictError,
+    413: InvalidInputError,
+    415: InvalidInputError,
+    422: RejectedError,
+    429: ResourceLimitError,
+    503: UnavailableError,
+}
+
+
 def error_for(
     *,
     status: int,
@@ -159,6 +178,7 @@ def error_for(
     paths: tuple[str, ...] = (),
     request: str = "",
 ) -> ApiError:
-    """The exception of an error answer: the kind's class, else `ApiError`."""
-    cls = ERROR_CLASSES.get(kind or "", ApiError)
+    """The exception of an error answer: the kind's class, else the status's, else
+    `ApiError`; `kind` keeps the text the server sent."""
+    cls = ERROR_CLASSES.get(kind or "") or STATUS_CLASSES.get(status, ApiError)
     return cls(message, status=status, kind=kind, paths=paths, request=request)
