@@ -119,9 +119,6 @@ class FakeGitHub:
         self._server.shutdown()
         self._server.server_close()
 
-    def _pull(self, repo: str, number: int) -> dict[str, Any]:
-        return self.pulls[(repo, number)]
-
     def _rest(self, method: str, path: str, raw: bytes) -> tuple[int, Any]:
         if method == "POST" and (m := PULLS.match(path)):
             repo = f"{m[1]}/{m[2]}"
@@ -153,8 +150,8 @@ class FakeGitHub:
             self.pulls[(repo, number)] = pull
             return 201, pull
         if method == "GET" and (m := PULL.match(path)):
-            pull = self.pulls.get((f"{m[1]}/{m[2]}", int(m[3])))
-            return (200, pull) if pull else (404, {"message": "Not Found"})
+            found = self.pulls.get((f"{m[1]}/{m[2]}", int(m[3])))
+            return (200, found) if found else (404, {"message": "Not Found"})
         if method == "POST" and (m := COMMENTS.match(path)):
             if (f"{m[1]}/{m[2]}", int(m[3])) not in self.pulls:
                 return 404, {"message": "Not Found"}
