@@ -7,7 +7,14 @@ import asyncio
 
 import pytest
 
-from grove_client import AsyncClient, ExecOutput, NotFoundError, RejectedError, models
+from grove_client import (
+    AsyncClient,
+    ExecOutput,
+    InvalidInputError,
+    NotFoundError,
+    RejectedError,
+    models,
+)
 
 from .conftest import Grove
 
@@ -40,8 +47,11 @@ async def test_sessions_exec_and_tools(grove: Grove, repo_url: str) -> None:
         written = await c.tools.write_file(ws, "a.txt", "a\n")
         assert isinstance(written, models.WrittenOutput)
         assert (await c.tools.read_file(ws, "a.txt")).content == "a\n"
-        with pytest.raises(RejectedError):
+        with pytest.raises(InvalidInputError):
             await c.tools.str_replace(ws, "a.txt", "zzz", "y")
+        await c.tools.git_commit(ws, "a")
+        with pytest.raises(RejectedError):
+            await c.tools.git_commit(ws, "nothing to commit")
         with pytest.raises(NotFoundError):
             await c.get_exec("00000000-0000-0000-0000-000000000000")
         ids = [w.id async for w in c.iter_workspaces(page_size=1)]

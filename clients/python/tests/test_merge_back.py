@@ -19,11 +19,13 @@ def test_a_task_is_diffed_then_merged_back(alice: Client, repo_url: str) -> None
     assert diff.commits_total == 1 and [c.summary for c in diff.commits] == ["add feature"]
     assert [(f.path, f.status) for f in diff.files] == [("feature.txt", "added")]
     assert diff.fast_forward and not diff.up_to_date and not diff.task_dirty
-    done = alice.merge_back(edit, task_workspace_id=task, strategy="cherry_pick", idempotency_key=f"mb-{task}")
+    key = f"mb-{task}"
+    done = alice.merge_back(edit, task_workspace_id=task, strategy="merge", idempotency_key=key)
     assert done.files == ["feature.txt"] and done.new_head != done.previous_head
+    assert done.fast_forward and done.strategy == "merge"
     assert alice.tools.read_file(edit, "feature.txt").content == "feature\n"
     # The same key is the same merge-back: its outcome again, nothing new.
-    again = alice.merge_back(edit, task_workspace_id=task, strategy="cherry_pick", idempotency_key=f"mb-{task}")
+    again = alice.merge_back(edit, task_workspace_id=task, strategy="merge", idempotency_key=key)
     assert again == done
     assert alice.merge_back_diff(edit, task).up_to_date
 
@@ -47,9 +49,9 @@ def test_uncommitted_edits_refuse_a_merge_back_with_their_paths(
 ) -> None:
     edit = acquire(alice, repo_url).session_id
     task = acquire(alice, repo_url, mode="task").session_id
-    alice.tools.write_file(task, "t.txt", "t\n")
+    alice.tools.str_replace(task, "notes.txt", "one", "ONE")
     alice.tools.git_commit(task, "t")
-    alice.tools.write_file(edit, "t.txt", "dirty\n")
+    alice.tools.str_replace(edit, "notes.txt", "three", "uncommitted")
     with pytest.raises(RejectedError) as e:
         alice.merge_back(edit, task_workspace_id=task, strategy="merge")
-    assert "t.txt" in e.value.paths
+    assert e.value.paths == ("notes.txt",) and e.value.status == 422

@@ -10,7 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from grove_client import AuthFailedError, Client, ResourceLimitError, RetryPolicy
+from grove_client import (
+    AuthFailedError,
+    Client,
+    ConflictError,
+    ResourceLimitError,
+    RetryPolicy,
+)
 
 from .conftest import ALICE, Grove, git, start_grove
 from .fake_github import FakeGitHub
@@ -53,6 +59,7 @@ def test_a_pull_request_is_opened_read_and_commented(
         ws = edit_session(c, url)
         c.tools.write_file(ws, "src/new.txt", "new\n")
         c.tools.git_commit(ws, "Add src/new.txt")
+        c.tools.git_push(ws, set_upstream=True, git_token=TOKEN)
         key = f"pr-{uuid.uuid4()}"
         opened = c.create_pull_request(
             ws, title="Add new", body="From the SDK", git_token=TOKEN, idempotency_key=key
@@ -60,8 +67,13 @@ def test_a_pull_request_is_opened_read_and_commented(
         pr = opened.pull_request
         assert pr.repo == "octo/hello" and pr.state == "open" and pr.base == "main"
         assert pr.head == c.get_workspace(ws).branch_name and pr.head_sha
-        again = c.create_pull_request(ws, title="Add new", git_token=TOKEN, idempotency_key=key)
+        again = c.create_pull_request(
+            ws, title="Add new", body="From the SDK", git_token=TOKEN, idempotency_key=key
+        )
         assert again.pull_request.number == pr.number and again.command_id == opened.command_id
+        # The key names that command: another request under it is a conflict.
+        with pytest.raises(ConflictError):
+            c.create_pull_request(ws, title="Other", git_token=TOKEN, idempotency_key=key)
         assert len([r for r in fake.requests if r[0] == "POST" and r[1].endswith("/pulls")]) == 1
 
         read = c.get_pull_request(ws, pr.number)
@@ -93,6 +105,7 @@ def test_the_platforms_rate_limit_is_retried_then_raised(
         ws = edit_session(c, url)
         c.tools.write_file(ws, "r.txt", "r\n")
         c.tools.git_commit(ws, "r")
+        c.tools.git_push(ws, set_upstream=True, git_token=TOKEN)
         number = c.create_pull_request(ws, title="r", git_token=TOKEN).pull_request.number
         # grove answers the platform's limit as its own 429 (resource_limit); a read
         # is safe to repeat, so the client retries it.

@@ -6,7 +6,7 @@ import hashlib
 
 import pytest
 
-from grove_client import Client, ConflictError, RejectedError, Session, models
+from grove_client import Client, ConflictError, InvalidInputError, RejectedError, Session, models
 
 from .conftest import Grove, git
 
@@ -73,13 +73,14 @@ def test_git_push_goes_to_the_recorded_remote(
 ) -> None:
     from .conftest import acquire
 
-    url = grove.repo("pushable", {"a.txt": "a\n"})
-    s = acquire(alice, url)
+    work = grove.repo("pushable-work", {"a.txt": "a\n"}).removeprefix("file://")
+    upstream = grove.root / "upstream" / "pushable.git"
+    git(grove.root / "upstream", "clone", "-q", "--bare", work, str(upstream))
+    s = acquire(alice, f"file://{upstream}")
     alice.tools.write_file(s.session_id, "a.txt", "pushed\n")
     alice.tools.git_commit(s.session_id, "push me")
     pushed = alice.tools.git_push(s.session_id, set_upstream=True)
     assert pushed.branch == s.workspace.branch_name and pushed.previous is None
-    upstream = grove.root / "upstream" / "pushable"
     assert git(upstream, "rev-parse", pushed.branch).strip() == pushed.commit
 
 
@@ -94,5 +95,7 @@ def test_tool_refusals_are_their_kinds(alice: Client, session: Session) -> None:
     ws = session.session_id
     with pytest.raises(ConflictError):
         alice.tools.create(ws, "README.md", "again")
-    with pytest.raises(RejectedError):
+    with pytest.raises(InvalidInputError):
         alice.tools.str_replace(ws, "notes.txt", "not there", "x")
+    with pytest.raises(RejectedError):
+        alice.tools.git_commit(ws, "nothing to commit")
