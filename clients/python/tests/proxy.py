@@ -33,6 +33,8 @@ class FlakyProxy:
     def __init__(self, upstream: str) -> None:
         self.upstream = urlsplit(upstream)
         self.canned: list[Canned] = []
+        #: Cut the next followed event stream after this many messages.
+        self.cut_follow_after: int | None = None
         self.seen: list[Seen] = []
         self._lock = threading.Lock()
         proxy = self
@@ -66,6 +68,12 @@ class FlakyProxy:
                 headers = {k: v for k, v in self.headers.items() if k.lower() != "host"}
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
+                if "follow=true" in self.path:
+                    with proxy._lock:
+                        cut, proxy.cut_follow_after = proxy.cut_follow_after, None
+                    self._stream(resp, cut)
+                    conn.close()
+                    return
                 data = resp.read()
                 self.send_response(resp.status)
                 for k, v in resp.getheaders():
@@ -75,6 +83,31 @@ class FlakyProxy:
                 self.end_headers()
                 self.wfile.write(data)
                 conn.close()
+
+            def _stream(self, resp: http.client.HTTPResponse, cut: int | None) -> None:
+                """Relays an event stream line by line (close-delimited), closing it
+                after `cut` messages, as a dropped connection would."""
+                self.send_response(resp.status)
+                for k, v in resp.getheaders():
+                    if k.lower() not in ("transfer-encoding", "content-length", "connection"):
+                        self.send_header(k, v)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                sent, data = 0, False
+                try:
+                    while cut is None or sent < cut:
+                        line = resp.readline()
+                        if not line:
+                            return
+                        self.wfile.write(line)
+                        self.wfile.flush()
+                        if line.startswith(b"data:"):
+                            data = True
+                        elif line.strip() == b"" and data:
+                            sent, data = sent + 1, False
+                except OSError:
+                    return  # the client went away
 
             do_GET = do_POST = do_DELETE = _handle
 

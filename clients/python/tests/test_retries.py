@@ -127,3 +127,23 @@ def test_retry_after_reads_seconds_and_http_dates() -> None:
     now = time.time()
     assert 9 <= (retry_after(formatdate(now + 10, usegmt=True), now=now) or 0) <= 11
     assert retry_after(formatdate(now - 10, usegmt=True), now=now) == 0.0
+
+
+def test_a_followed_stream_that_drops_resumes_after_the_last_event(
+    proxy: FlakyProxy, session: Session
+) -> None:
+    with client(proxy, backoff=0.05) as c:
+        ws = session.session_id
+        for i in range(3):
+            c.tools.write_file(ws, f"resume-{i}.txt", str(i))
+        every = [e.position for e in c.iter_events(ws)]
+        proxy.cut_follow_after = 2
+        seen: list[int] = []
+        with c.follow_events(ws) as stream:
+            for event in stream:
+                seen.append(event.position)
+                if len(seen) == len(every):
+                    break
+    assert seen == every, "an event was lost or repeated across the reconnect"
+    follows = [s.path for s in proxy.seen if "follow=true" in s.path]
+    assert len(follows) == 2 and f"after={every[1]}" in follows[1]

@@ -9,7 +9,7 @@ import traceback
 
 import pytest
 
-from grove_client import ApiError, Client, Secret, Session, TransportError
+from grove_client import ApiError, Client, RetryPolicy, Secret, Session, TransportError
 
 from .conftest import ALICE, Grove
 
@@ -41,7 +41,7 @@ def test_no_token_in_exceptions_or_logs(
     with grove.client(wrong) as bad, pytest.raises(ApiError) as unauthorized:
         bad.get_workspace(session.session_id)
     texts += [str(unauthorized.value), "".join(traceback.format_exception(unauthorized.value))]
-    with Client("http://127.0.0.1:9", ALICE) as down, pytest.raises(TransportError) as transport:
+    with Client("http://127.0.0.1:9", ALICE, retry=RetryPolicy(backoff=0.01)) as down, pytest.raises(TransportError) as transport:
         down.list_workspaces()
     texts += [str(transport.value), "".join(traceback.format_exception(transport.value))]
     for record in caplog.records:

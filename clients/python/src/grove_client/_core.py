@@ -10,6 +10,7 @@ the two clients cannot disagree on them.
 from __future__ import annotations
 
 import email.utils
+import enum
 import json
 import random
 import time
@@ -116,6 +117,18 @@ def retry_after(value: str | None, now: float | None = None) -> float | None:
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
+class _Default(enum.Enum):
+    DEFAULT = "default"
+
+
+#: The client's own timeout (`Op.read_timeout`).
+DEFAULT = _Default.DEFAULT
+
+#: How long a stream may stay silent: grove sends a keep-alive every 15 s, so a
+#: silent minute means the connection is gone.
+STREAM_READ_TIMEOUT = 60.0
+
+
 @dataclass(frozen=True)
 class Op(Generic[T]):
     """One request and how its answer is read.
@@ -125,6 +138,10 @@ class Op(Generic[T]):
     what allows a retry after grove itself answered 429 or 503; answers that do not
     come from grove (a proxy's 503 without grove's error envelope) mean the request
     never reached it and are retried either way.
+
+    `read_timeout` is how long to wait for the answer: `DEFAULT` is the client's;
+    None waits as long as it takes, for an operation that waits on a job's outcome
+    (the command may rightly run for an hour); a stream's is `STREAM_READ_TIMEOUT`.
     """
 
     method: str
@@ -135,6 +152,7 @@ class Op(Generic[T]):
     git_token: Secret | None = None
     repeatable: bool = False
     has_body: bool = field(default=False)
+    read_timeout: float | None | _Default = DEFAULT
 
     def describe(self) -> str:
         return f"{self.method} {self.path}"
@@ -159,7 +177,9 @@ def query(values: Mapping[str, Any]) -> dict[str, str]:
     return out
 
 
-def build_request(http: httpx.Client | httpx.AsyncClient, op: Op[Any]) -> httpx.Request:
+def build_request(
+    http: httpx.Client | httpx.AsyncClient, op: Op[Any], timeout: httpx.Timeout
+) -> httpx.Request:
     headers: dict[str, str] = {}
     content: bytes | None = None
     if op.has_body:
@@ -167,8 +187,12 @@ def build_request(http: httpx.Client | httpx.AsyncClient, op: Op[Any]) -> httpx.
         content = json.dumps(op.body if op.body is not None else {}).encode()
     if op.git_token is not None:
         headers[GIT_TOKEN_HEADER] = op.git_token.reveal()
+    if not isinstance(op.read_timeout, _Default):
+        timeout = httpx.Timeout(
+            connect=timeout.connect, read=op.read_timeout, write=timeout.write, pool=timeout.pool
+        )
     return http.build_request(
-        op.method, op.path, params=op.params, headers=headers, content=content
+        op.method, op.path, params=op.params, headers=headers, content=content, timeout=timeout
     )
 
 

@@ -15,6 +15,8 @@ from typing import Any
 from . import models as m
 from .errors import ProtocolError
 from ._core import (
+    DEFAULT,
+    STREAM_READ_TIMEOUT,
     Op,
     Secret,
     body_json,
@@ -117,6 +119,7 @@ def ensure_repo_cache(
         git_token=_secret(git_token),
         repeatable=True,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -155,6 +158,7 @@ def acquire_session(
         git_token=_secret(git_token),
         repeatable=True,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -166,6 +170,7 @@ def release_session(session_id: str, *, destroy_runtime: bool | None) -> Op[None
         body=compact({"destroy_runtime": destroy_runtime}),
         repeatable=True,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -186,7 +191,9 @@ def get_workspace(workspace_id: str) -> Op[m.Workspace]:
 
 
 def destroy_workspace(workspace_id: str) -> Op[None]:
-    return Op("DELETE", _ws(workspace_id), parse_none, repeatable=True)
+    return Op(
+        "DELETE", _ws(workspace_id), parse_none, repeatable=True, read_timeout=None
+    )
 
 
 def pin_workspace(workspace_id: str, *, until: datetime | None) -> Op[m.Workspace]:
@@ -199,6 +206,7 @@ def pin_workspace(workspace_id: str, *, until: datetime | None) -> Op[m.Workspac
         body={"until": until.isoformat() if until is not None else None},
         repeatable=True,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -209,6 +217,7 @@ def restore_workspace(workspace_id: str, *, git_token: str | Secret | None) -> O
         parser(m.Workspace),
         git_token=_secret(git_token),
         repeatable=True,
+        read_timeout=None,
     )
 
 
@@ -252,6 +261,7 @@ def exec_(workspace_id: str, body: dict[str, Any]) -> Op[m.ExecResult]:
         body=body,
         repeatable="idempotency_key" in body,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -263,6 +273,7 @@ def exec_stream(workspace_id: str, body: dict[str, Any]) -> Op[None]:
         body=body,
         repeatable="idempotency_key" in body,
         has_body=True,
+        read_timeout=STREAM_READ_TIMEOUT,
     )
 
 
@@ -279,6 +290,7 @@ def events(
         parser(m.EventsPage),
         params=query({"after": after, "limit": limit, "follow": True if follow else None}),
         repeatable=True,
+        read_timeout=STREAM_READ_TIMEOUT if follow else DEFAULT,
     )
 
 
@@ -288,6 +300,7 @@ def merge_back_diff(workspace_id: str, task_workspace_id: str) -> Op[m.MergeBack
         f"{_ws(workspace_id)}/merge-back/{segment(task_workspace_id)}",
         parser(m.MergeBackDiff),
         repeatable=True,
+        read_timeout=None,
     )
 
 
@@ -311,6 +324,7 @@ def merge_back(
         ),
         repeatable=idempotency_key is not None,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -409,6 +423,7 @@ def call_tool(
         git_token=_secret(git_token),
         repeatable=repeatable,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -429,6 +444,7 @@ def tool(
         git_token=_secret(git_token),
         repeatable=repeatable,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -458,6 +474,7 @@ def create_pull_request(
         git_token=_secret(git_token),
         repeatable=idempotency_key is not None,
         has_body=True,
+        read_timeout=None,
     )
 
 
@@ -489,4 +506,5 @@ def comment_pull_request(
         git_token=_secret(git_token),
         repeatable=idempotency_key is not None,
         has_body=True,
+        read_timeout=None,
     )

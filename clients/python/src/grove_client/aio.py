@@ -38,12 +38,6 @@ log = logging.getLogger("grove_client")
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, read=120.0)
 
 
-def _read_timeout(op_timeout: float | None, default: httpx.Timeout) -> httpx.Timeout:
-    return httpx.Timeout(
-        connect=default.connect, read=op_timeout, write=default.write, pool=default.pool
-    )
-
-
 class AsyncClient:
     """A grove server at `base_url`, called with the bearer `token`.
 
@@ -100,19 +94,12 @@ class AsyncClient:
 
     # --- transport -------------------------------------------------------------------
 
-    async def _request(
-        self, op: Op[Any], *, stream: bool = False, read_timeout: float | None | str = "default"
-    ) -> httpx.Response:
+    async def _request(self, op: Op[Any], *, stream: bool = False) -> httpx.Response:
         """Sends `op`, retrying as the policy and `op.repeatable` allow; returns a
         successful answer (still open when `stream`) or raises."""
         attempt = 0
         while True:
-            request = build_request(self._http, op)
-            if read_timeout != "default":
-                assert not isinstance(read_timeout, str)
-                request.extensions["timeout"] = _read_timeout(
-                    read_timeout, self._timeout
-                ).as_dict()
+            request = build_request(self._http, op, self._timeout)
             try:
                 response = await self._http.send(request, stream=stream)
             except httpx.ConnectError as e:
@@ -142,8 +129,8 @@ class AsyncClient:
             await asyncio.sleep(delay)
             attempt += 1
 
-    async def _send(self, op: Op[T], *, read_timeout: float | None | str = "default") -> T:
-        return op.parse(await self._request(op, read_timeout=read_timeout))
+    async def _send(self, op: Op[T]) -> T:
+        return op.parse(await self._request(op))
 
     # --- repo caches and sessions ----------------------------------------------------
 
@@ -166,8 +153,7 @@ class AsyncClient:
                 fetch=fetch,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
-            ),
-            read_timeout=None,
+            )
         )
 
     async def acquire_session(
@@ -197,8 +183,7 @@ class AsyncClient:
                 runtime=runtime,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
-            ),
-            read_timeout=None,
+            )
         )
 
     async def release_session(self, session_id: str, *, destroy_runtime: bool | None = None) -> None:
@@ -231,7 +216,7 @@ class AsyncClient:
 
     async def destroy_workspace(self, workspace_id: str) -> None:
         """Remove the workspace, its runtimes and its files."""
-        await self._send(_ops.destroy_workspace(workspace_id), read_timeout=None)
+        await self._send(_ops.destroy_workspace(workspace_id))
 
     async def pin_workspace(self, workspace_id: str, *, until: datetime | None) -> m.Workspace:
         """Keep the workspace from eviction until `until` (None unpins)."""
@@ -242,7 +227,7 @@ class AsyncClient:
     ) -> m.Workspace:
         """Bring an evicted workspace back: same id, path, branch and saved work."""
         return await self._send(
-            _ops.restore_workspace(workspace_id, git_token=git_token), read_timeout=None
+            _ops.restore_workspace(workspace_id, git_token=git_token)
         )
 
     # --- exec ------------------------------------------------------------------------
@@ -279,7 +264,7 @@ class AsyncClient:
             max_output_bytes=max_output_bytes,
             idempotency_key=idempotency_key,
         )
-        return await self._send(_ops.exec_(workspace_id, body), read_timeout=None)
+        return await self._send(_ops.exec_(workspace_id, body))
 
     async def exec_stream(
         self,
@@ -380,8 +365,7 @@ class AsyncClient:
                 task_workspace_id=task_workspace_id,
                 strategy=strategy,
                 idempotency_key=idempotency_key,
-            ),
-            read_timeout=None,
+            )
         )
 
     # --- interactive sessions --------------------------------------------------------
@@ -420,10 +404,8 @@ class AsyncClient:
         self, workspace_id: str, session_id: str, *, wait_ms: int | None = None
     ) -> m.SessionPoll:
         """Output since the previous poll, waiting up to `wait_ms` for some."""
-        timeout = None if wait_ms is None else wait_ms / 1000 + 30
         return await self._send(
-            _ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms),
-            read_timeout=timeout,
+            _ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms)
         )
 
     async def kill_interactive(self, workspace_id: str, session_id: str) -> None:
@@ -446,7 +428,7 @@ class AsyncClient:
         """Any tool by name with untyped arguments (what an agent loop relays); the
         typed methods are on `client.tools`."""
         return await self._send(
-            _ops.call_tool(workspace_id, tool, args, git_token=git_token), read_timeout=None
+            _ops.call_tool(workspace_id, tool, args, git_token=git_token)
         )
 
     # --- pull requests ---------------------------------------------------------------
@@ -472,8 +454,7 @@ class AsyncClient:
                 draft=draft,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
-            ),
-            read_timeout=None,
+            )
         )
 
     async def get_pull_request(
@@ -516,7 +497,7 @@ class AsyncTools:
         git_token: str | Secret | None = None,
     ) -> Any:
         return await self._client._send(
-            _ops.tool(workspace_id, name, args, git_token=git_token), read_timeout=None
+            _ops.tool(workspace_id, name, args, git_token=git_token)
         )
 
     async def view(
@@ -758,7 +739,7 @@ class AsyncEventStream:
 
     async def _open(self) -> httpx.Response:
         op = _ops.events(self._workspace_id, after=self.position, limit=None, follow=True)
-        self._response = await self._client._request(op, stream=True, read_timeout=60.0)
+        self._response = await self._client._request(op, stream=True)
         return self._response
 
     def __aiter__(self) -> AsyncIterator[m.Event]:

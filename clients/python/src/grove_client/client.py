@@ -40,12 +40,6 @@ log = logging.getLogger("grove_client")
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, read=120.0)
 
 
-def _read_timeout(op_timeout: float | None, default: httpx.Timeout) -> httpx.Timeout:
-    return httpx.Timeout(
-        connect=default.connect, read=op_timeout, write=default.write, pool=default.pool
-    )
-
-
 class Client:
     """A grove server at `base_url`, called with the bearer `token`.
 
@@ -102,19 +96,12 @@ class Client:
 
     # --- transport -------------------------------------------------------------------
 
-    def _request(
-        self, op: Op[Any], *, stream: bool = False, read_timeout: float | None | str = "default"
-    ) -> httpx.Response:
+    def _request(self, op: Op[Any], *, stream: bool = False) -> httpx.Response:
         """Sends `op`, retrying as the policy and `op.repeatable` allow; returns a
         successful answer (still open when `stream`) or raises."""
         attempt = 0
         while True:
-            request = build_request(self._http, op)
-            if read_timeout != "default":
-                assert not isinstance(read_timeout, str)
-                request.extensions["timeout"] = _read_timeout(
-                    read_timeout, self._timeout
-                ).as_dict()
+            request = build_request(self._http, op, self._timeout)
             try:
                 response = self._http.send(request, stream=stream)
             except httpx.ConnectError as e:
@@ -144,8 +131,8 @@ class Client:
             time.sleep(delay)
             attempt += 1
 
-    def _send(self, op: Op[T], *, read_timeout: float | None | str = "default") -> T:
-        return op.parse(self._request(op, read_timeout=read_timeout))
+    def _send(self, op: Op[T]) -> T:
+        return op.parse(self._request(op))
 
     # --- repo caches and sessions ----------------------------------------------------
 
@@ -168,8 +155,7 @@ class Client:
                 fetch=fetch,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
-            ),
-            read_timeout=None,
+            )
         )
 
     def acquire_session(
@@ -199,8 +185,7 @@ class Client:
                 runtime=runtime,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
-            ),
-            read_timeout=None,
+            )
         )
 
     def release_session(self, session_id: str, *, destroy_runtime: bool | None = None) -> None:
@@ -232,7 +217,7 @@ class Client:
 
     def destroy_workspace(self, workspace_id: str) -> None:
         """Remove the workspace, its runtimes and its files."""
-        self._send(_ops.destroy_workspace(workspace_id), read_timeout=None)
+        self._send(_ops.destroy_workspace(workspace_id))
 
     def pin_workspace(self, workspace_id: str, *, until: datetime | None) -> m.Workspace:
         """Keep the workspace from eviction until `until` (None unpins)."""
@@ -243,7 +228,7 @@ class Client:
     ) -> m.Workspace:
         """Bring an evicted workspace back: same id, path, branch and saved work."""
         return self._send(
-            _ops.restore_workspace(workspace_id, git_token=git_token), read_timeout=None
+            _ops.restore_workspace(workspace_id, git_token=git_token)
         )
 
     # --- exec ------------------------------------------------------------------------
@@ -280,7 +265,7 @@ class Client:
             max_output_bytes=max_output_bytes,
             idempotency_key=idempotency_key,
         )
-        return self._send(_ops.exec_(workspace_id, body), read_timeout=None)
+        return self._send(_ops.exec_(workspace_id, body))
 
     def exec_stream(
         self,
@@ -378,8 +363,7 @@ class Client:
                 task_workspace_id=task_workspace_id,
                 strategy=strategy,
                 idempotency_key=idempotency_key,
-            ),
-            read_timeout=None,
+            )
         )
 
     # --- interactive sessions --------------------------------------------------------
@@ -418,10 +402,8 @@ class Client:
         self, workspace_id: str, session_id: str, *, wait_ms: int | None = None
     ) -> m.SessionPoll:
         """Output since the previous poll, waiting up to `wait_ms` for some."""
-        timeout = None if wait_ms is None else wait_ms / 1000 + 30
         return self._send(
-            _ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms),
-            read_timeout=timeout,
+            _ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms)
         )
 
     def kill_interactive(self, workspace_id: str, session_id: str) -> None:
@@ -444,7 +426,7 @@ class Client:
         """Any tool by name with untyped arguments (what an agent loop relays); the
         typed methods are on `client.tools`."""
         return self._send(
-            _ops.call_tool(workspace_id, tool, args, git_token=git_token), read_timeout=None
+            _ops.call_tool(workspace_id, tool, args, git_token=git_token)
         )
 
     # --- pull requests ---------------------------------------------------------------
@@ -470,8 +452,7 @@ class Client:
                 draft=draft,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
-            ),
-            read_timeout=None,
+            )
         )
 
     def get_pull_request(
@@ -514,7 +495,7 @@ class Tools:
         git_token: str | Secret | None = None,
     ) -> Any:
         return self._client._send(
-            _ops.tool(workspace_id, name, args, git_token=git_token), read_timeout=None
+            _ops.tool(workspace_id, name, args, git_token=git_token)
         )
 
     def view(
@@ -764,8 +745,7 @@ class EventStream:
 
     def _open(self) -> httpx.Response:
         op = _ops.events(self._workspace_id, after=self.position, limit=None, follow=True)
-        # Keep-alives come every 15 s: a silent minute means the connection is gone.
-        self._response = self._client._request(op, stream=True, read_timeout=60.0)
+        self._response = self._client._request(op, stream=True)
         return self._response
 
     def __iter__(self) -> Iterator[m.Event]:
