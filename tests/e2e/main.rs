@@ -3,12 +3,14 @@
 mod api;
 mod boundary;
 mod cli;
+mod cli_remote;
 mod concurrency;
 mod contract;
 mod crash;
 mod docker;
 mod eviction;
 mod fencing;
+mod inline_reads;
 mod input;
 mod lifecycle;
 mod mcp;

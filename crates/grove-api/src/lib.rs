@@ -3,8 +3,10 @@
 //! JSON over HTTP for callers in any language: repo caches (ensure), sessions
 //! (acquire, release), workspaces (list, get, destroy, pin), execs (synchronous, and
 //! streamed as server-sent events while they run), a workspace's events (paged or
-//! followed) and the agent tool surface (text editor, files, search, git). Every state change is a command through the queue, exactly as the CLI
-//! submits it; reads go to the projections and the log. See docs/adr/09-http-api.md.
+//! followed) and the agent tool surface (text editor, files, search, git). Every state
+//! change is a command through the queue, exactly as the CLI submits it; reads go to
+//! the projections and the log, and read tools of this node's workspaces to the
+//! worker in this process (`InlineReads`, ADR 24). See docs/adr/09-http-api.md.
 //!
 //! # Layout
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
@@ -26,7 +28,8 @@
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect but interactive sessions (runtime state, through the `Sessions` port of the
-//! registry it is given, never an adapter crate); it enqueues through
+//! registry it is given, never an adapter crate) and inline reads (through the
+//! `InlineReads` port the worker gives it, which changes nothing); it enqueues through
 //! `grove_postgres::submit` and reads rows and the log (and, for a pull request read,
 //! the git platform through its port). No bearer or git token reaches a log line, a
 //! response or an error message.
@@ -75,6 +78,9 @@ pub struct AppState {
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Which local repository URLs callers may name (the worker checks again).
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
+    /// Read tools of this node's workspaces, answered in this process (ADR 24);
+    /// `None` (a server without a worker): every call takes the queue.
+    pub inline: Option<tools::InlineHost>,
     /// Set when the server is stopping: open event follows end at once, so they do
     /// not hold the graceful shutdown.
     pub stopping: Option<tokio::sync::watch::Receiver<bool>>,
@@ -100,6 +106,7 @@ impl AppState {
                     .unwrap_or_default(),
             ),
             stopping: None,
+            inline: None,
         })
     }
 
@@ -112,6 +119,16 @@ impl AppState {
     /// Holds interactive sessions with these runtime providers, for workspaces on `node`.
     pub fn with_sessions(mut self, host: sessions::SessionHost) -> Self {
         self.sessions = Some(host);
+        self
+    }
+
+    /// Answers read tools of `reads`' node in this process, at most `concurrency` at once.
+    pub fn with_inline_reads(
+        mut self,
+        reads: Arc<dyn grove_core::inline::InlineReads>,
+        concurrency: usize,
+    ) -> Self {
+        self.inline = Some(tools::InlineHost::new(reads, concurrency));
         self
     }
 

@@ -1,7 +1,8 @@
 //! The agent tool surface over HTTP: the tools a workspace offers, and one route per
 //! tool whose JSON body is the tool's arguments. A call is a `tool` command through the
 //! queue (`Command::Tool`), exactly as `grove tool` submits it, answered with the
-//! tool's output.
+//! tool's output; a read of a workspace on this server's node is answered in this
+//! process by its worker, without the queue ([`InlineHost`], ADR 24).
 //!
 //! The catalogue, the argument schemas and the conversion of arguments to an operation
 //! are `grove_core::tool_catalog`'s, shared with the CLI and the MCP server.
@@ -12,10 +13,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use grove_core::commands::{Command, CommandResult};
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::inline::{answers_inline, InlineReads};
 use grove_core::tool_catalog::{self, ArgsError};
 use grove_core::tools::ToolSpec;
-use grove_core::tools::{ToolOutput, ToolRequest};
+use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
 use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
 use utoipa::openapi::path::{HttpMethod, Operation, PathItem};
 use utoipa::openapi::request_body::RequestBody;
 use utoipa::openapi::schema::{ObjectBuilder, Ref, Schema, Type};
@@ -102,7 +106,7 @@ pub async fn call_tool(
     OptionalJsonBody(args): OptionalJsonBody<Map<String, Value>>,
 ) -> Result<Json<ToolOutput>, ApiError> {
     let workspace_id = parse_id(&id, "workspace")?;
-    visible_workspace(&state, &caller, workspace_id).await?;
+    let ws = visible_workspace(&state, &caller, workspace_id).await?;
     let op = tool_catalog::op_from_args(&tool, args).map_err(|e| match e {
         ArgsError::UnknownTool(_) => ApiError::not_found(e.to_string()),
         _ => ApiError::Request(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
@@ -115,15 +119,44 @@ pub async fn call_tool(
     };
     let command = Command::Tool(ToolRequest { workspace_id, op });
     command.validate()?;
+    if let (Some(inline), Command::Tool(req)) = (&state.inline, &command) {
+        if answers_inline(inline.reads.node(), &ws, &req.op) {
+            return Ok(Json(inline.read(workspace_id, &req.op).await?));
+        }
+    }
     match state
         .submit(&command, Uuid::now_v7(), token.as_deref())
         .await?
     {
         CommandResult::Tool(output) => Ok(Json(output)),
-        _ => Err(ApiError::Command(grove_core::error::CommandError::new(
-            grove_core::error::ErrorKind::Internal,
+        _ => Err(ApiError::Command(CommandError::new(
+            ErrorKind::Internal,
             "unexpected result for tool",
         ))),
+    }
+}
+
+/// Read tools answered in this process (ADR 24): the worker's port, and at most as
+/// many at once as the worker runs jobs, so reads cannot starve the queue of threads
+/// and connections.
+pub struct InlineHost {
+    reads: Arc<dyn InlineReads>,
+    permits: Semaphore,
+}
+
+impl InlineHost {
+    pub fn new(reads: Arc<dyn InlineReads>, concurrency: usize) -> Self {
+        Self {
+            reads,
+            permits: Semaphore::new(concurrency.max(1)),
+        }
+    }
+
+    async fn read(&self, workspace_id: Uuid, op: &ToolOp) -> Result<ToolOutput, ApiError> {
+        let _permit = self.permits.acquire().await.map_err(|_| {
+            ApiError::Command(CommandError::new(ErrorKind::Unavailable, "stopping"))
+        })?;
+        Ok(self.reads.read(workspace_id, op).await?)
     }
 }
 

@@ -12,6 +12,7 @@ mod localdb;
 mod mcp;
 mod merge_back;
 mod pr;
+mod remote;
 mod serve;
 mod tool;
 
@@ -979,10 +980,21 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
         network,
     });
     command.validate()?;
-    let pool = connect(4).await?;
-    let result = client::submit(&pool, &command, args.command_id, None).await?;
-    let CommandResult::Exec(outcome) = result else {
-        anyhow::bail!("unexpected result for exec");
+    let outcome = match remote::Server::from_env()? {
+        Some(server) => {
+            let Command::Exec(exec) = &command else {
+                unreachable!("built above")
+            };
+            server.exec(exec, args.command_id).await?
+        }
+        None => {
+            let pool = connect(4).await?;
+            let result = client::submit(&pool, &command, args.command_id, None).await?;
+            let CommandResult::Exec(outcome) = result else {
+                anyhow::bail!("unexpected result for exec");
+            };
+            outcome
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string(&outcome)?);

@@ -22,6 +22,7 @@
 //! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
+//! - [`inline`]: reads answered by the receiving process, without the queue (ADR 24).
 //! - [`local_repo`]: who may use a local repository URL (the operator's allow-list).
 //! - [`fingerprint`]: keyed fingerprints of git tokens (`auth_scope_hash`).
 //! - [`identity`]: the unprivileged uid/gid sandboxed commands run as.
@@ -37,6 +38,7 @@ pub mod eviction;
 pub mod fingerprint;
 pub mod idempotency;
 pub mod identity;
+pub mod inline;
 pub mod layout;
 pub mod local_repo;
 pub mod merge_back;

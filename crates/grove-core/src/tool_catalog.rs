@@ -239,6 +239,19 @@ pub fn op_from_args(name: &str, args: Map<String, Value>) -> Result<ToolOp, Args
         .map_err(|e| shape(e.to_string().lines().next().unwrap_or("").to_string()))
 }
 
+/// The call (tool name and JSON arguments) of an operation: the inverse of
+/// [`op_from_args`], for a client that holds an operation and speaks to the HTTP route.
+pub fn call_of(op: &ToolOp) -> (String, Map<String, Value>) {
+    let Ok(Value::Object(mut args)) = serde_json::to_value(op) else {
+        unreachable!("a ToolOp serializes to an object")
+    };
+    let name = match args.remove("op") {
+        Some(Value::String(name)) => name,
+        _ => unreachable!("a ToolOp is tagged by `op`"),
+    };
+    (name, args)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -381,5 +394,82 @@ mod tests {
                 paths: vec!["a".into()]
             }
         );
+    }
+
+    #[test]
+    fn every_operation_round_trips_through_its_call() {
+        use crate::tools::DiffAgainst;
+        let ops = [
+            ToolOp::View {
+                path: "a".into(),
+                range: Some((2, -1)),
+            },
+            ToolOp::View {
+                path: "a".into(),
+                range: None,
+            },
+            ToolOp::Create {
+                path: "n".into(),
+                content: "x".into(),
+            },
+            ToolOp::StrReplace {
+                path: "a".into(),
+                old_str: "o".into(),
+                new_str: "n".into(),
+            },
+            ToolOp::Insert {
+                path: "a".into(),
+                insert_line: 3,
+                text: "t".into(),
+            },
+            ToolOp::ReadFile { path: "a".into() },
+            ToolOp::WriteFile {
+                path: "a".into(),
+                content: "c".into(),
+            },
+            ToolOp::ListDir { path: None },
+            ToolOp::Search {
+                pattern: "p".into(),
+                regex: true,
+                case_sensitive: false,
+                glob: vec!["*.rs".into()],
+                path: Some("src".into()),
+                max_results: Some(5),
+            },
+            ToolOp::GitStatus,
+            ToolOp::GitDiff {
+                against: DiffAgainst::Head,
+                paths: vec![],
+            },
+            ToolOp::GitDiff {
+                against: DiffAgainst::Base,
+                paths: vec!["a".into()],
+            },
+            ToolOp::GitDiff {
+                against: DiffAgainst::Ref("v1".into()),
+                paths: vec![],
+            },
+            ToolOp::GitLog { max_count: Some(3) },
+            ToolOp::GitCommit {
+                message: "m".into(),
+                paths: vec![],
+                author_name: Some("n".into()),
+                author_email: None,
+            },
+            ToolOp::GitPush {
+                branch: None,
+                force_with_lease: true,
+                expect: Some("0".repeat(40)),
+                set_upstream: false,
+            },
+        ];
+        let mut names = std::collections::BTreeSet::new();
+        for op in ops {
+            let (name, args) = call_of(&op);
+            assert!(is_tool(&name), "{name}");
+            assert_eq!(op_from_args(&name, args).unwrap(), op, "{name}");
+            names.insert(name);
+        }
+        assert_eq!(names.len(), TOOLS.len(), "every tool is exercised");
     }
 }
