@@ -12,6 +12,7 @@ repositories. Nothing of grove is mocked.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import subprocess
@@ -64,6 +65,30 @@ def git(cwd: Path, *args: str) -> str:
         ["git", *args], cwd=cwd, env=env, check=True, capture_output=True, text=True
     )
     return out.stdout
+
+
+#: Every operation (method, path template) the clients sent this session, from the
+#: `grove_route` of the client's per-answer log records; checked by test_zz_coverage.
+EXERCISED: set[tuple[str, str]] = set()
+
+
+class _RouteRecorder(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        route = getattr(record, "grove_route", None)
+        if route is not None:
+            EXERCISED.add(route)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def record_routes() -> Iterator[None]:
+    logger = logging.getLogger("grove_client")
+    handler = _RouteRecorder(logging.DEBUG)
+    previous = logger.level
+    logger.setLevel(logging.DEBUG)
+    logger.addHandler(handler)
+    yield
+    logger.removeHandler(handler)
+    logger.setLevel(previous)
 
 
 @pytest.fixture(scope="session")
@@ -145,7 +170,13 @@ class Grove:
                 self.proc.kill()
                 self.proc.wait()
         subprocess.run(
-            [_pg_bin("psql"), self.admin_url, "-q", "-c", f"DROP DATABASE IF EXISTS {self.db_name}"],
+            [
+                _pg_bin("psql"),
+                self.admin_url,
+                "-q",
+                "-c",
+                f"DROP DATABASE IF EXISTS {self.db_name}",
+            ],
             capture_output=True,
             timeout=60,
         )
@@ -194,7 +225,9 @@ def start_grove(
         text=True,
     )
     first: list[str] = []
-    reader = threading.Thread(target=lambda: first.append(proc.stdout.readline() if proc.stdout else ""))
+    reader = threading.Thread(
+        target=lambda: first.append(proc.stdout.readline() if proc.stdout else "")
+    )
     reader.start()
     reader.join(timeout=60)
     line = first[0].strip() if first else ""

@@ -129,10 +129,16 @@ class FakeGitHub:
             try:
                 sha = subprocess.run(
                     ["git", "rev-parse", f"refs/heads/{req['head']}"],
-                    cwd=bare, capture_output=True, text=True, check=True,
+                    cwd=bare,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                 ).stdout.strip()
             except subprocess.CalledProcessError:
-                return 422, {"message": "Validation Failed", "errors": [{"field": "head", "code": "invalid"}]}
+                return 422, {
+                    "message": "Validation Failed",
+                    "errors": [{"field": "head", "code": "invalid"}],
+                }
             with self._lock:
                 number = self._next
                 self._next += 1
@@ -201,7 +207,9 @@ class FakeGitHub:
         }
         if user:
             env["REMOTE_USER"] = user
-        out = subprocess.run(["git", "http-backend"], input=body, env=env, capture_output=True).stdout
+        out = subprocess.run(
+            ["git", "http-backend"], input=body, env=env, capture_output=True
+        ).stdout
         head, _, payload = out.partition(b"\r\n\r\n")
         status = 200
         headers: list[tuple[str, str]] = []

@@ -83,5 +83,7 @@ async def test_streams_are_async_iterators(grove: Grove, repo_url: str) -> None:
 async def test_concurrent_calls_share_one_client(grove: Grove, repo_url: str) -> None:
     async with grove.aclient() as c:
         ws = await acquire(c, repo_url, "async-3")
-        results = await asyncio.gather(*(c.exec(ws, ["echo", str(i)], kind="read") for i in range(4)))
+        results = await asyncio.gather(
+            *(c.exec(ws, ["echo", str(i)], kind="read") for i in range(4))
+        )
         assert sorted(r.stdout for r in results) == [f"{i}\n" for i in range(4)]

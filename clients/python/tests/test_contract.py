@@ -111,7 +111,9 @@ def test_every_request_field_query_and_header_is_a_parameter(doc: dict[str, Any]
                     params |= {"limit"}  # a stream has no pages
                 lacking = expected - params
                 if lacking:
-                    problems.append(f"{cls.__name__}.{name} ({method} {path}) lacks {sorted(lacking)}")
+                    problems.append(
+                        f"{cls.__name__}.{name} ({method} {path}) lacks {sorted(lacking)}"
+                    )
     assert not problems, "\n".join(problems)
 
 

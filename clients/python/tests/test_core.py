@@ -13,8 +13,21 @@ from grove_client._core import Op, SseDecoder, parse_none, retry_delay
 
 def test_the_sse_decoder_follows_the_event_stream_format() -> None:
     d = SseDecoder()
-    lines = [": keep-alive", "", "event: output", "id: 3", "data: {\"a\":", "data: 1}", "",
-             "data:no space", "", "retry: 10", "event: finished", "data: {}", ""]
+    lines = [
+        ": keep-alive",
+        "",
+        "event: output",
+        "id: 3",
+        'data: {"a":',
+        "data: 1}",
+        "",
+        "data:no space",
+        "",
+        "retry: 10",
+        "event: finished",
+        "data: {}",
+        "",
+    ]
     msgs = d.feed_all(lines)
     assert [(m.event, m.data, m.id) for m in msgs] == [
         ("output", '{"a":\n1}', "3"),
@@ -28,9 +41,15 @@ def test_models_parse_grove_times_and_ignore_unknown_fields() -> None:
     e = models.from_json(
         models.Event,
         {
-            "position": 1, "stream_id": "s", "stream_version": 1, "event_type": "x",
-            "event_version": 1, "payload": {}, "metadata": {},
-            "recorded_at": "2026-12-05T23:46:22.123456789Z", "new_field": [1, 2],
+            "position": 1,
+            "stream_id": "s",
+            "stream_version": 1,
+            "event_type": "x",
+            "event_version": 1,
+            "payload": {},
+            "metadata": {},
+            "recorded_at": "2026-12-05T23:46:22.123456789Z",
+            "new_field": [1, 2],
         },
     )
     assert e.recorded_at.tzinfo == timezone.utc and e.recorded_at.microsecond == 123456

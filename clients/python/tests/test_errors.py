@@ -144,9 +144,7 @@ def test_no_worker_a_lost_worker_and_a_panic_are_their_kinds(
             # The next worker finds the dead one's exec and ends it as worker_lost
             # (an exec is never run twice); its panicking handler then fails the next.
             workers.append(
-                _worker(
-                    g, grove_bin, "b", GROVE_WORKER_LOST_AFTER="1", GROVE_TEST_PANIC_ON="exec"
-                )
+                _worker(g, grove_bin, "b", GROVE_WORKER_LOST_AFTER="1", GROVE_TEST_PANIC_ON="exec")
             )
             assert run.exec_id is not None
             deadline = time.monotonic() + 40

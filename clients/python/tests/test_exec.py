@@ -47,9 +47,7 @@ def test_one_idempotency_key_runs_the_command_once(alice: Client, session: Sessi
     assert status.result.stdout == "1\n" and status.workspace_id == session.session_id
 
 
-def test_streamed_output_arrives_while_the_command_runs(
-    alice: Client, session: Session
-) -> None:
+def test_streamed_output_arrives_while_the_command_runs(alice: Client, session: Session) -> None:
     seen: list[tuple[float, object]] = []
     with alice.exec_stream(
         session.session_id, ["sh", "-c", "echo first; sleep 1.5; echo second >&2"]
@@ -74,9 +72,7 @@ def test_a_stream_can_be_collected_into_the_result(alice: Client, session: Sessi
     assert alice.get_exec(r.exec_id).result == r
 
 
-def test_leaving_a_stream_early_lets_the_command_finish(
-    alice: Client, session: Session
-) -> None:
+def test_leaving_a_stream_early_lets_the_command_finish(alice: Client, session: Session) -> None:
     with alice.exec_stream(
         session.session_id, ["sh", "-c", "echo started; sleep 0.5; echo done > left.txt"]
     ) as run:

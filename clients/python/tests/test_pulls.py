@@ -85,7 +85,7 @@ def test_a_pull_request_is_opened_read_and_commented(
 
 
 def test_a_wrong_platform_token_is_auth_failed(platform: tuple[Grove, FakeGitHub, str]) -> None:
-    g, fake, url = platform
+    g, _, url = platform
     with g.client(ALICE) as c:
         ws = edit_session(c, url)
         c.tools.write_file(ws, "x.txt", "x\n")

@@ -36,12 +36,19 @@ def test_no_token_in_exceptions_or_logs(
         # A git token sent to a tool that refuses the call.
         with pytest.raises(ApiError) as push:
             c.tools.git_push(session.session_id, branch="no-such-branch", git_token=GIT_TOKEN)
-        texts += [str(push.value), repr(push.value), "".join(traceback.format_exception(push.value))]
+        texts += [
+            str(push.value),
+            repr(push.value),
+            "".join(traceback.format_exception(push.value)),
+        ]
         texts.append(repr(vars(push.value)))
     with grove.client(wrong) as bad, pytest.raises(ApiError) as unauthorized:
         bad.get_workspace(session.session_id)
     texts += [str(unauthorized.value), "".join(traceback.format_exception(unauthorized.value))]
-    with Client("http://127.0.0.1:9", ALICE, retry=RetryPolicy(backoff=0.01)) as down, pytest.raises(TransportError) as transport:
+    with (
+        Client("http://127.0.0.1:9", ALICE, retry=RetryPolicy(backoff=0.01)) as down,
+        pytest.raises(TransportError) as transport,
+    ):
         down.list_workspaces()
     texts += [str(transport.value), "".join(traceback.format_exception(transport.value))]
     for record in caplog.records:

@@ -68,9 +68,7 @@ def test_git_tools(alice: Client, session: Session) -> None:
     assert alice.tools.git_status(ws).entries == []
 
 
-def test_git_push_goes_to_the_recorded_remote(
-    grove: Grove, alice: Client, repo_url: str
-) -> None:
+def test_git_push_goes_to_the_recorded_remote(grove: Grove, alice: Client, repo_url: str) -> None:
     from .conftest import acquire
 
     work = grove.repo("pushable-work", {"a.txt": "a\n"}).removeprefix("file://")

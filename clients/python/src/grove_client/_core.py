@@ -152,7 +152,11 @@ class Op(Generic[T]):
     git_token: Secret | None = None
     repeatable: bool = False
     has_body: bool = field(default=False)
-    read_timeout: float | None | _Default = DEFAULT
+    read_timeout: float | _Default | None = DEFAULT
+    #: The operation of docs/openapi.json (method, path template): logged with each
+    #: answer (`extra={"grove_route": ...}`), which the SDK's tests use to check that
+    #: every operation was exercised.
+    route: tuple[str, str] | None = None
 
     def describe(self) -> str:
         return f"{self.method} {self.path}"

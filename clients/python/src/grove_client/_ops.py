@@ -13,7 +13,6 @@ from datetime import datetime
 from typing import Any
 
 from . import models as m
-from .errors import ProtocolError
 from ._core import (
     DEFAULT,
     STREAM_READ_TIMEOUT,
@@ -27,6 +26,7 @@ from ._core import (
     query,
     segment,
 )
+from .errors import ProtocolError
 
 #: (method, path template of docs/openapi.json) -> the client methods that call it.
 #: Names with a dot are on `client.tools`.
@@ -47,15 +47,9 @@ ROUTES: dict[tuple[str, str], tuple[str, ...]] = {
     ("POST", "/v1/workspaces/{id}/merge-back"): ("merge_back",),
     ("POST", "/v1/workspaces/{id}/sessions/interactive"): ("start_interactive",),
     ("GET", "/v1/workspaces/{id}/sessions/interactive"): ("list_interactive",),
-    ("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/write"): (
-        "write_interactive",
-    ),
-    ("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/poll"): (
-        "poll_interactive",
-    ),
-    ("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/kill"): (
-        "kill_interactive",
-    ),
+    ("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/write"): ("write_interactive",),
+    ("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/poll"): ("poll_interactive",),
+    ("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/kill"): ("kill_interactive",),
     ("GET", "/v1/workspaces/{id}/tools"): ("list_tools",),
     ("POST", "/v1/workspaces/{id}/tools/{tool}"): ("call_tool",),
     ("POST", "/v1/workspaces/{id}/pulls"): ("create_pull_request",),
@@ -120,6 +114,7 @@ def ensure_repo_cache(
         repeatable=True,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/repo-caches/ensure"),
     )
 
 
@@ -159,6 +154,7 @@ def acquire_session(
         repeatable=True,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/sessions"),
     )
 
 
@@ -171,6 +167,7 @@ def release_session(session_id: str, *, destroy_runtime: bool | None) -> Op[None
         repeatable=True,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/sessions/{id}/release"),
     )
 
 
@@ -183,16 +180,28 @@ def list_workspaces(
         parser(m.WorkspaceList),
         params=query({"user": user, "limit": limit, "cursor": cursor}),
         repeatable=True,
+        route=("GET", "/v1/workspaces"),
     )
 
 
 def get_workspace(workspace_id: str) -> Op[m.Workspace]:
-    return Op("GET", _ws(workspace_id), parser(m.Workspace), repeatable=True)
+    return Op(
+        "GET",
+        _ws(workspace_id),
+        parser(m.Workspace),
+        repeatable=True,
+        route=("GET", "/v1/workspaces/{id}"),
+    )
 
 
 def destroy_workspace(workspace_id: str) -> Op[None]:
     return Op(
-        "DELETE", _ws(workspace_id), parse_none, repeatable=True, read_timeout=None
+        "DELETE",
+        _ws(workspace_id),
+        parse_none,
+        repeatable=True,
+        read_timeout=None,
+        route=("DELETE", "/v1/workspaces/{id}"),
     )
 
 
@@ -207,6 +216,7 @@ def pin_workspace(workspace_id: str, *, until: datetime | None) -> Op[m.Workspac
         repeatable=True,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/pin"),
     )
 
 
@@ -218,6 +228,7 @@ def restore_workspace(workspace_id: str, *, git_token: str | Secret | None) -> O
         git_token=_secret(git_token),
         repeatable=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/restore"),
     )
 
 
@@ -262,6 +273,7 @@ def exec_(workspace_id: str, body: dict[str, Any]) -> Op[m.ExecResult]:
         repeatable="idempotency_key" in body,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/exec"),
     )
 
 
@@ -274,11 +286,18 @@ def exec_stream(workspace_id: str, body: dict[str, Any]) -> Op[None]:
         repeatable="idempotency_key" in body,
         has_body=True,
         read_timeout=STREAM_READ_TIMEOUT,
+        route=("POST", "/v1/workspaces/{id}/exec/stream"),
     )
 
 
 def get_exec(exec_id: str) -> Op[m.ExecStatus]:
-    return Op("GET", f"/v1/execs/{segment(exec_id)}", parser(m.ExecStatus), repeatable=True)
+    return Op(
+        "GET",
+        f"/v1/execs/{segment(exec_id)}",
+        parser(m.ExecStatus),
+        repeatable=True,
+        route=("GET", "/v1/execs/{id}"),
+    )
 
 
 def events(
@@ -291,6 +310,7 @@ def events(
         params=query({"after": after, "limit": limit, "follow": True if follow else None}),
         repeatable=True,
         read_timeout=STREAM_READ_TIMEOUT if follow else DEFAULT,
+        route=("GET", "/v1/workspaces/{id}/events"),
     )
 
 
@@ -301,6 +321,7 @@ def merge_back_diff(workspace_id: str, task_workspace_id: str) -> Op[m.MergeBack
         parser(m.MergeBackDiff),
         repeatable=True,
         read_timeout=None,
+        route=("GET", "/v1/workspaces/{id}/merge-back/{task_id}"),
     )
 
 
@@ -325,6 +346,7 @@ def merge_back(
         repeatable=idempotency_key is not None,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/merge-back"),
     )
 
 
@@ -351,6 +373,7 @@ def start_interactive(
             }
         ),
         has_body=True,
+        route=("POST", "/v1/workspaces/{id}/sessions/interactive"),
     )
 
 
@@ -361,7 +384,13 @@ def list_interactive(workspace_id: str) -> Op[list[m.InteractiveSession]]:
             raise ProtocolError("expected a list of interactive sessions")
         return [m.from_json(m.InteractiveSession, d) for d in data]
 
-    return Op("GET", f"{_ws(workspace_id)}/sessions/interactive", parse, repeatable=True)
+    return Op(
+        "GET",
+        f"{_ws(workspace_id)}/sessions/interactive",
+        parse,
+        repeatable=True,
+        route=("GET", "/v1/workspaces/{id}/sessions/interactive"),
+    )
 
 
 def _interactive(workspace_id: str, session_id: str) -> str:
@@ -377,6 +406,7 @@ def write_interactive(
         parse_none,
         body=compact({"data": data, "close": close}),
         has_body=True,
+        route=("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/write"),
     )
 
 
@@ -390,17 +420,28 @@ def poll_interactive(
         parser(m.SessionPoll),
         body=compact({"wait_ms": wait_ms}),
         has_body=True,
+        route=("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/poll"),
     )
 
 
 def kill_interactive(workspace_id: str, session_id: str) -> Op[None]:
     return Op(
-        "POST", f"{_interactive(workspace_id, session_id)}/kill", parse_none, repeatable=True
+        "POST",
+        f"{_interactive(workspace_id, session_id)}/kill",
+        parse_none,
+        repeatable=True,
+        route=("POST", "/v1/workspaces/{id}/sessions/interactive/{session_id}/kill"),
     )
 
 
 def list_tools(workspace_id: str) -> Op[m.ToolList]:
-    return Op("GET", f"{_ws(workspace_id)}/tools", parser(m.ToolList), repeatable=True)
+    return Op(
+        "GET",
+        f"{_ws(workspace_id)}/tools",
+        parser(m.ToolList),
+        repeatable=True,
+        route=("GET", "/v1/workspaces/{id}/tools"),
+    )
 
 
 def call_tool(
@@ -424,6 +465,7 @@ def call_tool(
         repeatable=repeatable,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/tools/{tool}"),
     )
 
 
@@ -445,6 +487,7 @@ def tool(
         repeatable=repeatable,
         has_body=True,
         read_timeout=None,
+        route=("POST", f"/v1/workspaces/{{id}}/tools/{name}"),
     )
 
 
@@ -475,6 +518,7 @@ def create_pull_request(
         repeatable=idempotency_key is not None,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/pulls"),
     )
 
 
@@ -487,6 +531,7 @@ def get_pull_request(
         parser(m.PullRequest),
         git_token=_secret(git_token),
         repeatable=True,
+        route=("GET", "/v1/workspaces/{id}/pulls/{number}"),
     )
 
 
@@ -507,4 +552,5 @@ def comment_pull_request(
         repeatable=idempotency_key is not None,
         has_body=True,
         read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/pulls/{number}/comments"),
     )

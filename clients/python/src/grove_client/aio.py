@@ -6,8 +6,8 @@ reading lives in `_core` and `_ops`, shared with the synchronous client.
 
 from __future__ import annotations
 
-import logging
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
@@ -115,6 +115,12 @@ class AsyncClient:
                 raise TransportError(f"{op.describe()}: timed out ({type(e).__name__})") from None
             except httpx.TransportError as e:
                 raise TransportError(f"{op.describe()}: {type(e).__name__}: {e}") from None
+            log.debug(
+                "%s: %d",
+                op.describe(),
+                response.status_code,
+                extra={"grove_route": op.route},
+            )
             if response.is_success:
                 return response
             if stream:
@@ -186,7 +192,9 @@ class AsyncClient:
             )
         )
 
-    async def release_session(self, session_id: str, *, destroy_runtime: bool | None = None) -> None:
+    async def release_session(
+        self, session_id: str, *, destroy_runtime: bool | None = None
+    ) -> None:
         """Stop (or destroy) the session's runtime; the workspace's files stay."""
         await self._send(_ops.release_session(session_id, destroy_runtime=destroy_runtime))
 
@@ -226,9 +234,7 @@ class AsyncClient:
         self, workspace_id: str, *, git_token: str | Secret | None = None
     ) -> m.Workspace:
         """Bring an evicted workspace back: same id, path, branch and saved work."""
-        return await self._send(
-            _ops.restore_workspace(workspace_id, git_token=git_token)
-        )
+        return await self._send(_ops.restore_workspace(workspace_id, git_token=git_token))
 
     # --- exec ------------------------------------------------------------------------
 
@@ -335,7 +341,9 @@ class AsyncClient:
                 return
             after = page.next_after if page.next_after is not None else page.events[-1].position
 
-    async def follow_events(self, workspace_id: str, *, after: int | None = None) -> AsyncEventStream:
+    async def follow_events(
+        self, workspace_id: str, *, after: int | None = None
+    ) -> AsyncEventStream:
         """The workspace's events now and as they are appended (server-sent events),
         until closed. A dropped connection is resumed after the last position seen,
         up to the retry policy's `max_retries` times in a row."""
@@ -404,9 +412,7 @@ class AsyncClient:
         self, workspace_id: str, session_id: str, *, wait_ms: int | None = None
     ) -> m.SessionPoll:
         """Output since the previous poll, waiting up to `wait_ms` for some."""
-        return await self._send(
-            _ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms)
-        )
+        return await self._send(_ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms))
 
     async def kill_interactive(self, workspace_id: str, session_id: str) -> None:
         await self._send(_ops.kill_interactive(workspace_id, session_id))
@@ -427,9 +433,7 @@ class AsyncClient:
     ) -> m.ToolOutput:
         """Any tool by name with untyped arguments (what an agent loop relays); the
         typed methods are on `client.tools`."""
-        return await self._send(
-            _ops.call_tool(workspace_id, tool, args, git_token=git_token)
-        )
+        return await self._send(_ops.call_tool(workspace_id, tool, args, git_token=git_token))
 
     # --- pull requests ---------------------------------------------------------------
 
@@ -496,9 +500,7 @@ class AsyncTools:
         args: dict[str, Any],
         git_token: str | Secret | None = None,
     ) -> Any:
-        return await self._client._send(
-            _ops.tool(workspace_id, name, args, git_token=git_token)
-        )
+        return await self._client._send(_ops.tool(workspace_id, name, args, git_token=git_token))
 
     async def view(
         self, workspace_id: str, path: str, *, range: tuple[int, int] | None = None

@@ -117,6 +117,12 @@ class Client:
                 raise TransportError(f"{op.describe()}: timed out ({type(e).__name__})") from None
             except httpx.TransportError as e:
                 raise TransportError(f"{op.describe()}: {type(e).__name__}: {e}") from None
+            log.debug(
+                "%s: %d",
+                op.describe(),
+                response.status_code,
+                extra={"grove_route": op.route},
+            )
             if response.is_success:
                 return response
             if stream:
@@ -227,9 +233,7 @@ class Client:
         self, workspace_id: str, *, git_token: str | Secret | None = None
     ) -> m.Workspace:
         """Bring an evicted workspace back: same id, path, branch and saved work."""
-        return self._send(
-            _ops.restore_workspace(workspace_id, git_token=git_token)
-        )
+        return self._send(_ops.restore_workspace(workspace_id, git_token=git_token))
 
     # --- exec ------------------------------------------------------------------------
 
@@ -402,9 +406,7 @@ class Client:
         self, workspace_id: str, session_id: str, *, wait_ms: int | None = None
     ) -> m.SessionPoll:
         """Output since the previous poll, waiting up to `wait_ms` for some."""
-        return self._send(
-            _ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms)
-        )
+        return self._send(_ops.poll_interactive(workspace_id, session_id, wait_ms=wait_ms))
 
     def kill_interactive(self, workspace_id: str, session_id: str) -> None:
         self._send(_ops.kill_interactive(workspace_id, session_id))
@@ -425,9 +427,7 @@ class Client:
     ) -> m.ToolOutput:
         """Any tool by name with untyped arguments (what an agent loop relays); the
         typed methods are on `client.tools`."""
-        return self._send(
-            _ops.call_tool(workspace_id, tool, args, git_token=git_token)
-        )
+        return self._send(_ops.call_tool(workspace_id, tool, args, git_token=git_token))
 
     # --- pull requests ---------------------------------------------------------------
 
@@ -494,9 +494,7 @@ class Tools:
         args: dict[str, Any],
         git_token: str | Secret | None = None,
     ) -> Any:
-        return self._client._send(
-            _ops.tool(workspace_id, name, args, git_token=git_token)
-        )
+        return self._client._send(_ops.tool(workspace_id, name, args, git_token=git_token))
 
     def view(
         self, workspace_id: str, path: str, *, range: tuple[int, int] | None = None
@@ -522,9 +520,7 @@ class Tools:
         )
         return out
 
-    def insert(
-        self, workspace_id: str, path: str, insert_line: int, text: str
-    ) -> m.WrittenOutput:
+    def insert(self, workspace_id: str, path: str, insert_line: int, text: str) -> m.WrittenOutput:
         """Insert `text` after line `insert_line` (0: at the top)."""
         out: m.WrittenOutput = self._call(
             workspace_id, "insert", {"path": path, "insert_line": insert_line, "text": text}

@@ -161,7 +161,7 @@ class ExecFinished:
     duration_ms: int
 
 
-ExecEvent = Union[ExecStarted, ExecOutput, ExecFinished]
+ExecEvent = ExecStarted | ExecOutput | ExecFinished
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -415,18 +415,18 @@ class PushedOutput:
     previous: str | None = None
 
 
-ToolOutput = Union[
-    TextOutput,
-    FileOutput,
-    DirOutput,
-    WrittenOutput,
-    SearchOutput,
-    StatusOutput,
-    DiffOutput,
-    LogOutput,
-    CommittedOutput,
-    PushedOutput,
-]
+ToolOutput = (
+    TextOutput
+    | FileOutput
+    | DirOutput
+    | WrittenOutput
+    | SearchOutput
+    | StatusOutput
+    | DiffOutput
+    | LogOutput
+    | CommittedOutput
+    | PushedOutput
+)
 
 #: The output class of each `output` tag.
 TOOL_OUTPUTS: dict[str, type[Any]] = {
