@@ -77,9 +77,11 @@ def test_conflict_and_rejected_are_told_apart(alice: Client, session: Session) -
 def test_a_command_over_the_memory_limit_is_a_resource_limit(
     alice: Client, session: Session
 ) -> None:
-    # `tail` of an endless stream without newlines keeps everything it reads.
+    # `tail -c N` of a pipe keeps its last N bytes: 2.5 GB, over the local runtime's
+    # default 2 GiB limit, and bounded where no limit is enforced.
+    hog = "head -c 2600000000 /dev/zero | tail -c 2500000000 > /dev/null"
     try:
-        r = alice.exec(session.session_id, ["tail", "/dev/zero"], timeout_ms=30_000)
+        r = alice.exec(session.session_id, ["sh", "-c", hog], timeout_ms=60_000)
     except ResourceLimitError as e:
         assert e.status == 429 and e.kind == "resource_limit"
         return
@@ -159,6 +161,13 @@ def test_no_worker_a_lost_worker_and_a_panic_are_their_kinds(
             with pytest.raises(InternalError) as internal:
                 alice.exec(s.session_id, ["true"])
             assert internal.value.status == 500 and isinstance(internal.value, ApiError)
+            # A streamed exec's failure arrives as its `error` event, raised by the
+            # iterator as the same class.
+            events = []
+            with pytest.raises(InternalError), alice.exec_stream(s.session_id, ["true"]) as run:
+                for event in run:
+                    events.append(event)
+            assert isinstance(events[0], ExecStarted) and run.finished is None
     finally:
         for w in workers:
             if w.poll() is None:
