@@ -82,3 +82,16 @@ def test_the_retry_rule() -> None:
     assert retry_delay(policy, 0, answer(429, retry_after="4"), safe) == 4.0
     assert retry_delay(policy, 0, answer(429, retry_after="6"), safe) is None
     assert retry_delay(policy, 0, answer(500), safe) is None
+
+
+def test_a_client_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from grove_client import AsyncClient, Client
+
+    monkeypatch.delenv("GROVE_URL", raising=False)
+    monkeypatch.setenv("GROVE_TOKEN", "env-token-0123456789")
+    with pytest.raises(ValueError, match="GROVE_URL not set"):
+        Client.from_env()
+    monkeypatch.setenv("GROVE_URL", "http://127.0.0.1:8080")
+    with Client.from_env() as c:
+        assert c.base_url == "http://127.0.0.1:8080" and "env-token" not in repr(c)
+    assert isinstance(AsyncClient.from_env(), AsyncClient)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import email.utils
 import enum
 import json
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -54,6 +55,17 @@ class Secret:
 
     def __reduce__(self) -> Any:
         raise TypeError("a Secret is not picklable")
+
+
+def from_environment() -> tuple[str, Secret]:
+    """`GROVE_URL` and `GROVE_TOKEN`, the variables the CLI's calls over HTTP read
+    (docs/configuration.md)."""
+    url, token = os.environ.get("GROVE_URL"), os.environ.get("GROVE_TOKEN")
+    missing = [n for n, v in (("GROVE_URL", url), ("GROVE_TOKEN", token)) if not v]
+    if missing:
+        raise ValueError(f"{' and '.join(missing)} not set (a grove server and its bearer token)")
+    assert url is not None and token is not None
+    return url, Secret(token)
 
 
 class BearerAuth(httpx.Auth):

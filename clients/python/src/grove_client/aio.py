@@ -27,6 +27,7 @@ from ._core import (
     build_request,
     error_from,
     exec_event,
+    from_environment,
     retry_delay,
     stream_event,
 )
@@ -74,6 +75,18 @@ class AsyncClient:
         )
         self.base_url = str(self._http.base_url)
         self.tools = AsyncTools(self)
+
+    @classmethod
+    def from_env(
+        cls,
+        *,
+        timeout: httpx.Timeout | float = DEFAULT_TIMEOUT,
+        retry: RetryPolicy | None = None,
+    ) -> AsyncClient:
+        """A client of the server in `GROVE_URL` with the token in `GROVE_TOKEN` (the
+        variables the CLI reads for its calls over HTTP)."""
+        url, token = from_environment()
+        return cls(url, token, timeout=timeout, retry=retry)
 
     def __repr__(self) -> str:
         return f"AsyncClient({self.base_url!r}, token=Secret('***'))"
