@@ -13,10 +13,12 @@ from grove_client import (
     InvalidInputError,
     NotFoundError,
     RejectedError,
+    RetryPolicy,
     models,
 )
 
-from .conftest import Grove
+from .conftest import ALICE, Grove
+from .proxy import Canned, FlakyProxy
 
 pytestmark = pytest.mark.anyio
 
@@ -87,3 +89,28 @@ async def test_concurrent_calls_share_one_client(grove: Grove, repo_url: str) ->
             *(c.exec(ws, ["echo", str(i)], kind="read") for i in range(4))
         )
         assert sorted(r.stdout for r in results) == [f"{i}\n" for i in range(4)]
+
+
+async def test_async_retries_and_a_resumed_stream(grove: Grove, repo_url: str) -> None:
+    proxy = FlakyProxy(grove.base_url)
+    try:
+        async with AsyncClient(
+            proxy.url, ALICE, retry=RetryPolicy(max_retries=2, backoff=0.05)
+        ) as c:
+            ws = await acquire(c, repo_url, "async-4")
+            proxy.canned = [Canned(503, b"", retry_after="0"), Canned(429, b"")]
+            assert (await c.get_workspace(ws)).id == ws
+            assert len([s for s in proxy.seen if s.path == f"/v1/workspaces/{ws}"]) == 3
+            await c.tools.write_file(ws, "r.txt", "r")
+            every = [e.position async for e in c.iter_events(ws)]
+            proxy.cut_follow_after = 1
+            seen: list[int] = []
+            async with await c.follow_events(ws) as stream:
+                async for event in stream:
+                    seen.append(event.position)
+                    if len(seen) == len(every):
+                        break
+            assert seen == every
+            assert len([s for s in proxy.seen if "follow=true" in s.path]) == 2
+    finally:
+        proxy.close()
