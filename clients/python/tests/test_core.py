@@ -95,3 +95,14 @@ def test_a_client_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     with Client.from_env() as c:
         assert c.base_url == "http://127.0.0.1:8080" and "env-token" not in repr(c)
     assert isinstance(AsyncClient.from_env(), AsyncClient)
+
+
+def test_errors_cross_processes() -> None:
+    import pickle
+
+    from grove_client import ConflictError
+    from grove_client.errors import error_for
+
+    e = error_for(status=409, kind="conflict", message="m", paths=("a",), request="POST /x")
+    back = pickle.loads(pickle.dumps(e))
+    assert isinstance(back, ConflictError) and back.paths == ("a",) and str(back) == str(e)

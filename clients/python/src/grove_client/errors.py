@@ -62,6 +62,24 @@ class ApiError(GroveError):
         where = f" ({request})" if request else ""
         super().__init__(f"{status} {kind or 'error'}: {message}{where}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Keyword-only arguments: rebuilt explicitly, so the error crosses processes.
+        return (
+            _rebuild,
+            (type(self), self.message, self.status, self.kind, self.paths, self.request),
+        )
+
+
+def _rebuild(
+    cls: type[ApiError],
+    message: str,
+    status: int,
+    kind: str | None,
+    paths: tuple[str, ...],
+    request: str,
+) -> ApiError:
+    return cls(message, status=status, kind=kind, paths=paths, request=request)
+
 
 class UnauthorizedError(ApiError):
     """401: no bearer token, or one the server does not know. Handling: fix the token."""
