@@ -43,9 +43,9 @@ class AsyncClient:
     """A grove server at `base_url`, called with the bearer `token`.
 
     ```python
-    with AsyncClient("http://127.0.0.1:8080", token=os.environ["GROVE_TOKEN"]) as grove:
+    async with AsyncClient("http://127.0.0.1:8080", token=os.environ["GROVE_TOKEN"]) as grove:
         s = await grove.acquire_session(project_id="p", repo_name="o/r", repo_url=url,
-                                  base_ref="main", mode="edit", conversation_id="c1")
+                                        base_ref="main", mode="edit", conversation_id="c1")
         print((await grove.exec(s.session_id, ["git", "status"])).stdout)
     ```
 
