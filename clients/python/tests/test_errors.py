@@ -30,6 +30,7 @@ from grove_client import (
     UnauthorizedError,
     UnavailableError,
     WorkerLostError,
+    WorkspaceEvictedError,
 )
 
 from .conftest import ALICE, BOB, Grove, acquire, start_grove
@@ -176,3 +177,44 @@ def test_no_worker_a_lost_worker_and_a_panic_are_their_kinds(
                     w.wait(timeout=20)
                 except subprocess.TimeoutExpired:
                     w.kill()
+
+
+def test_an_evicted_workspace_is_a_conflict_until_restored(
+    fleet: tuple[Grove, Path],
+) -> None:
+    g, grove_bin = fleet
+    worker = _worker(g, grove_bin, "c", GROVE_ALLOW_CLOCK_OVERRIDE="1")
+    try:
+        with g.client(ALICE) as alice:
+            url = g.repo("fleet", {"a.txt": "a\n"})
+            s = acquire(alice, url)
+            alice.tools.write_file(s.session_id, "kept.txt", "committed work\n")
+            alice.tools.git_commit(s.session_id, "keep")
+            alice.release_session(s.session_id, destroy_runtime=True)
+            # A sweep planned a century ahead finds the clean, released workspace past
+            # its TTL.
+            swept = subprocess.run(
+                [str(grove_bin), "evict", "--json", "--now", "2126-01-01T00:00:00Z"],
+                env={
+                    "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                    "DATABASE_URL": g.db_url,
+                    "GROVE_HOME": str(g.root / "home"),
+                },
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert swept.returncode == 0, swept.stderr
+            assert alice.get_workspace(s.session_id).state == "evicted", swept.stdout
+            with pytest.raises(WorkspaceEvictedError) as evicted:
+                alice.tools.read_file(s.session_id, "kept.txt")
+            assert isinstance(evicted.value, ConflictError) and evicted.value.status == 409
+            restored = alice.restore_workspace(s.session_id)
+            assert restored.state == "ready" and restored.id == s.session_id
+            assert alice.tools.read_file(s.session_id, "kept.txt").content == "committed work\n"
+    finally:
+        worker.terminate()
+        try:
+            worker.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            worker.kill()

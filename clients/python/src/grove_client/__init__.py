@@ -41,6 +41,7 @@ from .errors import (
     UnauthorizedError,
     UnavailableError,
     WorkerLostError,
+    WorkspaceEvictedError,
 )
 from .models import (
     Event,
@@ -91,4 +92,5 @@ __all__ = [
     "UnavailableError",
     "WorkerLostError",
     "Workspace",
+    "WorkspaceEvictedError",
 ]

@@ -15,6 +15,7 @@ travel only there).
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 
@@ -109,6 +110,21 @@ class ConflictError(ApiError):
     kind_name = "conflict"
 
 
+class WorkspaceEvictedError(ConflictError):
+    """409 for a workspace whose files eviction removed (its work saved). Handling:
+    `restore_workspace` (or acquiring it again) brings it back, same id and branch.
+
+    grove has no kind of its own for it: the server says `conflict` with the message
+    "workspace ID is evicted ...", which is what picks this class (a test against a
+    real eviction keeps the two in step). `except ConflictError` still catches it.
+    """
+
+    kind_name = "conflict"
+
+
+_EVICTED = re.compile(r"^workspace [0-9a-f-]{36} is evicted\b")
+
+
 class RejectedError(ApiError):
     """422: well-formed but refused (a write tool on a read-only workspace, `old_str`
     not found exactly once, nothing to commit, uncommitted paths in `paths`)."""
@@ -199,4 +215,6 @@ def error_for(
     """The exception of an error answer: the kind's class, else the status's, else
     `ApiError`; `kind` keeps the text the server sent."""
     cls = ERROR_CLASSES.get(kind or "") or STATUS_CLASSES.get(status, ApiError)
+    if cls is ConflictError and _EVICTED.match(message):
+        cls = WorkspaceEvictedError
     return cls(message, status=status, kind=kind, paths=paths, request=request)
