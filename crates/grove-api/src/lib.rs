@@ -20,6 +20,7 @@
 //! - [`merge_back`]: merge-back of a task workspace into an edit workspace, and its diff.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
 //! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
+//! - [`mcp`]: the same tools for MCP clients (streamable HTTP, `grove-mcp`'s server).
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
 //! - [`error`]: the error body and the status of each error kind.
@@ -39,6 +40,7 @@ pub mod contract;
 pub mod dto;
 pub mod error;
 pub mod extract;
+pub mod mcp;
 pub mod merge_back;
 pub mod notify;
 pub mod pulls;
@@ -80,7 +82,7 @@ pub struct AppState {
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
     /// Read tools of this node's workspaces, answered in this process (ADR 24);
     /// `None` (a server without a worker): every call takes the queue.
-    pub inline: Option<tools::InlineHost>,
+    pub inline: Option<Arc<tools::InlineHost>>,
     /// Set when the server is stopping: open event follows end at once, so they do
     /// not hold the graceful shutdown.
     pub stopping: Option<tokio::sync::watch::Receiver<bool>>,
@@ -128,7 +130,7 @@ impl AppState {
         reads: Arc<dyn grove_core::inline::InlineReads>,
         concurrency: usize,
     ) -> Self {
-        self.inline = Some(tools::InlineHost::new(reads, concurrency));
+        self.inline = Some(Arc::new(tools::InlineHost::new(reads, concurrency)));
         self
     }
 
@@ -246,6 +248,7 @@ impl Modify for BearerAuth {
 pub fn openapi_json() -> String {
     let mut doc = ApiDoc::openapi();
     doc.merge(merge_back::MergeBackDoc::openapi());
+    doc.merge(mcp::McpDoc::openapi());
     contract::Contract.modify(&mut doc);
     let mut text = doc
         .to_pretty_json()
@@ -320,6 +323,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             get(|| async { Json(serde_json::json!({"ok": true})) }),
         )
         .merge(merge_back::routes())
+        .merge(mcp::routes())
         .method_not_allowed_fallback(|| async {
             ApiError::Request(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,

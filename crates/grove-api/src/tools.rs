@@ -66,6 +66,7 @@ pub async fn list_tools(
                 description: t.description,
                 writes: t.writes,
                 input_schema: t.input_schema,
+                output_schema: t.output_schema,
             })
             .collect(),
     }))
@@ -138,7 +139,7 @@ pub async fn call_tool(
 
 /// Read tools answered in this process (ADR 24): the worker's port, and at most as
 /// many at once as the worker runs jobs, so reads cannot starve the queue of threads
-/// and connections.
+/// and connections. Shared by the tool routes and MCP over HTTP.
 pub struct InlineHost {
     reads: Arc<dyn InlineReads>,
     permits: Semaphore,
@@ -152,11 +153,27 @@ impl InlineHost {
         }
     }
 
-    async fn read(&self, workspace_id: Uuid, op: &ToolOp) -> Result<ToolOutput, ApiError> {
-        let _permit = self.permits.acquire().await.map_err(|_| {
-            ApiError::Command(CommandError::new(ErrorKind::Unavailable, "stopping"))
-        })?;
-        Ok(self.reads.read(workspace_id, op).await?)
+    async fn bounded(&self, workspace_id: Uuid, op: &ToolOp) -> Result<ToolOutput, CommandError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| CommandError::new(ErrorKind::Unavailable, "stopping"))?;
+        self.reads.read(workspace_id, op).await
+    }
+}
+
+impl InlineReads for InlineHost {
+    fn node(&self) -> &str {
+        self.reads.node()
+    }
+
+    fn read<'a>(
+        &'a self,
+        workspace_id: Uuid,
+        op: &'a ToolOp,
+    ) -> futures::future::BoxFuture<'a, Result<ToolOutput, CommandError>> {
+        Box::pin(self.bounded(workspace_id, op))
     }
 }
 
@@ -192,6 +209,16 @@ fn typed_operation(generic: &Operation, tool: &ToolSpec) -> Operation {
         ))))),
     );
     op.request_body = Some(RefOr::T(body));
+    if let Some(RefOr::T(ok)) = op.responses.responses.get_mut("200") {
+        ok.description = format!("The output of `{}`", tool.name);
+        ok.content.insert(
+            "application/json".into(),
+            RefOr::T(Content::new(Some(Ref::from_schema_name(format!(
+                "ToolOutput.{}",
+                tool.name
+            ))))),
+        );
+    }
     op
 }
 
@@ -243,6 +270,11 @@ impl Modify for ToolSchemas {
             components
                 .schemas
                 .insert(format!("ToolArgs.{}", t.name), RefOr::T(schema));
+            let output: Schema = serde_json::from_value(t.output_schema)
+                .expect("a tool's output schema is an OpenAPI schema");
+            components
+                .schemas
+                .insert(format!("ToolOutput.{}", t.name), RefOr::T(output));
         }
         openapi.components = Some(components);
         add_typed_routes(openapi);
@@ -267,6 +299,16 @@ mod tests {
             assert_eq!(
                 doc["components"]["schemas"][format!("ToolArgs.{}", t.name)],
                 t.input_schema
+            );
+            assert_eq!(
+                op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+                format!("#/components/schemas/ToolOutput.{}", t.name)
+            );
+            assert_eq!(
+                doc["components"]["schemas"][format!("ToolOutput.{}", t.name)],
+                t.output_schema,
+                "{}: the output schema survives the document unchanged",
+                t.name
             );
             let params: Vec<&str> = op["parameters"]
                 .as_array()

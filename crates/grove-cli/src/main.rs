@@ -1005,12 +1005,10 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
     if outcome.truncated {
         eprintln!("grove: output truncated");
     }
-    let code = if outcome.timed_out {
+    if outcome.timed_out {
         eprintln!("grove: command timed out");
-        124
-    } else {
-        outcome.exit_code.clamp(0, 255)
-    };
+    }
+    let code = outcome.reported_exit_code().clamp(0, 255);
     Ok(ExitCode::from(code as u8))
 }
 

@@ -100,6 +100,73 @@ impl Server {
             .await
     }
 
+    /// Checks that the caller may see `workspace_id` (its record, or the API's error).
+    pub async fn workspace(&self, workspace_id: Uuid) -> Result<Value> {
+        let path = format!("/v1/workspaces/{workspace_id}");
+        self.call(Method::GET, &path, None, None).await
+    }
+
+    /// Posts one MCP message (a JSON-RPC line) to the workspace's MCP route, and
+    /// returns the messages of its answer: none for an accepted notification, the
+    /// response for a request (from a JSON or an event-stream body).
+    pub async fn mcp_message(
+        &self,
+        workspace_id: Uuid,
+        runtime: &str,
+        line: String,
+        git_token: Option<&str>,
+    ) -> Result<Vec<Value>> {
+        let url = format!("{}/v1/workspaces/{workspace_id}/mcp", self.base);
+        let mut req = self
+            .http
+            .post(url)
+            .query(&[("runtime", runtime)])
+            .bearer_auth(&self.token)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header(
+                reqwest::header::ACCEPT,
+                "application/json, text/event-stream",
+            )
+            .body(line);
+        if let Some(t) = git_token {
+            req = req.header(GIT_TOKEN_HEADER, t);
+        }
+        let resp = req.send().await.map_err(|e| {
+            unavailable(format!(
+                "the grove server at GROVE_URL did not answer: {}",
+                e.without_url()
+            ))
+        })?;
+        let status = resp.status();
+        let sse = resp
+            .headers()
+            .get(reqwest::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        let bytes = resp
+            .bytes()
+            .await
+            .map_err(|e| unavailable(format!("reading the answer: {}", e.without_url())))?;
+        if status == StatusCode::ACCEPTED {
+            return Ok(vec![]);
+        }
+        let messages = if sse {
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter_map(|l| l.strip_prefix("data:"))
+                .filter_map(|d| serde_json::from_str(d.trim()).ok())
+                .collect()
+        } else {
+            serde_json::from_slice::<Value>(&bytes)
+                .into_iter()
+                .collect()
+        };
+        match messages {
+            m if status.is_success() || !Vec::is_empty(&m) && is_jsonrpc(&m) => Ok(m),
+            _ => Err(error_of(status, &bytes).into()),
+        }
+    }
+
     async fn call<T: DeserializeOwned>(
         &self,
         method: Method,
@@ -135,6 +202,10 @@ impl Server {
             CommandError::new(ErrorKind::Internal, format!("unexpected answer: {e}")).into()
         })
     }
+}
+
+fn is_jsonrpc(messages: &[Value]) -> bool {
+    messages.iter().all(|m| m.get("jsonrpc").is_some())
 }
 
 /// The typed error of an API error answer (`{"error": {"kind", "message", "paths"}}`);

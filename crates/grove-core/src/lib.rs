@@ -13,6 +13,7 @@
 //! - [`tools`]: the agent tool surface as data (operations, outputs).
 //! - [`tool_catalog`]: the tools offered for a workspace, their argument schemas, and
 //!   a tool call (name and JSON arguments) to an operation.
+//! - [`tool_outputs`]: the schema of each tool's output (MCP `outputSchema`, OpenAPI).
 //! - [`ports`]: the traits adapters implement (git, runtimes, optional runtime
 //!   capabilities).
 //! - [`session`]: interactive sessions as data, and the table providers share.
@@ -51,5 +52,6 @@ pub mod session;
 pub mod state;
 pub mod sweep;
 pub mod tool_catalog;
+pub mod tool_outputs;
 pub mod tools;
 pub mod validate;

@@ -90,6 +90,8 @@ fn spec(t: &(&str, bool, &str)) -> ToolSpec {
         description: description.to_string(),
         writes,
         input_schema: input_schema(name),
+        output_schema: crate::tool_outputs::output_schema(name)
+            .expect("every tool of the catalogue has an output schema"),
     }
 }
 
