@@ -14,6 +14,7 @@ mod inline_reads;
 mod input;
 mod lifecycle;
 mod mcp;
+mod mcp_http;
 mod merge_back;
 mod pulls;
 mod queue;

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use axum::extract::{Path, Query, Request, State};
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::routing::any;
+use axum::routing::post;
 use axum::Router;
 use grove_core::placement::RuntimeKind;
 use grove_mcp::{GroveMcp, Target};
@@ -27,7 +27,7 @@ use crate::AppState;
 
 /// The MCP route, merged into the API's router.
 pub fn routes() -> Router<Arc<AppState>> {
-    Router::new().route("/v1/workspaces/{id}/mcp", any(mcp))
+    Router::new().route("/v1/workspaces/{id}/mcp", post(mcp))
 }
 
 /// The MCP part of the OpenAPI document, merged into [`crate::ApiDoc`].
@@ -44,7 +44,8 @@ pub struct McpQuery {
 /// The workspace's tools for MCP clients (the streamable HTTP transport, stateless):
 /// POST one JSON-RPC message (`initialize`, `tools/list`, `tools/call`, ...), answered
 /// with its JSON-RPC response (200, `application/json`), or 202 for a notification.
-/// GET and DELETE answer 405: the server keeps no session and sends nothing unasked.
+/// GET and DELETE answer 405 (in the error envelope, as every route): the server keeps no
+/// session and sends nothing unasked.
 #[utoipa::path(
     post,
     path = "/v1/workspaces/{id}/mcp",
