@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import json
 import os
+import typing
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -154,28 +155,69 @@ def answer_schemas(doc: dict[str, Any]) -> set[str]:
     return found
 
 
+def compare_model(
+    doc: dict[str, Any],
+    schema: dict[str, Any],
+    cls: type[Any],
+    where: str,
+    problems: list[str],
+    tag: str | None = None,
+) -> None:
+    """`cls` against an object schema: the same fields, required ones without a
+    default, and inline objects of arrays (a tool's entries) against the item class."""
+    schema = resolve(doc, schema)
+    props = dict(schema.get("properties", {}))
+    required = set(schema.get("required", []))
+    if tag is not None:
+        tag_schema = props.pop("output", {})
+        if tag_schema.get("enum") != [tag]:
+            problems.append(f"{where}: tagged {tag_schema.get('enum')}, the SDK expects {tag!r}")
+        required.discard("output")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if set(fields) != set(props):
+        problems.append(
+            f"{where}: {cls.__name__} lacks {sorted(set(props) - set(fields))}, "
+            f"has undocumented {sorted(set(fields) - set(props))}"
+        )
+    hints = typing.get_type_hints(cls)
+    for name in sorted(required & set(fields)):
+        f = fields[name]
+        no_default = f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        if not no_default and name != "paths":  # `paths`: absent when empty, by design
+            problems.append(f"{where}.{name} is required but has a default")
+    for name, prop in props.items():
+        items = prop.get("items", {}) if prop.get("type") == "array" else {}
+        if name in fields and "properties" in items:
+            (item_cls,) = typing.get_args(hints[name])
+            compare_model(doc, items, item_cls, f"{where}.{name}[]", problems)
+
+
+def test_every_tool_output_schema_is_its_model(doc: dict[str, Any]) -> None:
+    tags = {cls: tag for tag, cls in models.TOOL_OUTPUTS.items()}
+    problems: list[str] = []
+    for tool, (_, cls) in sorted(TOOLS.items()):
+        op = doc["paths"].get(f"/v1/workspaces/{{id}}/tools/{tool}", {}).get("post", {})
+        answer = op.get("responses", {}).get("200", {}).get("content", {})
+        schema = answer.get("application/json", {}).get("schema")
+        if schema is None or "$ref" not in schema:
+            problems.append(f"{tool}: the document does not type its answer")
+            continue
+        compare_model(doc, schema, cls, schema["$ref"].rsplit("/", 1)[-1], problems, tags[cls])
+    assert not problems, "\n".join(problems)
+
+
 def test_every_answer_schema_has_a_model_with_its_fields(doc: dict[str, Any]) -> None:
     schemas = doc["components"]["schemas"]
-    problems = []
+    problems: list[str] = []
     for name in sorted(answer_schemas(doc)):
         schema = schemas[name]
-        if "properties" not in schema:
-            continue  # enums and unions: plain strings and ExecEvent
+        if "properties" not in schema or name.startswith("ToolOutput."):
+            continue  # enums, unions (ExecEvent), and tool outputs (the test above)
         model = models.SCHEMA_MODELS.get(name)
         if model is None:
             problems.append(f"{name}: no model")
             continue
-        fields = {f.name: f for f in dataclasses.fields(model)}
-        documented = set(schema["properties"])
-        if set(fields) != documented:
-            problems.append(
-                f"{name}: the model lacks {sorted(documented - set(fields))}, "
-                f"has undocumented {sorted(set(fields) - documented)}"
-            )
-        for required in schema.get("required", []):
-            f = fields.get(required)
-            if f is not None and f.default is not dataclasses.MISSING and required != "paths":
-                problems.append(f"{name}.{required} is required but has a default")
+        compare_model(doc, schema, model, name, problems)
     assert not problems, "\n".join(problems)
 
 

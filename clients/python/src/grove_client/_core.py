@@ -169,6 +169,8 @@ class Op(Generic[T]):
     #: answer (`extra={"grove_route": ...}`), which the SDK's tests use to check that
     #: every operation was exercised.
     route: tuple[str, str] | None = None
+    #: The `Accept` header, when not JSON's alone (MCP's transport wants both).
+    accept: str | None = None
 
     def describe(self) -> str:
         return f"{self.method} {self.path}"
@@ -203,6 +205,8 @@ def build_request(
         content = json.dumps(op.body if op.body is not None else {}).encode()
     if op.git_token is not None:
         headers[GIT_TOKEN_HEADER] = op.git_token.reveal()
+    if op.accept is not None:
+        headers["Accept"] = op.accept
     if not isinstance(op.read_timeout, _Default):
         timeout = httpx.Timeout(
             connect=timeout.connect, read=op.read_timeout, write=timeout.write, pool=timeout.pool

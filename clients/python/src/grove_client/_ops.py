@@ -55,6 +55,7 @@ ROUTES: dict[tuple[str, str], tuple[str, ...]] = {
     ("POST", "/v1/workspaces/{id}/pulls"): ("create_pull_request",),
     ("GET", "/v1/workspaces/{id}/pulls/{number}"): ("get_pull_request",),
     ("POST", "/v1/workspaces/{id}/pulls/{number}/comments"): ("comment_pull_request",),
+    ("POST", "/v1/workspaces/{id}/mcp"): ("mcp",),
 }
 
 #: The agent tools: name -> (its `ToolArgs.<name>` is the method's keywords, whether
@@ -553,4 +554,40 @@ def comment_pull_request(
         has_body=True,
         read_timeout=None,
         route=("POST", "/v1/workspaces/{id}/pulls/{number}/comments"),
+    )
+
+
+#: MCP methods that change nothing, so a retry after grove's own 429/503 is harmless.
+MCP_READS = frozenset({"initialize", "ping", "tools/list"})
+
+
+def mcp(
+    workspace_id: str,
+    message: Mapping[str, Any],
+    *,
+    runtime: str | None,
+    git_token: str | Secret | None,
+) -> Op[dict[str, Any] | None]:
+    def parse(response: Any) -> dict[str, Any] | None:
+        if response.status_code == 202:
+            return None
+        if response.headers.get("content-type", "").startswith("text/event-stream"):
+            raise ProtocolError("an MCP answer as an event stream: use an MCP client")
+        data = body_json(response)
+        if not isinstance(data, dict):
+            raise ProtocolError("an MCP answer that is not one JSON-RPC object")
+        return data
+
+    return Op(
+        "POST",
+        f"{_ws(workspace_id)}/mcp",
+        parse,
+        body=dict(message),
+        params=query({"runtime": runtime}),
+        git_token=_secret(git_token),
+        repeatable=message.get("method") in MCP_READS,
+        has_body=True,
+        read_timeout=None,
+        route=("POST", "/v1/workspaces/{id}/mcp"),
+        accept="application/json, text/event-stream",
     )

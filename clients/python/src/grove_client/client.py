@@ -442,6 +442,25 @@ class Client:
         typed methods are on `client.tools`."""
         return self._send(_ops.call_tool(workspace_id, tool, args, git_token=git_token))
 
+    def mcp(
+        self,
+        workspace_id: str,
+        message: Mapping[str, Any],
+        *,
+        runtime: str | None = None,
+        git_token: str | Secret | None = None,
+    ) -> dict[str, Any] | None:
+        """Send one JSON-RPC message of the Model Context Protocol to the workspace's
+        MCP endpoint and return its JSON-RPC response (None for a notification).
+
+        For an agent, point an MCP client (the official `mcp` SDK's streamable HTTP
+        client) at `{base_url}v1/workspaces/{id}/mcp` with this client's bearer
+        token; this method is the plain request, for scripts and checks. An MCP error
+        is a response with `error`, a failing tool a result with `isError`: neither
+        is raised.
+        """
+        return self._send(_ops.mcp(workspace_id, message, runtime=runtime, git_token=git_token))
+
     # --- pull requests ---------------------------------------------------------------
 
     def create_pull_request(

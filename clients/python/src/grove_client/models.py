@@ -9,9 +9,10 @@ reason; requests take them as `Literal`s. A test checks every model's fields aga
 its schema's properties, so the models cannot silently fall behind the document.
 
 The tool outputs (`TextOutput` ... `PushedOutput`) are the variants of grove's
-`ToolOutput`, tagged by `output`; the document types them only as `object`, so they
-follow `grove_core::tools::ToolOutput` and are checked against a real server by the
-tests.
+`ToolOutput`, tagged by `output`: the document's `ToolOutput.<tool>` schemas (several
+tools share one variant: `create`, `str_replace`, `insert` and `write_file` answer
+`WrittenOutput`), checked field by field, nested entries included, by the contract
+test.
 """
 
 from __future__ import annotations
@@ -215,6 +216,7 @@ class ToolInfo:
     description: str
     writes: bool
     input_schema: dict[str, Any]
+    output_schema: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -367,15 +369,15 @@ class SearchOutput:
 @dataclass(frozen=True, kw_only=True)
 class StatusEntry:
     path: str
-    staged: str | None = None
-    unstaged: str | None = None
+    staged: str | None
+    unstaged: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
 class StatusOutput:
     entries: list[StatusEntry]
-    branch: str | None = None
-    head: str | None = None
+    branch: str | None
+    head: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -404,7 +406,7 @@ class LogOutput:
 class CommittedOutput:
     commit: str
     files: list[str]
-    branch: str | None = None
+    branch: str | None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -412,7 +414,7 @@ class PushedOutput:
     branch: str
     commit: str
     forced: bool
-    previous: str | None = None
+    previous: str | None
 
 
 ToolOutput = (
