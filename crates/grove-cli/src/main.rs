@@ -534,17 +534,36 @@ pub(crate) fn grove_home() -> PathBuf {
     base.join("grove")
 }
 
-fn database_url(home: &std::path::Path) -> Result<String> {
+/// The database to use: `DATABASE_URL`, or the private cluster under `$GROVE_HOME`
+/// (`true`), started if it is not running, which this process announces on stderr.
+fn database_url(home: &std::path::Path) -> Result<(String, bool)> {
     match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Ok(url),
-        _ => localdb::LocalDb::new(home).ensure_running(),
+        Ok(url) if !url.is_empty() => Ok((url, false)),
+        _ => {
+            let local = localdb::LocalDb::new(home);
+            let (url, started) = local.ensure_running_reporting()?;
+            if started {
+                eprintln!(
+                    "grove: started the private Postgres cluster in {} (it keeps running; `grove db stop` stops it)",
+                    local.dir().display()
+                );
+            }
+            Ok((url, true))
+        }
     }
 }
 
+/// A pool on the database. The private cluster is migrated first, so any command works
+/// on a fresh `$GROVE_HOME`; a database of `DATABASE_URL` is migrated by workers and
+/// `grove migrate`.
 pub(crate) async fn connect(max: u32) -> Result<PgPool> {
     let home = grove_home();
-    let url = database_url(&home)?;
-    db::open_pool(&url, max).await
+    let (url, private) = database_url(&home)?;
+    let pool = db::open_pool(&url, max).await?;
+    if private {
+        grove_postgres::migrate::migrate(&pool).await?;
+    }
+    Ok(pool)
 }
 
 pub(crate) fn invalid(msg: impl Into<String>) -> anyhow::Error {

@@ -17,7 +17,7 @@ use crate::{build_worker, connect, invalid, shutdown_signal};
 
 /// Serves until SIGINT/SIGTERM. Prints `grove: listening on http://ADDR` first (the
 /// bound address, so `--bind 127.0.0.1:0` can be used), then the dev token if one was
-/// made: without `GROVE_API_TOKENS`/`GROVE_API_TOKENS_FILE`, a loopback server gets a
+/// made, then the MCP endpoint: without `GROVE_API_TOKENS`/`GROVE_API_TOKENS_FILE`, a loopback server gets a
 /// random operator token for user `dev`; any other address refuses to start.
 ///
 /// Interactive sessions are held by this process with the same runtime providers as
@@ -85,12 +85,18 @@ pub async fn serve(bind: String, node: String, concurrency: Option<usize>) -> Re
         .await
         .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
+    // One write, so a reader that takes the first line and closes the pipe cannot fail
+    // a later line's write.
+    let mut banner = format!("grove: listening on http://{local}\n");
+    if let Some(token) = &dev_token {
+        banner.push_str(&format!("grove: dev token (user dev, operator): {token}\n"));
+    }
+    banner.push_str(&format!(
+        "grove: MCP endpoint: http://{local}/v1/workspaces/<workspace id>/mcp (bearer token)\n"
+    ));
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "grove: listening on http://{local}")?;
-        if let Some(token) = &dev_token {
-            writeln!(out, "grove: dev token (user dev, operator): {token}")?;
-        }
+        out.write_all(banner.as_bytes())?;
         out.flush()?;
     }
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
