@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from grove_client import AsyncClient, Client, errors, models
-from grove_client._ops import ROUTES, TOOLS
+from grove_client._ops import ROUTES, TOOLS, UPCOMING
 from grove_client.aio import AsyncTools
 from grove_client.client import Tools
 
@@ -80,7 +80,12 @@ def test_every_operation_of_the_document_has_a_method_on_both_clients(
 
 def test_every_route_of_the_sdk_is_in_the_document(doc: dict[str, Any]) -> None:
     documented = {(m, p) for m, p, _ in operations(doc)}
-    stale = sorted(f"{m} {p}" for m, p in ROUTES if (m, p) not in documented)
+    ahead = sorted(f"{m} {p}: {UPCOMING[(m, p)]}" for m, p in UPCOMING if (m, p) not in documented)
+    if ahead:
+        print("SDK routes ahead of the document (UPCOMING):", *ahead, sep="\n  ")
+    stale = sorted(
+        f"{m} {p}" for m, p in ROUTES if (m, p) not in documented and (m, p) not in UPCOMING
+    )
     assert not stale, f"SDK routes the document does not have: {stale}"
 
 

@@ -333,6 +333,12 @@ class Client:
         """An exec as the ledger has it: queued, running, or its result or error."""
         return self._send(_ops.get_exec(exec_id))
 
+    def get_progress(self, idempotency_key: str) -> m.CommandProgress:
+        """The status of the caller's command submitted with `idempotency_key` and, for
+        a clone or fetch (`ensure_repo_cache`, `acquire_session`), its last progress
+        snapshot: poll it from another thread or task while the call runs."""
+        return self._send(_ops.get_progress(idempotency_key))
+
     # --- events ----------------------------------------------------------------------
 
     def events(

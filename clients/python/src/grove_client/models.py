@@ -310,6 +310,31 @@ class CommentCreated:
     url: str
 
 
+@dataclass(frozen=True, kw_only=True)
+class Progress:
+    """One snapshot of a clone's or fetch's progress, as git reports it."""
+
+    phase: str
+    objects_done: int
+    objects_total: int
+    objects_received: int
+    deltas_done: int
+    deltas_total: int
+    bytes_received: int
+    bytes_per_sec: int
+    percent: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class CommandProgress:
+    """A command's ledger status and, for a clone or fetch, its last progress."""
+
+    command_id: str
+    kind: str
+    status: str
+    progress: Progress | None = None
+
+
 # --- Tool outputs (grove_core::tools::ToolOutput, tagged by `output`) ---------------
 
 
@@ -583,5 +608,7 @@ SCHEMA_MODELS: dict[str, type[Any]] = {
         PullRequest,
         PullRequestCreated,
         CommentCreated,
+        Progress,
+        CommandProgress,
     )
 }
