@@ -297,14 +297,50 @@ struct Cluster {
 
 impl Cluster {
     fn db(&self, verb: &str) -> std::process::Output {
+        self.grove(&["db", verb])
+    }
+
+    /// `grove ARGS` with this home and no `DATABASE_URL`.
+    fn grove(&self, args: &[&str]) -> std::process::Output {
         std::process::Command::new(grove_e2e::grove_bin())
-            .args(["db", verb])
+            .args(args)
             .env_clear()
             .env("PATH", std::env::var_os("PATH").unwrap_or_default())
             .env("GROVE_HOME", &self.home)
             .output()
-            .expect("run grove db")
+            .expect("run grove")
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_command_on_a_fresh_home_starts_migrates_and_announces_the_private_cluster() {
+    if postgres_bindir().is_none() {
+        if std::env::var("GROVE_TEST_REQUIRE_DB").is_ok_and(|v| v == "1") {
+            panic!("GROVE_TEST_REQUIRE_DB=1 but Postgres' binaries are not installed");
+        }
+        eprintln!("skipped a_command_on_a_fresh_home_starts_migrates_and_announces_the_private_cluster: no /usr/lib/postgresql/*/bin");
+        return;
+    }
+    let cluster = Cluster {
+        home: std::env::temp_dir().join(format!("grove-fresh-{}", uuid::Uuid::new_v4().simple())),
+    };
+    let first = cluster.grove(&["workspace", "list", "--json"]);
+    let stderr = String::from_utf8_lossy(&first.stderr);
+    assert!(first.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("started the private Postgres cluster") && stderr.contains("grove db stop"),
+        "the process it leaves running is announced: {stderr}"
+    );
+    let again = cluster.grove(&["workspace", "list", "--json"]);
+    assert!(again.status.success());
+    assert!(
+        again.stderr.is_empty(),
+        "{:?}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    let stopped = cluster.db("stop");
+    assert!(stopped.status.success());
+    assert!(!cluster.home.join("postgres/data/postmaster.pid").exists());
 }
 
 impl Drop for Cluster {

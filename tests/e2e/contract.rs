@@ -318,10 +318,10 @@ async fn streamed_messages_carry_the_data_shapes_the_document_declares() {
     let env = env_or_skip!("streamed_messages_carry_the_data_shapes_the_document_declares");
     let doc: Value = serde_json::from_str(grove_api_doc()).unwrap();
     let stream_ref = &doc["paths"]["/v1/workspaces/{id}/exec/stream"]["post"]["responses"]["200"]
-        ["content"]["text/event-stream"]["schema"]["$ref"];
+        ["content"]["text/event-stream"]["schema"]["properties"]["data"]["contentSchema"]["$ref"];
     assert_eq!(stream_ref, "#/components/schemas/ExecStreamData");
     let events_ref = &doc["paths"]["/v1/workspaces/{id}/events"]["get"]["responses"]["200"]
-        ["content"]["text/event-stream"]["schema"]["$ref"];
+        ["content"]["text/event-stream"]["schema"]["properties"]["data"]["contentSchema"]["$ref"];
     assert_eq!(events_ref, "#/components/schemas/Event");
 
     let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);

@@ -182,7 +182,9 @@ async fn an_agent_writes_replaces_searches_commits_and_pushes_over_http() {
         .fetch_one(&env.pool)
         .await
         .unwrap();
-    assert_eq!(tools, 8, "one tool command per call");
+    // The four writes are commands; the four reads (search, read_file, git_status,
+    // git_log) were answered by the server's own worker without the queue (ADR 24).
+    assert_eq!(tools, 4, "one tool command per write, none per read");
 }
 
 #[tokio::test(flavor = "multi_thread")]

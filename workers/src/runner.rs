@@ -59,6 +59,11 @@ impl Worker {
         &self.deps
     }
 
+    /// Read tools of this node's workspaces, answered in this process (ADR 24).
+    pub fn inline_reads(&self) -> Arc<dyn grove_core::inline::InlineReads> {
+        Arc::new(crate::jobs::reads::InlineReader::new(self.deps.clone()))
+    }
+
     /// Registers this worker so it may lock jobs (`apalis.jobs.lock_by` references it).
     pub async fn register(&self) -> Result<(), StoreError> {
         queue::register_worker(&self.deps.pool, &self.deps.config.worker_id, &self.queues).await

@@ -1,5 +1,6 @@
-//! The document as a contract: every response described, and the statuses every route
-//! shares declared once (a malformed `{id}`, an oversized or non-JSON body).
+//! The document as a contract: every response described, the statuses every route
+//! shares declared once (a malformed `{id}`, an oversized or non-JSON body), and each
+//! server-sent event stream described frame by frame ([`describe_event_streams`]).
 //!
 //! Applied last of the document's modifiers, so it sees every operation, including
 //! those merged in from other modules.
@@ -116,6 +117,44 @@ fn complete(op: &mut Operation, has_id: bool) {
                 r.description = default_description(status).to_string();
             }
         }
+    }
+}
+
+/// Describes each `text/event-stream` response as its frames: an object with the SSE
+/// `id`, `event` and `data` fields, `data` a JSON text (`contentMediaType`) whose
+/// `contentSchema` is the schema the route names, as OpenAPI tools read event streams.
+/// Done on the JSON document because utoipa's schema model has no `contentSchema`.
+pub fn describe_event_streams(doc: &mut serde_json::Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(|p| p.as_object_mut()) else {
+        return;
+    };
+    let responses = paths
+        .values_mut()
+        .filter_map(|item| item.as_object_mut())
+        .flat_map(|item| item.values_mut())
+        .filter_map(|op| op.get_mut("responses").and_then(|r| r.as_object_mut()))
+        .flat_map(|r| r.values_mut());
+    for response in responses {
+        let Some(stream) = response.pointer_mut("/content/text~1event-stream") else {
+            continue;
+        };
+        let Some(data) = stream.get("schema").cloned() else {
+            continue;
+        };
+        stream["schema"] = serde_json::json!({
+            "type": "object",
+            "properties": {
+                "id": {"type": "string"},
+                "event": {"type": "string"},
+                "retry": {"type": "integer"},
+                "data": {
+                    "type": "string",
+                    "contentMediaType": "application/json",
+                    "contentSchema": data
+                }
+            },
+            "required": ["data"]
+        });
     }
 }
 

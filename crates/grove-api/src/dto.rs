@@ -470,6 +470,9 @@ pub struct ToolInfo {
     /// JSON Schema (draft 2020-12) of the tool's arguments, the request body.
     #[schema(value_type = Object)]
     pub input_schema: serde_json::Value,
+    /// JSON Schema (draft 2020-12) of the tool's output, the answer's body.
+    #[schema(value_type = Object)]
+    pub output_schema: serde_json::Value,
 }
 
 /// The tools of one workspace.

@@ -69,6 +69,19 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
     }
 }
 
+/// A JSON body that may be left out (empty means `T::default()`), but is never `null`:
+/// the document declares an object (a tool's arguments).
+pub struct OptionalObjectBody<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalObjectBody<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, ApiError> {
+        let body: Option<T> = read_json(req, state).await?;
+        Ok(Self(body.unwrap_or_default()))
+    }
+}
+
 /// `application/json`, or a `+json` type, with or without parameters.
 fn is_json_type(value: &str) -> bool {
     let essence = value.split(';').next().unwrap_or("").trim();

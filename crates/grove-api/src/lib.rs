@@ -3,8 +3,10 @@
 //! JSON over HTTP for callers in any language: repo caches (ensure), sessions
 //! (acquire, release), workspaces (list, get, destroy, pin), execs (synchronous, and
 //! streamed as server-sent events while they run), a workspace's events (paged or
-//! followed) and the agent tool surface (text editor, files, search, git). Every state change is a command through the queue, exactly as the CLI
-//! submits it; reads go to the projections and the log. See docs/adr/09-http-api.md.
+//! followed) and the agent tool surface (text editor, files, search, git). Every state
+//! change is a command through the queue, exactly as the CLI submits it; reads go to
+//! the projections and the log, and read tools of this node's workspaces to the
+//! worker in this process (`InlineReads`, ADR 24). See docs/adr/09-http-api.md.
 //!
 //! # Layout
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
@@ -19,6 +21,7 @@
 //! - [`progress`]: a command's status and its clone's or fetch's progress, by key.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
 //! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
+//! - [`mcp`]: the same tools for MCP clients (streamable HTTP, `grove-mcp`'s server).
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
 //! - [`error`]: the error body and the status of each error kind.
@@ -27,7 +30,8 @@
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect but interactive sessions (runtime state, through the `Sessions` port of the
-//! registry it is given, never an adapter crate); it enqueues through
+//! registry it is given, never an adapter crate) and inline reads (through the
+//! `InlineReads` port the worker gives it, which changes nothing); it enqueues through
 //! `grove_postgres::submit` and reads rows and the log (and, for a pull request read,
 //! the git platform through its port). No bearer or git token reaches a log line, a
 //! response or an error message.
@@ -37,6 +41,7 @@ pub mod contract;
 pub mod dto;
 pub mod error;
 pub mod extract;
+pub mod mcp;
 pub mod merge_back;
 pub mod notify;
 pub mod progress;
@@ -77,6 +82,9 @@ pub struct AppState {
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Which local repository URLs callers may name (the worker checks again).
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
+    /// Read tools of this node's workspaces, answered in this process (ADR 24);
+    /// `None` (a server without a worker): every call takes the queue.
+    pub inline: Option<Arc<tools::InlineHost>>,
     /// Set when the server is stopping: open event follows end at once, so they do
     /// not hold the graceful shutdown.
     pub stopping: Option<tokio::sync::watch::Receiver<bool>>,
@@ -102,6 +110,7 @@ impl AppState {
                     .unwrap_or_default(),
             ),
             stopping: None,
+            inline: None,
         })
     }
 
@@ -114,6 +123,16 @@ impl AppState {
     /// Holds interactive sessions with these runtime providers, for workspaces on `node`.
     pub fn with_sessions(mut self, host: sessions::SessionHost) -> Self {
         self.sessions = Some(host);
+        self
+    }
+
+    /// Answers read tools of `reads`' node in this process, at most `concurrency` at once.
+    pub fn with_inline_reads(
+        mut self,
+        reads: Arc<dyn grove_core::inline::InlineReads>,
+        concurrency: usize,
+    ) -> Self {
+        self.inline = Some(Arc::new(tools::InlineHost::new(reads, concurrency)));
         self
     }
 
@@ -232,10 +251,11 @@ pub fn openapi_json() -> String {
     let mut doc = ApiDoc::openapi();
     doc.merge(merge_back::MergeBackDoc::openapi());
     doc.merge(progress::ProgressDoc::openapi());
+    doc.merge(mcp::McpDoc::openapi());
     contract::Contract.modify(&mut doc);
-    let mut text = doc
-        .to_pretty_json()
-        .expect("the OpenAPI document serializes");
+    let mut value = serde_json::to_value(&doc).expect("the OpenAPI document serializes");
+    contract::describe_event_streams(&mut value);
+    let mut text = serde_json::to_string_pretty(&value).expect("a JSON value serializes");
     text.push('\n');
     text
 }
@@ -307,6 +327,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         )
         .merge(merge_back::routes())
         .merge(progress::routes())
+        .merge(mcp::routes())
         .method_not_allowed_fallback(|| async {
             ApiError::Request(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,

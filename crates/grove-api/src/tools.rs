@@ -1,7 +1,8 @@
 //! The agent tool surface over HTTP: the tools a workspace offers, and one route per
 //! tool whose JSON body is the tool's arguments. A call is a `tool` command through the
 //! queue (`Command::Tool`), exactly as `grove tool` submits it, answered with the
-//! tool's output.
+//! tool's output; a read of a workspace on this server's node is answered in this
+//! process by its worker, without the queue ([`InlineHost`], ADR 24).
 //!
 //! The catalogue, the argument schemas and the conversion of arguments to an operation
 //! are `grove_core::tool_catalog`'s, shared with the CLI and the MCP server.
@@ -12,10 +13,13 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use grove_core::commands::{Command, CommandResult};
+use grove_core::error::{CommandError, ErrorKind};
+use grove_core::inline::{answers_inline, InlineReads};
 use grove_core::tool_catalog::{self, ArgsError};
 use grove_core::tools::ToolSpec;
-use grove_core::tools::{ToolOutput, ToolRequest};
+use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
 use serde_json::{Map, Value};
+use tokio::sync::Semaphore;
 use utoipa::openapi::path::{HttpMethod, Operation, PathItem};
 use utoipa::openapi::request_body::RequestBody;
 use utoipa::openapi::schema::{ObjectBuilder, Ref, Schema, Type};
@@ -26,7 +30,7 @@ use uuid::Uuid;
 use crate::auth::Caller;
 use crate::dto::{ToolInfo, ToolList};
 use crate::error::{ApiError, ErrorResponse};
-use crate::extract::{git_token, parse_id, OptionalJsonBody};
+use crate::extract::{git_token, parse_id, OptionalObjectBody};
 use crate::request::visible_workspace;
 use crate::AppState;
 
@@ -62,6 +66,7 @@ pub async fn list_tools(
                 description: t.description,
                 writes: t.writes,
                 input_schema: t.input_schema,
+                output_schema: t.output_schema,
             })
             .collect(),
     }))
@@ -99,10 +104,10 @@ pub async fn call_tool(
     caller: Caller,
     headers: HeaderMap,
     Path((id, tool)): Path<(String, String)>,
-    OptionalJsonBody(args): OptionalJsonBody<Map<String, Value>>,
+    OptionalObjectBody(args): OptionalObjectBody<Map<String, Value>>,
 ) -> Result<Json<ToolOutput>, ApiError> {
     let workspace_id = parse_id(&id, "workspace")?;
-    visible_workspace(&state, &caller, workspace_id).await?;
+    let ws = visible_workspace(&state, &caller, workspace_id).await?;
     let op = tool_catalog::op_from_args(&tool, args).map_err(|e| match e {
         ArgsError::UnknownTool(_) => ApiError::not_found(e.to_string()),
         _ => ApiError::Request(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
@@ -115,15 +120,60 @@ pub async fn call_tool(
     };
     let command = Command::Tool(ToolRequest { workspace_id, op });
     command.validate()?;
+    if let (Some(inline), Command::Tool(req)) = (&state.inline, &command) {
+        if answers_inline(inline.reads.node(), &ws, &req.op) {
+            return Ok(Json(inline.read(workspace_id, &req.op).await?));
+        }
+    }
     match state
         .submit(&command, Uuid::now_v7(), token.as_deref())
         .await?
     {
         CommandResult::Tool(output) => Ok(Json(output)),
-        _ => Err(ApiError::Command(grove_core::error::CommandError::new(
-            grove_core::error::ErrorKind::Internal,
+        _ => Err(ApiError::Command(CommandError::new(
+            ErrorKind::Internal,
             "unexpected result for tool",
         ))),
+    }
+}
+
+/// Read tools answered in this process (ADR 24): the worker's port, and at most as
+/// many at once as the worker runs jobs, so reads cannot starve the queue of threads
+/// and connections. Shared by the tool routes and MCP over HTTP.
+pub struct InlineHost {
+    reads: Arc<dyn InlineReads>,
+    permits: Semaphore,
+}
+
+impl InlineHost {
+    pub fn new(reads: Arc<dyn InlineReads>, concurrency: usize) -> Self {
+        Self {
+            reads,
+            permits: Semaphore::new(concurrency.max(1)),
+        }
+    }
+
+    async fn bounded(&self, workspace_id: Uuid, op: &ToolOp) -> Result<ToolOutput, CommandError> {
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| CommandError::new(ErrorKind::Unavailable, "stopping"))?;
+        self.reads.read(workspace_id, op).await
+    }
+}
+
+impl InlineReads for InlineHost {
+    fn node(&self) -> &str {
+        self.reads.node()
+    }
+
+    fn read<'a>(
+        &'a self,
+        workspace_id: Uuid,
+        op: &'a ToolOp,
+    ) -> futures::future::BoxFuture<'a, Result<ToolOutput, CommandError>> {
+        Box::pin(self.bounded(workspace_id, op))
     }
 }
 
@@ -159,6 +209,16 @@ fn typed_operation(generic: &Operation, tool: &ToolSpec) -> Operation {
         ))))),
     );
     op.request_body = Some(RefOr::T(body));
+    if let Some(RefOr::T(ok)) = op.responses.responses.get_mut("200") {
+        ok.description = format!("The output of `{}`", tool.name);
+        ok.content.insert(
+            "application/json".into(),
+            RefOr::T(Content::new(Some(Ref::from_schema_name(format!(
+                "ToolOutput.{}",
+                tool.name
+            ))))),
+        );
+    }
     op
 }
 
@@ -210,6 +270,11 @@ impl Modify for ToolSchemas {
             components
                 .schemas
                 .insert(format!("ToolArgs.{}", t.name), RefOr::T(schema));
+            let output: Schema = serde_json::from_value(t.output_schema)
+                .expect("a tool's output schema is an OpenAPI schema");
+            components
+                .schemas
+                .insert(format!("ToolOutput.{}", t.name), RefOr::T(output));
         }
         openapi.components = Some(components);
         add_typed_routes(openapi);
@@ -234,6 +299,16 @@ mod tests {
             assert_eq!(
                 doc["components"]["schemas"][format!("ToolArgs.{}", t.name)],
                 t.input_schema
+            );
+            assert_eq!(
+                op["responses"]["200"]["content"]["application/json"]["schema"]["$ref"],
+                format!("#/components/schemas/ToolOutput.{}", t.name)
+            );
+            assert_eq!(
+                doc["components"]["schemas"][format!("ToolOutput.{}", t.name)],
+                t.output_schema,
+                "{}: the output schema survives the document unchanged",
+                t.name
             );
             let params: Vec<&str> = op["parameters"]
                 .as_array()

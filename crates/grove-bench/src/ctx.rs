@@ -28,6 +28,8 @@ pub(crate) fn ms(t: Instant) -> f64 {
 pub(crate) struct RunningWorker {
     stop: oneshot::Sender<()>,
     task: tokio::task::JoinHandle<()>,
+    /// The worker's read tools, for an API served in this process (ADR 24).
+    pub(crate) inline: std::sync::Arc<dyn grove_core::inline::InlineReads>,
 }
 
 impl RunningWorker {
@@ -53,6 +55,7 @@ impl RunningWorker {
         let deps = grove_workers::build_deps(pool, config).await;
         let worker = grove_workers::Worker::new(deps);
         worker.register().await.expect("register worker");
+        let inline = worker.inline_reads();
         let (stop, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             if let Err(e) = worker
@@ -64,7 +67,7 @@ impl RunningWorker {
                 eprintln!("grove-bench: worker failed: {e}");
             }
         });
-        Self { stop, task }
+        Self { stop, task, inline }
     }
 
     pub(crate) async fn stop(self) {
@@ -144,6 +147,13 @@ impl Ctx {
             docker,
             workspaces: Vec::new(),
         })
+    }
+
+    /// The running worker's inline reads (ADR 24).
+    pub(crate) fn inline_reads(
+        &self,
+    ) -> Option<std::sync::Arc<dyn grove_core::inline::InlineReads>> {
+        self.worker.as_ref().map(|w| w.inline.clone())
     }
 
     pub async fn stop(&mut self) {

@@ -1,5 +1,7 @@
-//! The `http_*` cases: a request to `grove serve`'s API over loopback next to the same
-//! command submitted in-process, both through the same queue and the same worker.
+//! The `http_*` cases: a request to `grove serve`'s API over loopback next to what it
+//! wraps: an exec next to the same command submitted in-process (both through the same
+//! queue and worker); a read tool, answered inline by the server's worker (ADR 24), next
+//! to reading the file directly, with the queued path's time beside it.
 //!
 //! The API runs in this process (`grove_api::serve` on `127.0.0.1:0`, a dev operator
 //! token), with one kept-alive HTTP/1.1 client, so the difference is what HTTP adds:
@@ -27,14 +29,19 @@ pub struct Api {
 }
 
 impl Api {
-    pub async fn start(ctx: &Ctx) -> Result<Self> {
+    /// Serves the API; with `inline`, read tools are answered by the worker in this
+    /// process, as `grove serve --worker` does.
+    pub async fn start(ctx: &Ctx, inline: bool) -> Result<Self> {
         let (tokens, token) = grove_api::auth::Tokens::dev("bench");
-        let state = grove_api::AppState::new(
+        let mut state = grove_api::AppState::new(
             ctx.pool.clone(),
             tokens,
             grove_postgres::submit::WaitOptions::default(),
         )
         .await?;
+        if let (true, Some(reads)) = (inline, ctx.inline_reads()) {
+            state = state.with_inline_reads(reads, 8);
+        }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);
         let (stop, rx) = oneshot::channel::<()>();
@@ -78,7 +85,7 @@ impl Drop for Api {
 pub async fn http_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     ctx.workspaces_at_least(1).await?;
     let ws = ctx.workspaces[0].id;
-    let api = Api::start(ctx).await?;
+    let api = Api::start(ctx, false).await?;
     let path = format!("/v1/workspaces/{ws}/exec");
     let body = json!({"argv": ["true"], "kind": "read"});
     api.post(&path, body.clone()).await?; // warm-up: the connection and the runtime
@@ -103,12 +110,14 @@ pub async fn http_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     Ok(())
 }
 
-/// `read_file` of a tracked file over HTTP vs the same tool command in-process.
+/// `read_file` of a tracked file over HTTP, answered inline (ADR 24), vs reading the
+/// file; the same tool command through the queue in-process is reported beside it.
 pub async fn http_read_file(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     ctx.workspaces_at_least(1).await?;
     let ws = ctx.workspaces[0].id;
     let file = first_file(&ctx.workspaces[0].local_path)?;
-    let api = Api::start(ctx).await?;
+    let on_disk = std::path::Path::new(&ctx.workspaces[0].local_path).join(&file);
+    let api = Api::start(ctx, true).await?;
     let path = format!("/v1/workspaces/{ws}/tools/read_file");
     let body = json!({"path": file});
     let expected = api.post(&path, body.clone()).await?; // warm-up
@@ -116,7 +125,7 @@ pub async fn http_read_file(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         workspace_id: ws,
         op: ToolOp::ReadFile { path: file.clone() },
     });
-    let (mut grove, mut floor) = (vec![], vec![]);
+    let (mut grove, mut queued, mut floor) = (vec![], vec![], vec![]);
     for _ in 0..ctx.args.http_n {
         let t = Instant::now();
         let r = api.post(&path, body.clone()).await?;
@@ -129,14 +138,18 @@ pub async fn http_read_file(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
             CommandResult::Tool(_) => {}
             other => bail!("read_file returned {other:?}"),
         }
+        queued.push(ms(t));
+        let t = Instant::now();
+        std::hint::black_box(std::fs::read(&on_disk)?);
         floor.push(ms(t));
     }
     let mut row = latency("http_read_file", &grove, &floor);
-    row.insert(
-        "floor_is".into(),
-        json!("the same tool command submitted in-process"),
-    );
+    row.insert("floor_is".into(), json!("open + read of the file"));
     row.insert("file".into(), json!(file));
+    row.insert(
+        "queued_in_process_p50_ms".into(),
+        crate::stats::round(crate::stats::pct(&queued, 50.0)),
+    );
     out.emit(row);
     Ok(())
 }

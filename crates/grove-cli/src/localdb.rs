@@ -59,6 +59,11 @@ impl LocalDb {
     /// Creates the cluster if needed, makes an older one private, starts it if it is
     /// not running, and returns grove's URL.
     pub fn ensure_running(&self) -> Result<String> {
+        self.ensure_running_reporting().map(|(url, _)| url)
+    }
+
+    /// As [`Self::ensure_running`], also telling whether this call started the cluster.
+    pub fn ensure_running_reporting(&self) -> Result<(String, bool)> {
         let bin = find_bindir().context(
             "no DATABASE_URL is set and Postgres' initdb/pg_ctl were not found; \
              install them (Debian/Ubuntu: apt-get install postgresql) or set DATABASE_URL",
@@ -75,9 +80,14 @@ impl LocalDb {
             self.secure_legacy(&bin, &owner, &password)?;
         }
         self.write_config(&owner, &admin)?;
-        self.start_or_reload(&bin, &owner)?;
+        let started = self.start_or_reload(&bin, &owner)?;
         self.ensure_role_and_database(&bin, &admin, &password)?;
-        Ok(self.url(&password))
+        Ok((self.url(&password), started))
+    }
+
+    /// Where the cluster keeps its data (for messages).
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// `$GROVE_HOME` 0700 (0710 with the cluster user's group when that user is not
@@ -204,12 +214,16 @@ impl LocalDb {
         Ok(())
     }
 
-    fn start_or_reload(&self, bin: &Path, owner: &Option<String>) -> Result<()> {
+    /// Starts the cluster (`true`), or has a running one reload its configuration
+    /// (`false`).
+    fn start_or_reload(&self, bin: &Path, owner: &Option<String>) -> Result<bool> {
         let pg_ctl = bin.join("pg_ctl");
         let data = self.data_dir().to_string_lossy().into_owned();
         if self.pg(owner, &pg_ctl, &["-D", &data, "status"]).is_ok() {
             // Running: let it read the configuration just written.
-            return self.pg(owner, &pg_ctl, &["-D", &data, "reload"]);
+            return self
+                .pg(owner, &pg_ctl, &["-D", &data, "reload"])
+                .map(|()| false);
         }
         let log = self.dir.join("postgres.log");
         self.pg(
@@ -227,6 +241,7 @@ impl LocalDb {
             ],
         )
         .with_context(|| format!("starting Postgres failed; see {}", log.display()))
+        .map(|()| true)
     }
 
     /// Stops the cluster if it runs.

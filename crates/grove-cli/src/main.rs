@@ -13,6 +13,7 @@ mod mcp;
 mod merge_back;
 mod pr;
 mod progress_bar;
+mod remote;
 mod serve;
 mod tool;
 
@@ -534,17 +535,36 @@ pub(crate) fn grove_home() -> PathBuf {
     base.join("grove")
 }
 
-fn database_url(home: &std::path::Path) -> Result<String> {
+/// The database to use: `DATABASE_URL`, or the private cluster under `$GROVE_HOME`
+/// (`true`), started if it is not running, which this process announces on stderr.
+fn database_url(home: &std::path::Path) -> Result<(String, bool)> {
     match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => Ok(url),
-        _ => localdb::LocalDb::new(home).ensure_running(),
+        Ok(url) if !url.is_empty() => Ok((url, false)),
+        _ => {
+            let local = localdb::LocalDb::new(home);
+            let (url, started) = local.ensure_running_reporting()?;
+            if started {
+                eprintln!(
+                    "grove: started the private Postgres cluster in {} (it keeps running; `grove db stop` stops it)",
+                    local.dir().display()
+                );
+            }
+            Ok((url, true))
+        }
     }
 }
 
+/// A pool on the database. The private cluster is migrated first, so any command works
+/// on a fresh `$GROVE_HOME`; a database of `DATABASE_URL` is migrated by workers and
+/// `grove migrate`.
 pub(crate) async fn connect(max: u32) -> Result<PgPool> {
     let home = grove_home();
-    let url = database_url(&home)?;
-    db::open_pool(&url, max).await
+    let (url, private) = database_url(&home)?;
+    let pool = db::open_pool(&url, max).await?;
+    if private {
+        grove_postgres::migrate::migrate(&pool).await?;
+    }
+    Ok(pool)
 }
 
 pub(crate) fn invalid(msg: impl Into<String>) -> anyhow::Error {
@@ -990,10 +1010,21 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
         network,
     });
     command.validate()?;
-    let pool = connect(4).await?;
-    let result = client::submit(&pool, &command, args.command_id, None).await?;
-    let CommandResult::Exec(outcome) = result else {
-        anyhow::bail!("unexpected result for exec");
+    let outcome = match remote::Server::from_env()? {
+        Some(server) => {
+            let Command::Exec(exec) = &command else {
+                unreachable!("built above")
+            };
+            server.exec(exec, args.command_id).await?
+        }
+        None => {
+            let pool = connect(4).await?;
+            let result = client::submit(&pool, &command, args.command_id, None).await?;
+            let CommandResult::Exec(outcome) = result else {
+                anyhow::bail!("unexpected result for exec");
+            };
+            outcome
+        }
     };
     if args.json {
         println!("{}", serde_json::to_string(&outcome)?);
@@ -1004,12 +1035,10 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
     if outcome.truncated {
         eprintln!("grove: output truncated");
     }
-    let code = if outcome.timed_out {
+    if outcome.timed_out {
         eprintln!("grove: command timed out");
-        124
-    } else {
-        outcome.exit_code.clamp(0, 255)
-    };
+    }
+    let code = outcome.reported_exit_code().clamp(0, 255);
     Ok(ExitCode::from(code as u8))
 }
 

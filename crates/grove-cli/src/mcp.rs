@@ -2,30 +2,43 @@
 //! stdout carries the protocol only; logs go to stderr. Tool calls are commands through
 //! the queue, so a worker must serve the workspace's node: a separate `grove worker`,
 //! or `--worker` for one in this process.
+//!
+//! With `GROVE_URL` (and `GROVE_TOKEN`) set, it is instead a thin client of that
+//! server: each stdin line is posted to the workspace's MCP route (ADR 27) and the
+//! answer written to stdout, so the agent's host needs no database credentials.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 
 use anyhow::{Context, Result};
 use clap::Args;
 use grove_core::error::{CommandError, ErrorKind};
 use grove_mcp::{Config, McpServeError};
 use grove_postgres::submit::WaitOptions;
-use tokio::sync::watch;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinSet;
+use uuid::Uuid;
+
+use crate::remote;
 
 use crate::{build_worker, connect, invalid, parse_id, read_token, shutdown_signal};
 
 #[derive(Args)]
 pub struct McpArgs {
-    /// The workspace whose tools are offered.
+    /// The workspace whose tools are offered (its UUID).
     #[arg(long)]
     workspace: String,
-    /// The runtime the `shell` tool runs in.
+    /// The runtime the `shell` tool runs in: local, docker, daytona or e2b.
     #[arg(long, default_value = "local")]
     runtime: String,
-    /// Environment variable holding a git token for `git_push`.
+    /// Name of an environment variable holding a git token for `git_push` and the pull
+    /// request tools (the token itself is never an argument).
     #[arg(long = "token-env")]
     token_env: Option<String>,
     /// Run a worker in this process too (otherwise a `grove worker` must be running).
+    /// Not with GROVE_URL: the server's worker runs the calls.
     #[arg(long)]
     pub worker: bool,
     /// The node of the in-process worker.
@@ -41,6 +54,14 @@ pub async fn mcp(args: McpArgs) -> Result<ExitCode> {
     grove_core::placement::RuntimeKind::parse_named("--runtime", &args.runtime)
         .map_err(|e| invalid(e.to_string()))?;
     let git_token = read_token(&args.token_env)?;
+    if let Some(server) = remote::Server::from_env()? {
+        if args.worker {
+            return Err(invalid(
+                "--worker runs jobs against the database: not with GROVE_URL",
+            ));
+        }
+        return bridge(server, workspace_id, args.runtime, git_token).await;
+    }
     let worker = if args.worker {
         Some(build_worker(args.node, args.concurrency).await?)
     } else {
@@ -75,4 +96,74 @@ pub async fn mcp(args: McpArgs) -> Result<ExitCode> {
         }
         Err(e) => Err(e.into()),
     }
+}
+
+/// The thin client: stdin's JSON-RPC lines to the server's MCP route, its answers to
+/// stdout. Requests run concurrently (a long `shell` does not hold a `ping`); a line that
+/// is not JSON is answered here with a parse error, and a call the server refused with
+/// an HTTP error with a JSON-RPC error of the same message.
+async fn bridge(
+    server: remote::Server,
+    workspace_id: Uuid,
+    runtime: String,
+    git_token: Option<String>,
+) -> Result<ExitCode> {
+    // An unknown (or another user's) workspace fails here, before the handshake, as it
+    // does over the database.
+    server.workspace(workspace_id).await?;
+    let server = Arc::new(server);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Value>();
+    let writer = tokio::spawn(async move {
+        let mut out = tokio::io::stdout();
+        while let Some(message) = rx.recv().await {
+            out.write_all(format!("{message}\n").as_bytes()).await?;
+            out.flush().await?;
+        }
+        Ok::<_, std::io::Error>(())
+    });
+    let mut lines = BufReader::new(tokio::io::stdin()).lines();
+    let mut calls = JoinSet::new();
+    while let Some(line) = lines.next_line().await? {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let parsed: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tx.send(rpc_error(Value::Null, -32700, &format!("parse error: {e}")));
+                continue;
+            }
+        };
+        let (server, tx, runtime, token) = (
+            server.clone(),
+            tx.clone(),
+            runtime.clone(),
+            git_token.clone(),
+        );
+        calls.spawn(async move {
+            let id = parsed.get("id").cloned();
+            match server
+                .mcp_message(workspace_id, &runtime, line, token.as_deref())
+                .await
+            {
+                Ok(messages) => messages.into_iter().for_each(|m| {
+                    let _ = tx.send(m);
+                }),
+                Err(e) => match id {
+                    Some(id) => {
+                        let _ = tx.send(rpc_error(id, -32603, &format!("{e:#}")));
+                    }
+                    None => tracing::warn!(error = %e, "a notification was not delivered"),
+                },
+            }
+        });
+    }
+    while calls.join_next().await.is_some() {}
+    drop(tx);
+    writer.await.context("the stdout writer failed")??;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn rpc_error(id: Value, code: i64, message: &str) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }

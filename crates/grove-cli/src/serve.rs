@@ -17,13 +17,14 @@ use crate::{build_worker, connect, invalid, shutdown_signal};
 
 /// Serves until SIGINT/SIGTERM. Prints `grove: listening on http://ADDR` first (the
 /// bound address, so `--bind 127.0.0.1:0` can be used), then the dev token if one was
-/// made: without `GROVE_API_TOKENS`/`GROVE_API_TOKENS_FILE`, a loopback server gets a
+/// made, then the MCP endpoint: without `GROVE_API_TOKENS`/`GROVE_API_TOKENS_FILE`, a loopback server gets a
 /// random operator token for user `dev`; any other address refuses to start.
 ///
 /// Interactive sessions are held by this process with the same runtime providers as
 /// its in-process worker (so that worker's hibernate and destroy end them), for the
-/// workspaces of `node`.
-pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<ExitCode> {
+/// workspaces of `node`; read tools of those workspaces are answered by the worker's
+/// code in this process, without the queue (ADR 24).
+pub async fn serve(bind: String, node: String, concurrency: Option<usize>) -> Result<ExitCode> {
     let addr: SocketAddr = bind
         .parse()
         .map_err(|_| invalid(format!("--bind {bind:?}: expected IP:PORT")))?;
@@ -40,7 +41,7 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
         }
     };
     // The worker migrates as it starts; a server without one migrates itself.
-    let worker = match worker {
+    let worker = match concurrency {
         Some(concurrency) => Some(build_worker(node.clone(), concurrency).await?),
         None => None,
     };
@@ -68,6 +69,11 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
             crate::grove_home(),
         ))
         .with_stop(stopped.clone());
+    // Reads of this node's workspaces are answered here by the worker's code, as many at
+    // once as it runs jobs (ADR 24); without a worker every call takes the queue.
+    if let (Some(w), Some(concurrency)) = (&worker, concurrency) {
+        state = state.with_inline_reads(w.inline_reads(), concurrency);
+    }
     // Pull request reads ask the platform directly; a bad configuration is reported
     // here and those reads answer 503 (the worker reports it for its jobs too).
     match grove_github::GitHubProvider::from_env() {
@@ -79,12 +85,18 @@ pub async fn serve(bind: String, node: String, worker: Option<usize>) -> Result<
         .await
         .with_context(|| format!("binding {addr}"))?;
     let local = listener.local_addr()?;
+    // One write, so a reader that takes the first line and closes the pipe cannot fail
+    // a later line's write.
+    let mut banner = format!("grove: listening on http://{local}\n");
+    if let Some(token) = &dev_token {
+        banner.push_str(&format!("grove: dev token (user dev, operator): {token}\n"));
+    }
+    banner.push_str(&format!(
+        "grove: MCP endpoint: http://{local}/v1/workspaces/<workspace id>/mcp (bearer token)\n"
+    ));
     {
         let mut out = std::io::stdout().lock();
-        writeln!(out, "grove: listening on http://{local}")?;
-        if let Some(token) = &dev_token {
-            writeln!(out, "grove: dev token (user dev, operator): {token}")?;
-        }
+        out.write_all(banner.as_bytes())?;
         out.flush()?;
     }
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {

@@ -303,10 +303,26 @@ pub async fn tool(args: ToolArgs) -> Result<ExitCode> {
     };
     let command = Command::Tool(ToolRequest { workspace_id, op });
     command.validate()?;
-    let pool = connect(4).await?;
-    let result = client::submit(&pool, &command, args.command_id, token.as_deref()).await?;
-    let CommandResult::Tool(output) = result else {
-        anyhow::bail!("unexpected result for a tool command");
+    let output = match crate::remote::Server::from_env()? {
+        Some(server) => {
+            if args.command_id.is_some() {
+                return Err(invalid(
+                    "--command-id is not available for tools over GROVE_URL (the tool route takes no idempotency key)",
+                ));
+            }
+            let Command::Tool(req) = &command else {
+                unreachable!("built above")
+            };
+            server.tool(workspace_id, &req.op, token.as_deref()).await?
+        }
+        None => {
+            let pool = connect(4).await?;
+            let result = client::submit(&pool, &command, args.command_id, token.as_deref()).await?;
+            let CommandResult::Tool(output) = result else {
+                anyhow::bail!("unexpected result for a tool command");
+            };
+            output
+        }
     };
     println!("{}", serde_json::to_string(&output)?);
     Ok(ExitCode::SUCCESS)

@@ -13,6 +13,7 @@
 //! - [`tools`]: the agent tool surface as data (operations, outputs).
 //! - [`tool_catalog`]: the tools offered for a workspace, their argument schemas, and
 //!   a tool call (name and JSON arguments) to an operation.
+//! - [`tool_outputs`]: the schema of each tool's output (MCP `outputSchema`, OpenAPI).
 //! - [`ports`]: the traits adapters implement (git, runtimes, optional runtime
 //!   capabilities).
 //! - [`session`]: interactive sessions as data, and the table providers share.
@@ -22,6 +23,7 @@
 //! - [`platform`]: the git platform port (pull requests, comments) and its types.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
+//! - [`inline`]: reads answered by the receiving process, without the queue (ADR 24).
 //! - [`local_repo`]: who may use a local repository URL (the operator's allow-list).
 //! - [`fingerprint`]: keyed fingerprints of git tokens (`auth_scope_hash`).
 //! - [`identity`]: the unprivileged uid/gid sandboxed commands run as.
@@ -39,6 +41,7 @@ pub mod eviction;
 pub mod fingerprint;
 pub mod idempotency;
 pub mod identity;
+pub mod inline;
 pub mod layout;
 pub mod local_repo;
 pub mod merge_back;
@@ -51,6 +54,7 @@ pub mod session;
 pub mod state;
 pub mod sweep;
 pub mod tool_catalog;
+pub mod tool_outputs;
 pub mod tools;
 pub mod transfer;
 pub mod validate;

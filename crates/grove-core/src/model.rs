@@ -273,6 +273,21 @@ pub struct ExecOutcome {
     pub duration_ms: u64,
 }
 
+impl ExecOutcome {
+    /// What a command killed at its time limit reports, as `timeout(1)` does.
+    pub const TIMED_OUT_EXIT_CODE: i32 = 124;
+
+    /// The exit code the CLI exits with and the MCP `shell` tool reports: 124 for a
+    /// command that timed out (whatever signal ended it), else the command's own.
+    pub fn reported_exit_code(&self) -> i32 {
+        if self.timed_out {
+            Self::TIMED_OUT_EXIT_CODE
+        } else {
+            self.exit_code
+        }
+    }
+}
+
 /// Truncates a timestamp to the microsecond precision Postgres stores, so that a value
 /// written and read back compares equal (projections replay to identical rows).
 pub fn to_db_precision(at: DateTime<Utc>) -> DateTime<Utc> {

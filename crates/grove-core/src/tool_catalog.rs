@@ -90,6 +90,8 @@ fn spec(t: &(&str, bool, &str)) -> ToolSpec {
         description: description.to_string(),
         writes,
         input_schema: input_schema(name),
+        output_schema: crate::tool_outputs::output_schema(name)
+            .expect("every tool of the catalogue has an output schema"),
     }
 }
 
@@ -120,8 +122,8 @@ pub fn input_schema(name: &str) -> Value {
             json!({
                 "path": path_arg(),
                 "range": {
-                    "description": "[start, end]: 1-based lines (start >= 1), end -1 for the end of the file.",
-                    "type": "array",
+                    "description": "[start, end]: 1-based lines (start >= 1), end -1 for the end of the file; null or absent: the whole file.",
+                    "type": ["array", "null"],
                     "items": {"type": "integer", "minimum": -1},
                     "minItems": 2,
                     "maxItems": 2
@@ -169,7 +171,7 @@ pub fn input_schema(name: &str) -> Value {
         "git_diff" => object(
             json!({
                 "against": {"type": "string", "enum": ["head", "base", "ref"], "default": "head", "description": "HEAD, the commit the workspace was created at, or `ref`."},
-                "ref": string("With against=ref: a branch, tag or commit id."),
+                "ref": {"type": ["string", "null"], "description": "With against=ref: a branch, tag or commit id."},
                 "paths": {"type": "array", "items": {"type": "string"}}
             }),
             &[],
@@ -237,6 +239,19 @@ pub fn op_from_args(name: &str, args: Map<String, Value>) -> Result<ToolOp, Args
     object.insert("op".into(), Value::String(name.to_string()));
     serde_json::from_value::<ToolOp>(Value::Object(object))
         .map_err(|e| shape(e.to_string().lines().next().unwrap_or("").to_string()))
+}
+
+/// The call (tool name and JSON arguments) of an operation: the inverse of
+/// [`op_from_args`], for a client that holds an operation and speaks to the HTTP route.
+pub fn call_of(op: &ToolOp) -> (String, Map<String, Value>) {
+    let Ok(Value::Object(mut args)) = serde_json::to_value(op) else {
+        unreachable!("a ToolOp serializes to an object")
+    };
+    let name = match args.remove("op") {
+        Some(Value::String(name)) => name,
+        _ => unreachable!("a ToolOp is tagged by `op`"),
+    };
+    (name, args)
 }
 
 #[cfg(test)]
@@ -381,5 +396,82 @@ mod tests {
                 paths: vec!["a".into()]
             }
         );
+    }
+
+    #[test]
+    fn every_operation_round_trips_through_its_call() {
+        use crate::tools::DiffAgainst;
+        let ops = [
+            ToolOp::View {
+                path: "a".into(),
+                range: Some((2, -1)),
+            },
+            ToolOp::View {
+                path: "a".into(),
+                range: None,
+            },
+            ToolOp::Create {
+                path: "n".into(),
+                content: "x".into(),
+            },
+            ToolOp::StrReplace {
+                path: "a".into(),
+                old_str: "o".into(),
+                new_str: "n".into(),
+            },
+            ToolOp::Insert {
+                path: "a".into(),
+                insert_line: 3,
+                text: "t".into(),
+            },
+            ToolOp::ReadFile { path: "a".into() },
+            ToolOp::WriteFile {
+                path: "a".into(),
+                content: "c".into(),
+            },
+            ToolOp::ListDir { path: None },
+            ToolOp::Search {
+                pattern: "p".into(),
+                regex: true,
+                case_sensitive: false,
+                glob: vec!["*.rs".into()],
+                path: Some("src".into()),
+                max_results: Some(5),
+            },
+            ToolOp::GitStatus,
+            ToolOp::GitDiff {
+                against: DiffAgainst::Head,
+                paths: vec![],
+            },
+            ToolOp::GitDiff {
+                against: DiffAgainst::Base,
+                paths: vec!["a".into()],
+            },
+            ToolOp::GitDiff {
+                against: DiffAgainst::Ref("v1".into()),
+                paths: vec![],
+            },
+            ToolOp::GitLog { max_count: Some(3) },
+            ToolOp::GitCommit {
+                message: "m".into(),
+                paths: vec![],
+                author_name: Some("n".into()),
+                author_email: None,
+            },
+            ToolOp::GitPush {
+                branch: None,
+                force_with_lease: true,
+                expect: Some("0".repeat(40)),
+                set_upstream: false,
+            },
+        ];
+        let mut names = std::collections::BTreeSet::new();
+        for op in ops {
+            let (name, args) = call_of(&op);
+            assert!(is_tool(&name), "{name}");
+            assert_eq!(op_from_args(&name, args).unwrap(), op, "{name}");
+            names.insert(name);
+        }
+        assert_eq!(names.len(), TOOLS.len(), "every tool is exercised");
     }
 }

@@ -357,6 +357,8 @@ pub struct ToolSpec {
     pub writes: bool,
     /// JSON Schema (draft 2020-12) of the tool's arguments, an object.
     pub input_schema: serde_json::Value,
+    /// JSON Schema (draft 2020-12) of the tool's output (`tool_outputs`).
+    pub output_schema: serde_json::Value,
 }
 
 /// One entry of a directory listing.

@@ -1,11 +1,15 @@
-//! [`GroveMcp`]: the MCP `ServerHandler` bound to one workspace. `tools/list` reads the
-//! workspace's capabilities each time (a read-only workspace is offered no write
-//! tool); `tools/call` turns a call into a command and submits it through the queue.
+//! [`GroveMcp`]: the MCP `ServerHandler` of one workspace per request. Over stdio the
+//! workspace is fixed when the server starts; over HTTP each request carries its
+//! [`Target`] (put into the request by the API after authentication and the tenancy
+//! check). `tools/list` reads the workspace's capabilities each time (a read-only
+//! workspace is offered no write tool); `tools/call` turns a call into a command and
+//! submits it through the queue, or answers a read inline where the process can.
 
 use std::sync::Arc;
 
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
+use grove_core::inline::{answers_inline, InlineReads};
 use grove_core::model::WorkspaceRow;
 use grove_core::tool_catalog::{self, ArgsError};
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest, ToolSpec};
@@ -49,11 +53,37 @@ impl std::fmt::Debug for Config {
     }
 }
 
-/// The MCP server of one workspace.
+/// The workspace one request acts on, with what its calls need: the whole server's
+/// over stdio, a request's over HTTP (an extension of the request's `http` parts).
+#[derive(Clone)]
+pub struct Target {
+    pub workspace_id: Uuid,
+    /// The runtime `shell` runs in.
+    pub runtime: String,
+    /// A git token for `git_push` and the pull request tools; only ever handed to the
+    /// queue with that call.
+    pub git_token: Option<String>,
+}
+
+impl std::fmt::Debug for Target {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Target")
+            .field("workspace_id", &self.workspace_id)
+            .field("runtime", &self.runtime)
+            .field("git_token", &self.git_token.as_ref().map(|_| "***"))
+            .finish()
+    }
+}
+
+/// The MCP server of one workspace (stdio) or of each request's (HTTP).
 #[derive(Clone)]
 pub struct GroveMcp {
     pool: PgPool,
-    config: Arc<Config>,
+    wait: WaitOptions,
+    /// Over stdio: the one target. Over HTTP: `None`, each request names its own.
+    fixed: Option<Arc<Target>>,
+    /// Reads answered in this process (ADR 24), when it serves the workspace's node.
+    inline: Option<Arc<dyn InlineReads>>,
 }
 
 impl GroveMcp {
@@ -61,27 +91,62 @@ impl GroveMcp {
     pub async fn new(pool: PgPool, config: Config) -> Result<Self, McpServeError> {
         let server = Self {
             pool,
-            config: Arc::new(config),
+            wait: config.wait,
+            fixed: Some(Arc::new(Target {
+                workspace_id: config.workspace_id,
+                runtime: config.runtime,
+                git_token: config.git_token,
+            })),
+            inline: None,
         };
-        server.workspace().await?;
+        server.workspace(config.workspace_id).await?;
         Ok(server)
     }
 
-    async fn workspace(&self) -> Result<WorkspaceRow, McpServeError> {
+    /// A server whose requests each carry their [`Target`] (served over HTTP by the
+    /// API, which authenticates the caller and checks the workspace is theirs first).
+    pub fn per_request(pool: PgPool, wait: WaitOptions) -> Self {
+        Self {
+            pool,
+            wait,
+            fixed: None,
+            inline: None,
+        }
+    }
+
+    /// Answers read tools through `reads` where it serves the workspace's node.
+    pub fn with_inline_reads(mut self, reads: Arc<dyn InlineReads>) -> Self {
+        self.inline = Some(reads);
+        self
+    }
+
+    /// The target of a request: the fixed one, or the one its HTTP request carries.
+    fn target(&self, ctx: &RequestContext<RoleServer>) -> Result<Arc<Target>, ErrorData> {
+        if let Some(t) = &self.fixed {
+            return Ok(t.clone());
+        }
+        ctx.extensions
+            .get::<http::request::Parts>()
+            .and_then(|p| p.extensions.get::<Arc<Target>>())
+            .cloned()
+            .ok_or_else(|| ErrorData::invalid_request("no workspace named for this request", None))
+    }
+
+    async fn workspace(&self, id: Uuid) -> Result<WorkspaceRow, McpServeError> {
         let mut conn = self
             .pool
             .acquire()
             .await
             .map_err(grove_postgres::StoreError::from)?;
-        rows::workspace(&mut conn, self.config.workspace_id)
+        rows::workspace(&mut conn, id)
             .await?
-            .ok_or(McpServeError::WorkspaceNotFound(self.config.workspace_id))
+            .ok_or(McpServeError::WorkspaceNotFound(id))
     }
 
     /// The tools the workspace offers now: the catalogue's for its capabilities, and
     /// `shell`.
-    pub async fn tools(&self) -> Result<Vec<Tool>, McpServeError> {
-        let ws = self.workspace().await?;
+    pub async fn tools(&self, target: &Target) -> Result<Vec<Tool>, McpServeError> {
+        let ws = self.workspace(target.workspace_id).await?;
         let mut tools: Vec<Tool> = tool_catalog::tools_for(&ws.capabilities, &ws.node)
             .into_iter()
             .map(to_mcp)
@@ -92,6 +157,7 @@ impl GroveMcp {
                 shell::DESCRIPTION,
                 object(shell::input_schema()),
             )
+            .with_raw_output_schema(Arc::new(object(shell::output_schema())))
             .with_annotations(
                 ToolAnnotations::new()
                     .read_only(!ws.capabilities.writable)
@@ -128,10 +194,11 @@ impl GroveMcp {
     /// `Err` only for an unknown tool or a server that cannot reach Postgres.
     pub async fn call(
         &self,
+        target: &Target,
         name: &str,
         args: Map<String, Value>,
     ) -> Result<CallToolResult, ErrorData> {
-        let id = self.config.workspace_id;
+        let id = target.workspace_id;
         if name == pulls::CREATE || name == pulls::COMMENT {
             let parsed = if name == pulls::CREATE {
                 pulls::create(id, &args)
@@ -148,7 +215,7 @@ impl GroveMcp {
                 }
             };
             // The platform token travels like a push's: with the job, never as an argument.
-            let token = self.config.git_token.as_deref();
+            let token = target.git_token.as_deref();
             return Ok(match self.submit(&command, token).await? {
                 Ok(CommandResult::PullRequest(p)) => json_result(serde_json::to_value(&p)),
                 Ok(CommandResult::PullRequestComment(c)) => json_result(serde_json::to_value(&c)),
@@ -157,7 +224,7 @@ impl GroveMcp {
             });
         }
         if name == shell::NAME {
-            let command = match shell::command(id, &self.config.runtime, args) {
+            let command = match shell::command(id, &target.runtime, args) {
                 Ok(c) => c,
                 Err(m) => {
                     return Ok(failed(&CommandError::new(
@@ -189,14 +256,18 @@ impl GroveMcp {
             }
         };
         let token = match op {
-            ToolOp::GitPush { .. } => self.config.git_token.as_deref(),
+            ToolOp::GitPush { .. } => target.git_token.as_deref(),
             _ => None,
         };
         let command = Command::Tool(ToolRequest {
             workspace_id: id,
             op,
         });
-        Ok(match self.submit(&command, token).await? {
+        let answered = match self.read_inline(&command).await? {
+            Some(answered) => answered,
+            None => self.submit(&command, token).await?,
+        };
+        Ok(match answered {
             Ok(CommandResult::Tool(output)) => {
                 let mut r = CallToolResult::success(vec![ContentBlock::text(text_of(&output))]);
                 r.structured_content = serde_json::to_value(&output).ok();
@@ -205,6 +276,34 @@ impl GroveMcp {
             Ok(_) => failed(&unexpected()),
             Err(e) => failed(&e),
         })
+    }
+
+    /// A read of a workspace on this process's node, answered here (ADR 24); `None`
+    /// when the call must take the queue.
+    async fn read_inline(
+        &self,
+        command: &Command,
+    ) -> Result<Option<Result<CommandResult, CommandError>>, ErrorData> {
+        let (Some(inline), Command::Tool(req)) = (&self.inline, command) else {
+            return Ok(None);
+        };
+        if let Err(e) = command.validate() {
+            return Ok(Some(Err(e.into())));
+        }
+        let ws = match self.workspace(req.workspace_id).await {
+            Ok(ws) => ws,
+            Err(McpServeError::WorkspaceNotFound(_)) => return Ok(None),
+            Err(e) => return Err(internal(e)),
+        };
+        if !answers_inline(inline.node(), &ws, &req.op) {
+            return Ok(None);
+        }
+        Ok(Some(
+            inline
+                .read(req.workspace_id, &req.op)
+                .await
+                .map(CommandResult::Tool),
+        ))
     }
 
     /// Validates, enqueues and waits. The outer error is the server's (Postgres); the
@@ -225,16 +324,7 @@ impl GroveMcp {
             .listen(queue::DONE_CHANNEL)
             .await
             .map_err(internal)?;
-        match submit::submit(
-            &self.pool,
-            command,
-            None,
-            token,
-            &mut listener,
-            self.config.wait,
-        )
-        .await
-        {
+        match submit::submit(&self.pool, command, None, token, &mut listener, self.wait).await {
             Ok(result) => Ok(Ok(result)),
             Err(SubmitError::Command(e)) => Ok(Err(e)),
             Err(e) => Err(internal(e)),
@@ -296,25 +386,31 @@ fn to_mcp(t: ToolSpec) -> Tool {
         .read_only(!t.writes)
         .destructive(t.writes && t.name != "create")
         .open_world(t.name == "git_push");
-    Tool::new(t.name, t.description, object(t.input_schema)).with_annotations(annotations)
+    Tool::new(t.name, t.description, object(t.input_schema))
+        .with_raw_output_schema(Arc::new(object(t.output_schema)))
+        .with_annotations(annotations)
 }
 
 impl ServerHandler for GroveMcp {
     fn get_info(&self) -> ServerConfig {
+        let on = match &self.fixed {
+            Some(t) => format!("grove workspace {}", t.workspace_id),
+            None => "the grove workspace named in the URL".to_string(),
+        };
         ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
             .with_server_info(Implementation::new("grove", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
-                "Tools on grove workspace {}: a text editor (view, create, str_replace, insert), files (read_file, write_file, list_dir), search, git (git_status, git_diff, git_log, git_commit, git_push), shell, and on a writable workspace pull requests (create_pull_request, comment_pull_request; push first). Paths are relative to the workspace root. A read-only workspace offers no write tool.",
-                self.config.workspace_id
+                "Tools on {on}: a text editor (view, create, str_replace, insert), files (read_file, write_file, list_dir), search, git (git_status, git_diff, git_log, git_commit, git_push), shell, and on a writable workspace pull requests (create_pull_request, comment_pull_request; push first). Paths are relative to the workspace root. A read-only workspace offers no write tool."
             ))
     }
 
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        match self.tools().await {
+        let target = self.target(&context)?;
+        match self.tools(&target).await {
             Ok(tools) => Ok(ListToolsResult::with_all_items(tools)),
             Err(McpServeError::WorkspaceNotFound(id)) => Err(ErrorData::invalid_request(
                 format!("workspace {id} not found"),
@@ -327,9 +423,12 @@ impl ServerHandler for GroveMcp {
     async fn call_tool(
         &self,
         request: CallToolRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let target = self.target(&context)?;
         let args = request.arguments.unwrap_or_default();
-        self.call(&request.name, args).await.map(Into::into)
+        self.call(&target, &request.name, args)
+            .await
+            .map(Into::into)
     }
 }

@@ -30,6 +30,23 @@ pub fn input_schema() -> Value {
     })
 }
 
+/// The JSON Schema of the structured result: the exec's outcome as the API returns it
+/// (`exit_code` is the command's own; the text says 124 for a timeout).
+pub fn output_schema() -> Value {
+    json!({
+        "type": "object",
+        "properties": {
+            "exit_code": {"type": "integer"},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "timed_out": {"type": "boolean"},
+            "truncated": {"type": "boolean"},
+            "duration_ms": {"type": "integer", "minimum": 0}
+        },
+        "required": ["exit_code", "stdout", "stderr", "timed_out", "truncated", "duration_ms"]
+    })
+}
+
 /// The exec command of a call, or a message naming what is wrong with its arguments.
 pub fn command(
     workspace_id: Uuid,
@@ -80,9 +97,10 @@ pub fn command(
     }))
 }
 
-/// The result as text for the agent: the exit code, then stdout and stderr.
+/// The result as text for the agent: the exit code (124 for a timeout, as the CLI
+/// exits), then stdout and stderr.
 pub fn text(o: &ExecOutcome) -> String {
-    let mut out = format!("exit code {}", o.exit_code);
+    let mut out = format!("exit code {}", o.reported_exit_code());
     if o.timed_out {
         out.push_str(" (timed out)");
     }
@@ -163,5 +181,18 @@ mod tests {
             t,
             "exit code 3 (output truncated)\n--- stdout ---\nout\n--- stderr ---\nerr\n"
         );
+    }
+
+    #[test]
+    fn a_timed_out_command_reports_124_as_the_cli_exits() {
+        let t = text(&ExecOutcome {
+            exit_code: 137,
+            stdout: String::new(),
+            stderr: String::new(),
+            timed_out: true,
+            truncated: false,
+            duration_ms: 1000,
+        });
+        assert_eq!(t, "exit code 124 (timed out)\n");
     }
 }

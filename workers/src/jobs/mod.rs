@@ -20,6 +20,7 @@ pub mod journal;
 pub mod lifecycle;
 pub mod merge_back;
 pub mod pulls;
+pub mod reads;
 mod remote_tools;
 pub mod repo_cache;
 pub mod restore;

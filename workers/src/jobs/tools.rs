@@ -71,7 +71,8 @@ impl JobContext {
         })
     }
 
-    async fn run_tool(
+    /// Runs `op` on a local workspace the caller has locked (no events, no lock).
+    pub(crate) async fn run_tool(
         &self,
         ws: &WorkspaceRow,
         op: &ToolOp,

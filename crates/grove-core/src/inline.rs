@@ -1,0 +1,76 @@
+//! Reads answered in the process that receives them (ADR 24): the port a worker
+//! offers to the API server it shares a process with.
+//!
+//! A read tool (view, read_file, list_dir, search, git status/diff/log) changes
+//! nothing, so it needs no ledger row, no event and no queue: the receiving process
+//! runs it directly when the workspace lives on its node, under the workspace's shared
+//! command lock and with the same path rules as the queued handler. Every other call,
+//! and every read of a workspace on another node or in a remote provider, goes through
+//! the queue as before.
+
+use futures::future::BoxFuture;
+use uuid::Uuid;
+
+use crate::error::CommandError;
+use crate::model::WorkspaceRow;
+use crate::placement::Placement;
+use crate::tools::{ToolOp, ToolOutput};
+
+/// Runs read tools against workspaces of one node, in the calling process.
+pub trait InlineReads: Send + Sync {
+    /// The node whose workspaces this process holds.
+    fn node(&self) -> &str;
+
+    /// Runs `op` (a read: `!op.is_write()`) against the workspace under its shared
+    /// command lock; the workspace is re-read under the lock, so one evicted or
+    /// destroyed meanwhile answers as the queued handler would.
+    fn read<'a>(
+        &'a self,
+        workspace_id: Uuid,
+        op: &'a ToolOp,
+    ) -> BoxFuture<'a, Result<ToolOutput, CommandError>>;
+}
+
+/// Whether `op` on `ws` may be answered inline by a process serving `node`: a read,
+/// of a workspace whose files are on that node. Anything else takes the queue.
+pub fn answers_inline(node: &str, ws: &WorkspaceRow, op: &ToolOp) -> bool {
+    !op.is_write()
+        && ws.state.has_files()
+        && matches!(Placement::of_node(&ws.node), Placement::Node(n) if n == node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decide::fixtures::row;
+    use crate::model::WorkspaceMode;
+
+    #[test]
+    fn only_reads_of_ready_workspaces_on_this_node_answer_inline() {
+        let read = ToolOp::GitStatus;
+        let write = ToolOp::WriteFile {
+            path: "a".into(),
+            content: "b".into(),
+        };
+        let edit = |node: &str, state: &str| row(WorkspaceMode::Edit, node, state);
+        // (node served, workspace's node, state, op, inline?)
+        let cases = [
+            ("n1", "n1", "ready", &read, true),
+            ("n1", "n1", "released", &read, true),
+            ("n1", "n1", "ready", &write, false),
+            ("n1", "n2", "ready", &read, false),
+            ("n1", "n1", "evicted", &read, false),
+            ("n1", "n1", "evicting", &read, false),
+            ("daytona", "daytona", "ready", &read, false),
+            ("e2b", "e2b", "ready", &read, false),
+        ];
+        for (node, ws_node, state, op, want) in cases {
+            assert_eq!(
+                answers_inline(node, &edit(ws_node, state), op),
+                want,
+                "{node} {ws_node} {state} {}",
+                op.name()
+            );
+        }
+    }
+}
