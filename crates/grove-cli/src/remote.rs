@@ -117,7 +117,7 @@ impl Server {
         git_token: Option<&str>,
     ) -> Result<Vec<Value>> {
         let url = format!("{}/v1/workspaces/{workspace_id}/mcp", self.base);
-        let mut req = self
+        let req = self
             .http
             .post(url)
             .query(&[("runtime", runtime)])
@@ -128,15 +128,7 @@ impl Server {
                 "application/json, text/event-stream",
             )
             .body(line);
-        if let Some(t) = git_token {
-            req = req.header(GIT_TOKEN_HEADER, t);
-        }
-        let resp = req.send().await.map_err(|e| {
-            unavailable(format!(
-                "the grove server at GROVE_URL did not answer: {}",
-                e.without_url()
-            ))
-        })?;
+        let resp = send(req, git_token).await?;
         let status = resp.status();
         let sse = resp
             .headers()
@@ -181,15 +173,7 @@ impl Server {
         if let Some(body) = body {
             req = req.json(&body);
         }
-        if let Some(t) = git_token {
-            req = req.header(GIT_TOKEN_HEADER, t);
-        }
-        let resp = req.send().await.map_err(|e| {
-            unavailable(format!(
-                "the grove server at GROVE_URL did not answer: {}",
-                e.without_url()
-            ))
-        })?;
+        let resp = send(req, git_token).await?;
         let status = resp.status();
         let bytes = resp
             .bytes()
@@ -202,6 +186,21 @@ impl Server {
             CommandError::new(ErrorKind::Internal, format!("unexpected answer: {e}")).into()
         })
     }
+}
+
+/// Sends `req` with the git token header when there is one; a server that does not
+/// answer is `unavailable` (the URL, which the caller set, is left out of the message).
+async fn send(req: reqwest::RequestBuilder, git_token: Option<&str>) -> Result<reqwest::Response> {
+    let req = match git_token {
+        Some(t) => req.header(GIT_TOKEN_HEADER, t),
+        None => req,
+    };
+    req.send().await.map_err(|e| {
+        unavailable(format!(
+            "the grove server at GROVE_URL did not answer: {}",
+            e.without_url()
+        ))
+    })
 }
 
 fn is_jsonrpc(messages: &[Value]) -> bool {
