@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, Request, State};
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::post;
 use axum::Router;
 use grove_core::placement::RuntimeKind;
@@ -73,12 +73,13 @@ pub async fn mcp(
     Path(id): Path<String>,
     Query(query): Query<McpQuery>,
     headers: HeaderMap,
-    mut request: Request,
+    request: Request,
 ) -> Result<Response, ApiError> {
     let workspace_id = parse_id(&id, "workspace")?;
     visible_workspace(&state, &caller, workspace_id).await?;
     let runtime = query.runtime.unwrap_or_else(|| "local".into());
     RuntimeKind::parse_named("runtime", &runtime).map_err(|e| ApiError::invalid(e.to_string()))?;
+    let mut request = checked_json(request).await?;
     request.extensions_mut().insert(Arc::new(Target {
         workspace_id,
         runtime,
@@ -91,6 +92,54 @@ pub async fn mcp(
     let response = grove_mcp::http_service(server)
         .call(request)
         .await
-        .unwrap_or_else(|never| match never {});
-    Ok(response.map(axum::body::Body::new).into_response())
+        .unwrap_or_else(|never| match never {})
+        .map(axum::body::Body::new);
+    typed_refusal(response).await
+}
+
+/// The request with its body read and checked to be one JSON value (within the API's
+/// body limit and serde's nesting limit) before the transport parses it; anything else
+/// is a typed 400.
+async fn checked_json(request: Request) -> Result<Request, ApiError> {
+    let (parts, body) = request.into_parts();
+    let bytes = axum::body::to_bytes(body, crate::extract::MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            ApiError::Request(
+                axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+                "the body is over the API's limit".into(),
+            )
+        })?;
+    serde_json::from_slice::<serde::de::IgnoredAny>(&bytes)
+        .map_err(|e| ApiError::invalid(format!("the body is not one JSON value: {e}")))?;
+    Ok(Request::from_parts(parts, axum::body::Body::from(bytes)))
+}
+
+/// The transport's own refusals (a missing `Accept`, a body that is not JSON-RPC) come
+/// as plain text; they are answered in the API's error envelope, with the same status,
+/// like every other refusal. JSON-RPC answers pass unchanged.
+async fn typed_refusal(response: Response) -> Result<Response, ApiError> {
+    let json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    let status = response.status();
+    if !status.is_client_error() || json {
+        return Ok(response);
+    }
+    let body = axum::body::to_bytes(response.into_body(), 4096)
+        .await
+        .unwrap_or_default();
+    let text: String = String::from_utf8_lossy(&body).chars().take(200).collect();
+    let text = text.trim();
+    let message = if text.is_empty() {
+        status.canonical_reason().unwrap_or("refused").to_string()
+    } else {
+        text.to_string()
+    };
+    Err(ApiError::Request(
+        status,
+        format!("MCP transport: {message}"),
+    ))
 }
