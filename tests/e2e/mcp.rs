@@ -352,6 +352,36 @@ async fn a_read_only_workspace_offers_no_write_tool_over_mcp_and_refuses_writes(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_line_that_is_not_json_and_a_call_without_a_name_get_their_protocol_errors() {
+    let mut env =
+        env_or_skip!("a_line_that_is_not_json_and_a_call_without_a_name_get_their_protocol_errors");
+    env.spawn_worker().await;
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let (ws, _) = acquire(&env, &url, "analysis").await;
+    let (mut mcp, _) = Mcp::start(&env, &ws).await;
+
+    mcp.stdin.write_all(b"this is not json\n").await.unwrap();
+    let line = tokio::time::timeout(Duration::from_secs(60), mcp.lines.next_line())
+        .await
+        .expect("an answer to a non-JSON line")
+        .unwrap()
+        .unwrap();
+    let parse: Value = serde_json::from_str(&line).unwrap();
+    assert_eq!(
+        (&parse["id"], &parse["error"]["code"]),
+        (&Value::Null, &json!(-32700))
+    );
+    let unnamed = mcp.request("tools/call", json!({"arguments": {}})).await;
+    assert_eq!(
+        unnamed["error"]["code"], -32602,
+        "invalid params: {unnamed}"
+    );
+    // The session goes on.
+    assert!(mcp.tool_names().await.contains(&"read_file".to_string()));
+    assert!(mcp.close().await.success());
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn grove_mcp_refuses_to_start_on_an_unknown_workspace() {
     let env = env_or_skip!("grove_mcp_refuses_to_start_on_an_unknown_workspace");
     let out = env

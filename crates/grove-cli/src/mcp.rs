@@ -15,7 +15,7 @@ use clap::Args;
 use grove_core::error::{CommandError, ErrorKind};
 use grove_mcp::{Config, McpServeError};
 use grove_postgres::submit::WaitOptions;
-use serde_json::{json, Value};
+use serde_json::Value;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinSet;
@@ -99,8 +99,8 @@ pub async fn mcp(args: McpArgs) -> Result<ExitCode> {
 }
 
 /// The thin client: stdin's JSON-RPC lines to the server's MCP route, its answers to
-/// stdout. Requests run concurrently (a long `shell` does not hold a `ping`); a line that
-/// is not JSON is answered here with a parse error, and a call the server refused with
+/// stdout. Requests run concurrently (a long `shell` does not hold a `ping`); what
+/// `grove_mcp::front` answers itself (a parse error, a call without a name) is answered here, and a call the server refused with
 /// an HTTP error with a JSON-RPC error of the same message.
 async fn bridge(
     server: remote::Server,
@@ -127,13 +127,11 @@ async fn bridge(
         if line.trim().is_empty() {
             continue;
         }
-        let parsed: Value = match serde_json::from_str(&line) {
-            Ok(v) => v,
-            Err(e) => {
-                let _ = tx.send(rpc_error(Value::Null, -32700, &format!("parse error: {e}")));
-                continue;
-            }
-        };
+        if let Some(answer) = grove_mcp::front::early_answer(&line) {
+            let _ = tx.send(answer);
+            continue;
+        }
+        let parsed: Value = serde_json::from_str(&line).unwrap_or_default();
         let (server, tx, runtime, token) = (
             server.clone(),
             tx.clone(),
@@ -151,7 +149,7 @@ async fn bridge(
                 }),
                 Err(e) => match id {
                     Some(id) => {
-                        let _ = tx.send(rpc_error(id, -32603, &format!("{e:#}")));
+                        let _ = tx.send(grove_mcp::front::rpc_error(id, -32603, &format!("{e:#}")));
                     }
                     None => tracing::warn!(error = %e, "a notification was not delivered"),
                 },
@@ -162,8 +160,4 @@ async fn bridge(
     drop(tx);
     writer.await.context("the stdout writer failed")??;
     Ok(ExitCode::SUCCESS)
-}
-
-fn rpc_error(id: Value, code: i64, message: &str) -> Value {
-    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}})
 }

@@ -18,6 +18,8 @@
 //! - [`pulls`]: the pull request tools' arguments (`create_pull_request`,
 //!   `comment_pull_request`: jobs whose token is the server's git token).
 //! - [`error`]: [`McpServeError`], what can stop the server.
+//! - [`front`]: what is answered before the server sees a line (parse errors, a
+//!   `tools/call` without a name), and the stdio relay that applies it.
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect; it reads the workspace row and submits commands. Nothing but the protocol
@@ -25,6 +27,7 @@
 //! `grove.command_secrets` through the queue, never into a result or a log line.
 
 pub mod error;
+pub mod front;
 pub mod pulls;
 pub mod server;
 pub mod shell;
@@ -62,13 +65,26 @@ pub fn http_service(server: GroveMcp) -> StreamableHttpService<GroveMcp, NeverSe
 /// stream. Fails before serving when the workspace does not exist.
 pub async fn serve_stdio(pool: PgPool, config: Config) -> Result<(), McpServeError> {
     let server = GroveMcp::new(pool, config).await?;
+    // stdin and stdout go through the front (ADR 27), the server talks to its other end.
+    let (server_side, relay_side) = tokio::io::duplex(1 << 16);
+    let (relay_read, relay_write) = tokio::io::split(relay_side);
+    let relay = tokio::spawn(front::relay(
+        tokio::io::stdin(),
+        tokio::io::stdout(),
+        relay_write,
+        relay_read,
+    ));
     let running = server
-        .serve(rmcp::transport::stdio())
+        .serve(tokio::io::split(server_side))
         .await
         .map_err(|e| McpServeError::Transport(e.to_string()))?;
     running
         .waiting()
         .await
+        .map_err(|e| McpServeError::Transport(e.to_string()))?;
+    relay
+        .await
+        .map_err(|e| McpServeError::Transport(e.to_string()))?
         .map_err(|e| McpServeError::Transport(e.to_string()))?;
     Ok(())
 }
