@@ -261,38 +261,12 @@ async fn fetch_cases(ctx: &mut Ctx, out: &mut Out, remote: &Remote) -> Result<()
         ctx.ensure_with("bench/fetch-file", &file_url, true, None)
             .await?;
         g_file.push(ms(t));
-        let t = Instant::now();
-        let dir = floor_file.to_str().unwrap();
-        floor_git(&[
-            "-C",
-            dir,
-            "fetch",
-            "-q",
-            "--prune",
-            &file_url,
-            REFSPECS[0],
-            REFSPECS[1],
-        ])
-        .await?;
-        f_file.push(ms(t));
+        f_file.push(floor_fetch(&floor_file, &file_url).await?);
         let t = Instant::now();
         ctx.ensure_with("bench/fetch-http", &http_url, true, Some(TOKEN))
             .await?;
         g_http.push(ms(t));
-        let t = Instant::now();
-        let dir = floor_http.to_str().unwrap();
-        floor_git(&[
-            "-C",
-            dir,
-            "fetch",
-            "-q",
-            "--prune",
-            &http_url,
-            REFSPECS[0],
-            REFSPECS[1],
-        ])
-        .await?;
-        f_http.push(ms(t));
+        f_http.push(floor_fetch(&floor_http, &http_url).await?);
     }
     for (name, grove, floor) in [
         ("cache_fetch_file", &g_file, &f_file),
@@ -309,4 +283,23 @@ async fn fetch_cases(ctx: &mut Ctx, out: &mut Out, remote: &Remote) -> Result<()
         out.emit(row);
     }
     Ok(())
+}
+
+/// The floor of a cache fetch: `git fetch --prune` of grove's refspecs into the git
+/// CLI's own mirror; its time in milliseconds.
+async fn floor_fetch(mirror: &Path, url: &str) -> Result<f64> {
+    let t = Instant::now();
+    let dir = mirror.to_str().unwrap();
+    floor_git(&[
+        "-C",
+        dir,
+        "fetch",
+        "-q",
+        "--prune",
+        url,
+        REFSPECS[0],
+        REFSPECS[1],
+    ])
+    .await?;
+    Ok(ms(t))
 }
