@@ -12,7 +12,7 @@
 //!   accounting queries shared by the scenarios.
 //! - `load.rs`: the mixed client load (ensure, acquire, exec, release, destroy).
 //! - `worker_kill.rs`, `postgres_restart.rs`, `contention.rs`, `hostile.rs`,
-//!   `secrets.rs` (with `gitserver.rs`, a token-checking git smart-HTTP server),
+//!   `secrets.rs` (with `grove-gitserver`, a token-checking git smart-HTTP server),
 //!   `tenancy.rs`, `fuzz.rs`, `fencing.rs` (restarts inside mutating execs),
 //!   `panic.rs` (`injected_panic`), `merge_back_kill.rs`: one scenario each;
 //!   `saved_work.rs`: `saved_work_identity` and `saved_work_kill`.
@@ -20,7 +20,6 @@
 mod contention;
 mod fencing;
 mod fuzz;
-mod gitserver;
 mod hostile;
 mod load;
 mod merge_back_kill;

@@ -12,9 +12,9 @@ use grove_e2e::{files_containing, git};
 use reqwest::Method;
 use serde_json::json;
 
-use crate::gitserver::GitServer;
 use crate::server::{Server, ALICE};
 use crate::{env_or_skip, replay_ok, scale, Figures, Fleet, Rng};
+use grove_gitserver::{GitServer, Options};
 
 const ROUNDS: u64 = 2;
 
@@ -42,7 +42,14 @@ async fn git_tokens_used_across_clone_fetch_acquire_and_push_are_found_nowhere()
         &srv.join("o/private.git"),
         &["config", "http.receivepack", "true"],
     );
-    let server = GitServer::start(&srv, &token).expect("git server");
+    let server = GitServer::start(
+        &srv,
+        Options {
+            token: Some(token.clone()),
+            ..Options::default()
+        },
+    )
+    .expect("git server");
     let url = format!("{}/o/private.git", server.base);
 
     let mut fleet = Fleet::new(&env, &[("GROVE_LOG", "debug")], 4);
