@@ -129,3 +129,26 @@ fn cli_help_names_values_and_units() {
         assert!(help.contains(needle), "{needle} missing from:\n{help}");
     }
 }
+
+#[tokio::test]
+async fn cli_on_a_database_nobody_migrated_says_to_migrate() {
+    let Some(env) = grove_e2e::TestEnv::unmigrated("cli_unmigrated").await else {
+        return;
+    };
+    let out = env.grove(&["workspace", "list"]).await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("grove: unavailable: the database has no grove schema"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("grove migrate"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    // Told, not done: the CLI did not migrate a database it was not asked to.
+    let migrated: Option<String> =
+        sqlx::query_scalar("SELECT to_regclass('grove.sandbox_workspaces')::text")
+            .fetch_one(&env.pool)
+            .await
+            .expect("query");
+    assert_eq!(migrated, None);
+}

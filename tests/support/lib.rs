@@ -109,19 +109,48 @@ impl TestEnv {
     /// A fresh database with grove's migrations applied, or `None` (printed) when no
     /// Postgres is configured.
     pub async fn new(test: &str) -> Option<Self> {
-        let Some(admin) = admin_url() else {
+        let admin = Self::new_skipping(test)?;
+        Some(Self::on_server(&admin).await)
+    }
+
+    /// A fresh, empty database nobody migrated (as a new `DATABASE_URL` is), or `None`
+    /// (printed) when no Postgres is configured.
+    pub async fn unmigrated(test: &str) -> Option<Self> {
+        let admin = Self::new_skipping(test)?;
+        Some(Self::blank(&admin).await)
+    }
+
+    fn new_skipping(test: &str) -> Option<String> {
+        let admin = admin_url();
+        if admin.is_none() {
             if std::env::var("GROVE_TEST_REQUIRE_DB").is_ok_and(|v| v == "1") {
                 panic!("GROVE_TEST_REQUIRE_DB=1 but neither GROVE_TEST_DATABASE_URL nor DATABASE_URL is set");
             }
             eprintln!("skipped {test}: no GROVE_TEST_DATABASE_URL/DATABASE_URL (run ./scripts/test, which starts Postgres)");
-            return None;
-        };
-        Some(Self::on_server(&admin).await)
+        }
+        admin
     }
 
     /// A fresh database with grove's migrations applied on the Postgres server of
     /// `admin` (an admin URL), for a test that brings a server of its own.
     pub async fn on_server(admin: &str) -> Self {
+        let mut env = Self::blank(admin).await;
+        let out = env.grove(&["migrate"]).await;
+        assert!(
+            out.status.success(),
+            "grove migrate failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        env.pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect(&env.db_url)
+            .await
+            .expect("pool");
+        env
+    }
+
+    /// A fresh database with nothing in it, on the server of `admin`.
+    async fn blank(admin: &str) -> Self {
         let admin = admin.to_string();
         let db_name = format!("grove_test_{}", uuid::Uuid::new_v4().simple());
         let admin_pool = PgPoolOptions::new()
@@ -140,7 +169,7 @@ impl TestEnv {
             .tempdir()
             .expect("tempdir");
         std::fs::create_dir_all(dir.path().join("home")).unwrap();
-        let mut env = Self {
+        Self {
             pool: PgPoolOptions::new()
                 .max_connections(8)
                 .connect_lazy(&db_url)
@@ -150,19 +179,7 @@ impl TestEnv {
             db_name,
             dir,
             workers: Vec::new(),
-        };
-        let out = env.grove(&["migrate"]).await;
-        assert!(
-            out.status.success(),
-            "grove migrate failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        env.pool = PgPoolOptions::new()
-            .max_connections(8)
-            .connect(&env.db_url)
-            .await
-            .expect("pool");
-        env
+        }
     }
 
     /// `$GROVE_HOME` of this test.

@@ -502,12 +502,34 @@ fn classify(e: &anyhow::Error) -> (ErrorKind, String) {
             )
         )
     });
-    let kind = if unreachable {
-        ErrorKind::Unavailable
-    } else {
-        ErrorKind::Internal
+    if unreachable {
+        return (ErrorKind::Unavailable, format!("{e:#}"));
+    }
+    if e.chain().any(is_missing_schema) {
+        return (
+            ErrorKind::Unavailable,
+            "the database has no grove schema (or an older one): run `grove migrate` \
+             against it, or start a worker, which migrates as it starts"
+                .into(),
+        );
+    }
+    (ErrorKind::Internal, format!("{e:#}"))
+}
+
+/// Whether `cause` is Postgres saying a relation or function grove makes does not
+/// exist (SQLSTATE 42P01 undefined_table, 42883 undefined_function, 3F000
+/// invalid_schema_name): a database nobody migrated.
+fn is_missing_schema(cause: &(dyn std::error::Error + 'static)) -> bool {
+    let sql = cause.downcast_ref::<sqlx::Error>().or_else(|| {
+        match cause.downcast_ref::<grove_postgres::StoreError>() {
+            Some(grove_postgres::StoreError::Database(e)) => Some(e),
+            _ => None,
+        }
+    });
+    let Some(sqlx::Error::Database(db)) = sql else {
+        return false;
     };
-    (kind, format!("{e:#}"))
+    matches!(db.code().as_deref(), Some("42P01" | "42883" | "3F000"))
 }
 
 /// The one way the CLI reports an error: a single line `grove: <kind>: <message>` on
