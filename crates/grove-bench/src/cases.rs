@@ -56,6 +56,9 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     if let Err(e) = crate::transfer::transfer_cases(ctx, out, wants).await {
         out.emit(skipped("cache_first_http", format!("failed: {e:#}")));
     }
+    if let Err(e) = crate::first::first_cases(ctx, out, wants).await {
+        out.emit(skipped("first_workspace_http", format!("failed: {e:#}")));
+    }
     Ok(())
 }
 

@@ -10,6 +10,7 @@
 mod cases;
 mod client;
 mod ctx;
+mod first;
 mod fixture;
 mod http;
 mod stats;
@@ -42,6 +43,9 @@ pub const ALL_CASES: &[&str] = &[
     "cache_fetch_file",
     "cache_fetch_http",
     "worker_rss_after_clone",
+    "first_workspace_file",
+    "first_workspace_http",
+    "worker_rss_after_jobs",
 ];
 
 #[derive(Parser, Debug, Clone)]
@@ -103,9 +107,14 @@ pub struct Args {
     /// Commits the upstream moves by before each cache_fetch_* iteration.
     #[arg(long, default_value_t = 20)]
     pub fetch_commits: usize,
-    /// Idle wait before worker_rss_after_clone's last sample.
+    /// Idle wait before the last sample of worker_rss_after_clone and
+    /// worker_rss_after_jobs.
     #[arg(long, default_value_t = 60)]
     pub rss_idle_secs: u64,
+    /// Mixed jobs (execs, tool writes and reads, warm acquires, ensures) before
+    /// worker_rss_after_jobs' sample.
+    #[arg(long, default_value_t = 1000)]
+    pub rss_jobs: usize,
     /// Repetitions of the steady (nothing to do) sweep.
     #[arg(long, default_value_t = 5)]
     pub sweep_n: usize,

@@ -18,7 +18,7 @@ use crate::ctx::{ms, run_cmd, Ctx};
 use crate::stats::{latency, round};
 use crate::Out;
 
-const TOKEN: &str = "grove-bench-transfer-token";
+pub(crate) const TOKEN: &str = "grove-bench-transfer-token";
 const REFSPECS: [&str; 2] = ["+refs/heads/*:refs/heads/*", "+refs/tags/*:refs/tags/*"];
 /// The floor's credential helper (the token from its environment, as grove's).
 const HELPER: &str =
@@ -35,13 +35,13 @@ pub const CASES: [&str; 5] = [
 
 /// The repository under `srv/acme/moving.git` (a copy, so it can move) and a server
 /// of `srv` with the token.
-struct Remote {
+pub(crate) struct Remote {
     srv: PathBuf,
     server: GitServer,
 }
 
 impl Remote {
-    fn start(ctx: &Ctx) -> Result<Self> {
+    pub(crate) fn start(ctx: &Ctx) -> Result<Self> {
         let srv = ctx.dir.join("srv");
         let bare = srv.join("acme/moving.git");
         std::fs::create_dir_all(bare.parent().unwrap())?;
@@ -66,12 +66,23 @@ impl Remote {
     }
 
     /// A new alias of the repository (a fresh cache identity) and its two URLs.
-    fn alias(&self, name: &str) -> Result<(String, String)> {
+    pub(crate) fn alias(&self, name: &str) -> Result<(String, String)> {
         std::os::unix::fs::symlink("moving.git", self.srv.join(format!("acme/{name}.git")))?;
         Ok((
             format!("file://{}/acme/{name}.git", self.srv.display()),
             format!("{}/acme/{name}.git", self.server.base),
         ))
+    }
+
+    /// The repository's default branch (`main` for the fixture; `--repo`'s own).
+    pub(crate) fn head_branch(&self) -> Result<String> {
+        let out = std::process::Command::new("git")
+            .arg("-C")
+            .arg(self.srv.join("acme/moving.git"))
+            .args(["symbolic-ref", "--short", "HEAD"])
+            .output()?;
+        anyhow::ensure!(out.status.success(), "the repository has no HEAD branch");
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
     }
 
     /// Moves the default branch of the repository by `n` commits.
@@ -128,14 +139,14 @@ fn git_in(dir: &Path, args: &[&str]) -> Result<()> {
 }
 
 /// `git clone --mirror` (or `fetch`) as the floor, the token through a helper.
-async fn floor_git(args: &[&str]) -> Result<()> {
+pub(crate) async fn floor_git(args: &[&str]) -> Result<()> {
     let mut full = vec!["-c", "credential.helper=", "-c", HELPER];
     full.extend_from_slice(args);
     std::env::set_var("GROVE_BENCH_TOKEN", TOKEN);
     run_cmd("git", &full, None).await
 }
 
-fn rss_kib() -> u64 {
+pub(crate) fn rss_kib() -> u64 {
     let s = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
     s.lines()
         .find(|l| l.starts_with("VmRSS:"))

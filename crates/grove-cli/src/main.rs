@@ -680,7 +680,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             let pool = connect(4).await?;
             // The id is chosen here so the progress bar can follow the command.
             let id = common.command_id.unwrap_or_else(Uuid::now_v7);
-            let bar = progress_bar::start(&pool, id);
+            let bar = progress_bar::start(&pool, id, common.json);
             let result = client::submit(&pool, &command, Some(id), token.as_deref()).await;
             if let Some(bar) = bar {
                 bar.finish().await;
@@ -866,7 +866,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             let pool = connect(4).await?;
             // The id is chosen here so the progress bar can follow the command.
             let id = common.command_id.unwrap_or_else(Uuid::now_v7);
-            let bar = progress_bar::start(&pool, id);
+            let bar = progress_bar::start(&pool, id, common.json);
             let result = client::submit(&pool, &command, Some(id), token.as_deref()).await;
             if let Some(bar) = bar {
                 bar.finish().await;

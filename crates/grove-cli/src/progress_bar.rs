@@ -1,6 +1,7 @@
-//! The terminal progress bar of a command that may clone or fetch (`grove repo ensure`):
-//! the command's ledger progress (written by the worker, ADR 25) polled a few times a
-//! second and drawn on stderr, only when stderr is a terminal.
+//! The terminal progress bar of a command that may clone or fetch (`grove repo ensure`,
+//! `grove workspace acquire`): the command's ledger progress (written by the worker,
+//! ADR 25) polled a few times a second and drawn on stderr, only on a terminal and
+//! never with `--json`.
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -20,9 +21,10 @@ pub(crate) struct Bar {
     task: JoinHandle<()>,
 }
 
-/// Starts following `command_id` when stderr is a terminal; `None` otherwise.
-pub(crate) fn start(pool: &PgPool, command_id: Uuid) -> Option<Bar> {
-    if !std::io::stderr().is_terminal() {
+/// Starts following `command_id` when both stdout and stderr are a terminal and the
+/// answer is not asked for as JSON; `None` otherwise (nothing extra for a script).
+pub(crate) fn start(pool: &PgPool, command_id: Uuid, json: bool) -> Option<Bar> {
+    if json || !std::io::stdout().is_terminal() || !std::io::stderr().is_terminal() {
         return None;
     }
     let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
