@@ -41,7 +41,7 @@ pub async fn first_cases(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> b
 /// One acquire of a fresh repository alias per iteration and transport, each next to
 /// the git CLI's clone and worktree of another fresh alias.
 async fn first_workspace(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
-    let remote = Remote::start(ctx)?;
+    let remote = Remote::start(ctx, "srv-first")?;
     let branch = remote.head_branch()?;
     let (mut g_file, mut f_file, mut g_http, mut f_http) = (vec![], vec![], vec![], vec![]);
     for i in 0..ctx.args.cache_n.max(1) {

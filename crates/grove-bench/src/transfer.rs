@@ -41,8 +41,9 @@ pub(crate) struct Remote {
 }
 
 impl Remote {
-    pub(crate) fn start(ctx: &Ctx) -> Result<Self> {
-        let srv = ctx.dir.join("srv");
+    /// Serves a copy of the repository from `ctx.dir/<dir>` (one directory per user).
+    pub(crate) fn start(ctx: &Ctx, dir: &str) -> Result<Self> {
+        let srv = ctx.dir.join(dir);
         let bare = srv.join("acme/moving.git");
         std::fs::create_dir_all(bare.parent().unwrap())?;
         let source = ctx
@@ -163,7 +164,7 @@ pub async fn transfer_cases(
     if !CASES.iter().any(|c| wants(c)) {
         return Ok(());
     }
-    let remote = Remote::start(ctx).context("serving the repository")?;
+    let remote = Remote::start(ctx, "srv").context("serving the repository")?;
     let rss_before = rss_kib();
     let n = ctx.args.cache_n.max(1);
     let (mut grove_file, mut git_file, mut grove_http, mut git_http) =
