@@ -56,6 +56,7 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     if let Err(e) = crate::transfer::transfer_cases(ctx, out, wants).await {
         out.emit(skipped("cache_first_http", format!("failed: {e:#}")));
     }
+    case!("agent_calls", crate::calls::agent_calls(ctx, out));
     if let Err(e) = crate::first::first_cases(ctx, out, wants).await {
         out.emit(skipped("first_workspace_http", format!("failed: {e:#}")));
     }
@@ -113,6 +114,39 @@ async fn cache(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
 }
 
 /// A new edit workspace from a warm cache vs `git worktree add` (and `git clone --shared`).
+/// `git worktree add --detach` of `main` from the cache at `dest`, timed (ms), then
+/// removed again: the floor of a new workspace.
+pub(crate) async fn worktree_add_floor(
+    cache_dir: &std::path::Path,
+    dest: &std::path::Path,
+) -> Result<f64> {
+    let d = dest.to_str().context("a UTF-8 path")?;
+    let t = Instant::now();
+    run_cmd(
+        "git",
+        &[
+            "-c",
+            "safe.directory=*",
+            "worktree",
+            "add",
+            "-q",
+            "--detach",
+            d,
+            "main",
+        ],
+        Some(cache_dir),
+    )
+    .await?;
+    let took = ms(t);
+    run_cmd(
+        "git",
+        &["-c", "safe.directory=*", "worktree", "remove", "--force", d],
+        Some(cache_dir),
+    )
+    .await?;
+    Ok(took)
+}
+
 async fn workspace_create(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let cache = ctx.warm_cache().await?;
     let cache_dir = PathBuf::from(&cache.local_path);
@@ -127,36 +161,7 @@ async fn workspace_create(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
 
         let dest = ctx.dir.join(format!("floor-wt-{i}"));
         let d = dest.to_str().unwrap().to_string();
-        let t = Instant::now();
-        run_cmd(
-            "git",
-            &[
-                "-c",
-                "safe.directory=*",
-                "worktree",
-                "add",
-                "-q",
-                "--detach",
-                &d,
-                "main",
-            ],
-            Some(&cache_dir),
-        )
-        .await?;
-        worktree.push(ms(t));
-        run_cmd(
-            "git",
-            &[
-                "-c",
-                "safe.directory=*",
-                "worktree",
-                "remove",
-                "--force",
-                &d,
-            ],
-            Some(&cache_dir),
-        )
-        .await?;
+        worktree.push(worktree_add_floor(&cache_dir, &dest).await?);
 
         let t = Instant::now();
         run_cmd(

@@ -22,8 +22,8 @@ use crate::Out;
 
 /// The API served in-process until dropped.
 pub struct Api {
-    base: String,
-    token: String,
+    pub(crate) base: String,
+    pub(crate) token: String,
     http: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
 }
@@ -32,7 +32,12 @@ impl Api {
     /// Serves the API; with `inline`, read tools are answered by the worker in this
     /// process, as `grove serve --worker` does.
     pub async fn start(ctx: &Ctx, inline: bool) -> Result<Self> {
-        let (tokens, token) = grove_api::auth::Tokens::dev("bench");
+        Self::start_as(ctx, inline, "bench").await
+    }
+
+    /// As [`Api::start`], the token's caller being `user` (an operator).
+    pub async fn start_as(ctx: &Ctx, inline: bool, user: &str) -> Result<Self> {
+        let (tokens, token) = grove_api::auth::Tokens::dev(user);
         let mut state = grove_api::AppState::new(
             ctx.pool.clone(),
             tokens,
@@ -56,7 +61,7 @@ impl Api {
         })
     }
 
-    async fn post(&self, path: &str, body: Value) -> Result<Value> {
+    pub(crate) async fn post(&self, path: &str, body: Value) -> Result<Value> {
         let resp = self
             .http
             .post(format!("{}{path}", self.base))
@@ -155,7 +160,7 @@ pub async fn http_read_file(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
 }
 
 /// A tracked file of the fixture (relative path).
-fn first_file(workspace: &str) -> Result<String> {
+pub(crate) fn first_file(workspace: &str) -> Result<String> {
     let src = std::path::Path::new(workspace).join("src");
     let mut dir = src.clone();
     loop {

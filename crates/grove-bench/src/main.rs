@@ -7,6 +7,7 @@
 //! (a Markdown table, or JSON lines with `--json`). See issue 6 and the README's
 //! "Performance" section.
 
+mod calls;
 mod cases;
 mod client;
 mod ctx;
@@ -43,6 +44,7 @@ pub const ALL_CASES: &[&str] = &[
     "cache_fetch_file",
     "cache_fetch_http",
     "worker_rss_after_clone",
+    "agent_calls",
     "first_workspace_file",
     "first_workspace_http",
     "worker_rss_after_jobs",
@@ -115,6 +117,12 @@ pub struct Args {
     /// worker_rss_after_jobs' sample.
     #[arg(long, default_value_t = 1000)]
     pub rss_jobs: usize,
+    /// Fleet sizes (workspaces on the node) agent_calls measures at.
+    #[arg(long, value_delimiter = ',', default_value = "10,300")]
+    pub fleets: Vec<usize>,
+    /// Iterations of each agent_calls call (the CLI's at most 100).
+    #[arg(long, default_value_t = 200)]
+    pub calls_n: usize,
     /// Repetitions of the steady (nothing to do) sweep.
     #[arg(long, default_value_t = 5)]
     pub sweep_n: usize,
@@ -186,6 +194,9 @@ async fn run_in(args: &Args, db: &fixture::BenchDb, dir: PathBuf) -> Result<Out>
     );
     let pool = db.pool(12).await?;
     grove_postgres::migrate::migrate(&pool).await?;
+    // The API's callers (agent_calls) name the fixture by its file:// URL, as an
+    // operator lets them with this allow-list (ADR 22); read by the worker as it starts.
+    std::env::set_var(grove_core::local_repo::ROOTS_ENV, &dir);
 
     // A sandbox image for the Docker cases, built before the worker starts so its
     // config names it.

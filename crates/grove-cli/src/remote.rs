@@ -58,6 +58,8 @@ impl Server {
             .ok_or_else(|| invalid("GROVE_URL is set but GROVE_TOKEN is not"))?;
         let http = Client::builder()
             .connect_timeout(Duration::from_secs(10))
+            // The token goes to GROVE_URL and nowhere a response points.
+            .redirect(reqwest::redirect::Policy::none())
             .build()
             .map_err(|e| unavailable(format!("HTTP client: {e}")))?;
         Ok(Some(Self { http, base, token }))
