@@ -16,6 +16,7 @@ mod progress_bar;
 mod remote;
 mod serve;
 mod tool;
+mod wire;
 
 use std::collections::BTreeMap;
 use std::io::{Read, Write};

@@ -7,25 +7,25 @@
 //! Errors keep their kind (the API's `error.kind`), so exit codes are the same as over
 //! the database. The token is sent only to `GROVE_URL` and never printed.
 
-use std::time::Duration;
-
 use anyhow::Result;
 use grove_core::commands::Exec;
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::model::ExecOutcome;
 use grove_core::tool_catalog;
 use grove_core::tools::{ToolOp, ToolOutput};
-use reqwest::{Client, Method, StatusCode};
+use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use uuid::Uuid;
+
+use crate::wire::{Answer, Failure, Request, Wire};
 
 /// The header carrying a git token for one request (as the API names it).
 const GIT_TOKEN_HEADER: &str = "X-Grove-Git-Token";
 
 /// A grove server the CLI talks to.
 pub struct Server {
-    http: Client,
+    http: Wire,
     base: String,
     token: String,
 }
@@ -56,12 +56,7 @@ impl Server {
         let token = get("GROVE_TOKEN")
             .filter(|t| !t.is_empty())
             .ok_or_else(|| invalid("GROVE_URL is set but GROVE_TOKEN is not"))?;
-        let http = Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            // The token goes to GROVE_URL and nowhere a response points.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| unavailable(format!("HTTP client: {e}")))?;
+        let http = Wire::new(parsed.scheme()).map_err(unavailable)?;
         Ok(Some(Self { http, base, token }))
     }
 
@@ -118,29 +113,27 @@ impl Server {
         line: String,
         git_token: Option<&str>,
     ) -> Result<Vec<Value>> {
-        let url = format!("{}/v1/workspaces/{workspace_id}/mcp", self.base);
-        let req = self
-            .http
-            .post(url)
-            .query(&[("runtime", runtime)])
-            .bearer_auth(&self.token)
-            .header(reqwest::header::CONTENT_TYPE, "application/json")
-            .header(
-                reqwest::header::ACCEPT,
-                "application/json, text/event-stream",
-            )
-            .body(line);
-        let resp = send(req, git_token).await?;
-        let status = resp.status();
-        let sse = resp
-            .headers()
-            .get(reqwest::header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| unavailable(format!("reading the answer: {}", e.without_url())))?;
+        let mut url =
+            reqwest::Url::parse(&format!("{}/v1/workspaces/{workspace_id}/mcp", self.base))
+                .map_err(|_| invalid("GROVE_URL is not a URL (expected http://HOST:PORT)"))?;
+        url.query_pairs_mut().append_pair("runtime", runtime);
+        let answer = self
+            .send(Request {
+                method: Method::POST,
+                url: url.into(),
+                token: &self.token,
+                content_type: Some("application/json"),
+                accept: Some("application/json, text/event-stream"),
+                git_token: git_token.map(|t| (GIT_TOKEN_HEADER, t)),
+                body: Some(line.into_bytes()),
+            })
+            .await?;
+        let Answer {
+            status,
+            content_type,
+            body: bytes,
+        } = answer;
+        let sse = content_type.is_some_and(|v| v.starts_with("text/event-stream"));
         if status == StatusCode::ACCEPTED {
             return Ok(vec![]);
         }
@@ -168,19 +161,22 @@ impl Server {
         body: Option<Value>,
         git_token: Option<&str>,
     ) -> Result<T> {
-        let mut req = self
-            .http
-            .request(method, format!("{}{path}", self.base))
-            .bearer_auth(&self.token);
-        if let Some(body) = body {
-            req = req.json(&body);
-        }
-        let resp = send(req, git_token).await?;
-        let status = resp.status();
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|e| unavailable(format!("reading the answer: {}", e.without_url())))?;
+        let answer = self
+            .send(Request {
+                method,
+                url: format!("{}{path}", self.base),
+                token: &self.token,
+                content_type: body.as_ref().map(|_| "application/json"),
+                accept: None,
+                git_token: git_token.map(|t| (GIT_TOKEN_HEADER, t)),
+                body: body.map(|b| b.to_string().into_bytes()),
+            })
+            .await?;
+        let Answer {
+            status,
+            body: bytes,
+            ..
+        } = answer;
         if !status.is_success() {
             return Err(error_of(status, &bytes).into());
         }
@@ -190,19 +186,17 @@ impl Server {
     }
 }
 
-/// Sends `req` with the git token header when there is one; a server that does not
-/// answer is `unavailable` (the URL, which the caller set, is left out of the message).
-async fn send(req: reqwest::RequestBuilder, git_token: Option<&str>) -> Result<reqwest::Response> {
-    let req = match git_token {
-        Some(t) => req.header(GIT_TOKEN_HEADER, t),
-        None => req,
-    };
-    req.send().await.map_err(|e| {
-        unavailable(format!(
-            "the grove server at GROVE_URL did not answer: {}",
-            e.without_url()
-        ))
-    })
+impl Server {
+    /// One exchange; a server that does not answer is `unavailable` (the URL, which
+    /// the caller set, is left out of the message).
+    async fn send(&self, req: Request<'_>) -> Result<Answer> {
+        self.http.send(req).await.map_err(|f| match f {
+            Failure::Send(why) => unavailable(format!(
+                "the grove server at GROVE_URL did not answer: {why}"
+            )),
+            Failure::Read(why) => unavailable(format!("reading the answer: {why}")),
+        })
+    }
 }
 
 fn is_jsonrpc(messages: &[Value]) -> bool {
