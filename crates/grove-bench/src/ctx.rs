@@ -264,6 +264,7 @@ impl Ctx {
             max_output_bytes: None,
             kind: Some(ExecKind::Read),
             network: None,
+            keep_output: true,
         })
     }
 
