@@ -250,7 +250,10 @@ pub async fn workspace_page(
     .bind(offset)
     .fetch_all(pool)
     .await?;
-    let rows = rows.iter().map(list_row).collect::<Result<_, StoreError>>()?;
+    let rows = rows
+        .iter()
+        .map(list_row)
+        .collect::<Result<_, StoreError>>()?;
     Ok(WorkspacePage { rows, total })
 }
 
@@ -539,7 +542,11 @@ pub async fn run_verification(pool: &PgPool, requested_by: &str) -> Result<i64, 
     let (events, diffs, report) = match crate::replay::verify(pool).await {
         Ok(r) => {
             let text: Vec<String> = r.diffs.iter().take(20).map(|d| d.to_string()).collect();
-            (Some(r.events as i64), Some(r.diffs.len() as i32), text.join("\n"))
+            (
+                Some(r.events as i64),
+                Some(r.diffs.len() as i32),
+                text.join("\n"),
+            )
         }
         Err(e) => (None, None, format!("replay failed: {e}")),
     };

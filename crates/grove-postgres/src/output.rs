@@ -125,10 +125,7 @@ pub const UNKEPT_OUTPUT_WINDOW: std::time::Duration = std::time::Duration::from_
 /// `retention` ago (or [`UNKEPT_OUTPUT_WINDOW`] ago, for an exec whose request asked not
 /// to keep its output), marking them `output_pruned`. The rest of the result (exit code,
 /// duration) stays until the ledger row itself is pruned. Returns how many were blanked.
-pub async fn prune_kept(
-    pool: &PgPool,
-    retention: std::time::Duration,
-) -> Result<u64, StoreError> {
+pub async fn prune_kept(pool: &PgPool, retention: std::time::Duration) -> Result<u64, StoreError> {
     let n = sqlx::query(
         "UPDATE grove.commands
          SET result = result || '{\"stdout\": \"\", \"stderr\": \"\", \"output_pruned\": true}'::jsonb

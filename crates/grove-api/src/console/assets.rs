@@ -1,4 +1,4 @@
-//! The console's static files (one stylesheet, one script), shipped inside the binary.
+//! The console's static files (a stylesheet, a script, an icon), shipped inside the binary.
 
 use axum::extract::Path;
 use axum::http::{header, StatusCode};
@@ -6,12 +6,14 @@ use axum::response::{IntoResponse, Response};
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
+const ICON: &str = include_str!("assets/favicon.svg");
 
 /// `GET /ui/assets/{name}`.
 pub async fn serve(Path(name): Path<String>) -> Response {
     let (body, kind) = match name.as_str() {
         "console.css" => (CSS, "text/css; charset=utf-8"),
         "console.js" => (JS, "text/javascript; charset=utf-8"),
+        "favicon.svg" => (ICON, "image/svg+xml"),
         _ => return (StatusCode::NOT_FOUND, "no such asset").into_response(),
     };
     (

@@ -44,7 +44,10 @@ pub fn routes() -> Router<Arc<AppState>> {
         .route("/ui/fleet", get(pages::fleet))
         .route("/ui/workspaces", get(pages::workspaces))
         .route("/ui/workspaces/{id}", get(pages::workspace))
-        .route("/ui/workspaces/{id}/timeline", get(pages::timeline_fragment))
+        .route(
+            "/ui/workspaces/{id}/timeline",
+            get(pages::timeline_fragment),
+        )
         .route("/ui/workspaces/{id}/follow", get(pages::follow))
         .route("/ui/events", get(pages::events))
         .route("/ui/events/verify", post(pages::verify))
@@ -54,13 +57,19 @@ pub fn routes() -> Router<Arc<AppState>> {
 
 async fn security_headers(mut response: Response) -> Response {
     let h = response.headers_mut();
-    h.insert(header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static(CSP),
+    );
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),
     );
-    h.insert(header::REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("no-referrer"),
+    );
     h.entry(header::CACHE_CONTROL)
         .or_insert(HeaderValue::from_static("no-store"));
     response

@@ -25,15 +25,16 @@ const PAGE: i64 = 50;
 /// Timeline items a workspace page starts with (the newest).
 const TIMELINE: i64 = 200;
 
-fn page(
-    viewer: &Viewer,
-    name: &str,
-    ctx: minijinja::Value,
-) -> Result<Html<String>, ConsoleError> {
+/// A serializable value for a template context.
+fn v(value: &impl Serialize) -> minijinja::Value {
+    minijinja::Value::from(minijinja::value::Serde(value))
+}
+
+fn page(viewer: &Viewer, name: &str, ctx: minijinja::Value) -> Result<Html<String>, ConsoleError> {
     let me = context! {
-        user => viewer.caller.user_id,
+        user => viewer.caller.user_id.clone(),
         operator => viewer.caller.operator,
-        csrf => viewer.csrf,
+        csrf => viewer.csrf.clone(),
     };
     Ok(Html(templates::render(name, context! { me, ..ctx })?))
 }
@@ -51,7 +52,11 @@ pub async fn home(viewer: Viewer) -> Redirect {
 pub async fn fleet(State(state): St, viewer: Viewer) -> Result<Html<String>, ConsoleError> {
     viewer.require_operator()?;
     let fleet = console::fleet(&state.pool).await?;
-    page(&viewer, "fleet.html", context! { nav => "fleet", fleet })
+    page(
+        &viewer,
+        "fleet.html",
+        context! { nav => "fleet", fleet => v(&fleet) },
+    )
 }
 
 #[derive(Deserialize)]
@@ -127,8 +132,8 @@ pub async fn workspaces(
         &viewer,
         "workspaces.html",
         context! {
-            nav => "workspaces", list, disk, search, page => page_no, pages,
-            chart_height => disk.len() * 28 + 4,
+            nav => "workspaces", list => v(&list), chart_height => disk.len() * 28 + 4,
+            disk => v(&disk), search, page => page_no, pages,
         },
     )
 }
@@ -175,7 +180,8 @@ pub async fn workspace(
         &viewer,
         "workspace.html",
         context! {
-            nav => "workspaces", ws, runtimes, items, last_version,
+            nav => "workspaces", ws => v(&ws), runtimes => v(&runtimes),
+            items => v(&items), last_version,
             last_position => last_position.unwrap_or(0),
         },
     )
@@ -199,7 +205,7 @@ pub async fn timeline_fragment(
     let (items, last_version, _) = story(&state, id, q.after.unwrap_or(0).max(0)).await?;
     Ok(Html(templates::render(
         "timeline.html",
-        context! { items, last_version, fragment => true },
+        context! { items => v(&items), last_version, fragment => true },
     )?))
 }
 
@@ -281,7 +287,10 @@ pub async fn events(
         .map(|e| {
             let mut payload = serde_json::to_string(&e.event.to_stored().1).unwrap_or_default();
             if payload.len() > 400 {
-                let cut = (0..=400).rev().find(|i| payload.is_char_boundary(*i)).unwrap_or(0);
+                let cut = (0..=400)
+                    .rev()
+                    .find(|i| payload.is_char_boundary(*i))
+                    .unwrap_or(0);
                 payload.truncate(cut);
                 payload.push('…');
             }
@@ -300,7 +309,10 @@ pub async fn events(
     page(
         &viewer,
         "events.html",
-        context! { nav => "events", rows, q, next_before, verification },
+        context! {
+            nav => "events", rows => v(&rows), q => v(&q), next_before,
+            verification => v(&verification),
+        },
     )
 }
 

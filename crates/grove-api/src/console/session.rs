@@ -169,11 +169,7 @@ pub async fn login(
         return Ok((StatusCode::UNAUTHORIZED, Html(page)).into_response());
     }
     let set = cookie(token, None, secure(&headers));
-    Ok((
-        [(header::SET_COOKIE, set)],
-        Redirect::to("/ui"),
-    )
-        .into_response())
+    Ok(([(header::SET_COOKIE, set)], Redirect::to("/ui")).into_response())
 }
 
 #[derive(Deserialize)]
@@ -204,7 +200,10 @@ mod tests {
     #[test]
     fn the_session_token_is_read_from_among_other_cookies() {
         let mut h = HeaderMap::new();
-        h.insert(header::COOKIE, "a=1; grove_console=tok-123; b=2".parse().unwrap());
+        h.insert(
+            header::COOKIE,
+            "a=1; grove_console=tok-123; b=2".parse().unwrap(),
+        );
         assert_eq!(session_token(&h).as_deref(), Some("tok-123"));
         h.insert(header::COOKIE, "grove_console_x=1".parse().unwrap());
         assert_eq!(session_token(&h), None);

@@ -75,7 +75,10 @@ mod tests {
         )
         .unwrap();
         assert!(!html.contains("<script>alert(1)"), "{html}");
-        assert!(html.contains("&lt;script&gt;alert(1)&lt;/script&gt;"), "{html}");
+        assert!(
+            html.contains("&lt;script&gt;alert(1)&lt;&#x2f;script&gt;"),
+            "{html}"
+        );
         for (name, _) in TEMPLATES {
             env().get_template(name).unwrap();
         }

@@ -128,15 +128,22 @@ fn describe(event: &Event, base: Item) -> Item {
                 if *created { ", new file" } else { "" }
             )],
         ),
-        Event::WorkspaceCommitted {
-            commit, files, ..
-        } => ("commit", format!("commit {}", short(commit)), files.clone()),
+        Event::WorkspaceCommitted { commit, files, .. } => {
+            ("commit", format!("commit {}", short(commit)), files.clone())
+        }
         Event::WorkspacePushed {
-            branch, commit, forced, ..
+            branch,
+            commit,
+            forced,
+            ..
         } => (
             "push",
             format!("pushed {branch} at {}", short(commit)),
-            if *forced { vec!["forced".into()] } else { vec![] },
+            if *forced {
+                vec!["forced".into()]
+            } else {
+                vec![]
+            },
         ),
         Event::WorkspaceMergedBack {
             task_workspace_id,
@@ -147,7 +154,11 @@ fn describe(event: &Event, base: Item) -> Item {
         } => (
             "merge",
             format!("merged back task {task_workspace_id} into {branch}"),
-            vec![format!("{} commits, head {}", commits.len(), short(new_head))],
+            vec![format!(
+                "{} commits, head {}",
+                commits.len(),
+                short(new_head)
+            )],
         ),
         Event::WorkspaceMergeBackConflicted { paths, .. } => {
             ("merge", "merge-back conflicted".into(), paths.clone())
@@ -170,9 +181,11 @@ fn describe(event: &Event, base: Item) -> Item {
             format!("restored at {}", short(head_commit)),
             vec![],
         ),
-        Event::WorkspacePullRequestOpened { url, title, .. } => {
-            ("pull", format!("pull request opened: {title}"), vec![url.clone()])
-        }
+        Event::WorkspacePullRequestOpened { url, title, .. } => (
+            "pull",
+            format!("pull request opened: {title}"),
+            vec![url.clone()],
+        ),
         other => ("other", other.event_type().replace('_', " "), vec![]),
     };
     Item {
@@ -219,27 +232,33 @@ mod tests {
     fn an_exec_is_one_item_with_its_kept_output() {
         let (ws, rt, id) = (Uuid::nil(), Uuid::nil(), Uuid::now_v7());
         let events = [
-            recorded(1, Event::ExecStarted {
-                exec_id: id,
-                workspace_id: ws,
-                runtime_id: rt,
-                kind: grove_core::model::ExecKind::Write,
-                argv: vec!["echo".into(), "hi".into()],
-                env_keys: vec![],
-                timeout_ms: None,
-            }),
-            recorded(2, Event::ExecFinished {
-                exec_id: id,
-                workspace_id: ws,
-                runtime_id: rt,
-                outcome: "completed".into(),
-                exit_code: Some(0),
-                timed_out: false,
-                truncated: false,
-                duration_ms: 5,
-                stdout_bytes: 3,
-                stderr_bytes: 0,
-            }),
+            recorded(
+                1,
+                Event::ExecStarted {
+                    exec_id: id,
+                    workspace_id: ws,
+                    runtime_id: rt,
+                    kind: grove_core::model::ExecKind::Write,
+                    argv: vec!["echo".into(), "hi".into()],
+                    env_keys: vec![],
+                    timeout_ms: None,
+                },
+            ),
+            recorded(
+                2,
+                Event::ExecFinished {
+                    exec_id: id,
+                    workspace_id: ws,
+                    runtime_id: rt,
+                    outcome: "completed".into(),
+                    exit_code: Some(0),
+                    timed_out: false,
+                    truncated: false,
+                    duration_ms: 5,
+                    stdout_bytes: 3,
+                    stderr_bytes: 0,
+                },
+            ),
         ];
         let kept = HashMap::from([(
             id,
