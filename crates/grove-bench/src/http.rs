@@ -22,9 +22,9 @@ use crate::Out;
 
 /// The API served in-process until dropped.
 pub struct Api {
-    base: String,
-    token: String,
-    http: reqwest::Client,
+    pub(crate) base: String,
+    pub(crate) token: String,
+    pub(crate) http: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
 }
 

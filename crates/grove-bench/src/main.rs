@@ -9,6 +9,7 @@
 
 mod cases;
 mod client;
+mod console;
 mod ctx;
 mod fixture;
 mod http;
@@ -42,6 +43,7 @@ pub const ALL_CASES: &[&str] = &[
     "cache_fetch_file",
     "cache_fetch_http",
     "worker_rss_after_clone",
+    "console_pages",
 ];
 
 #[derive(Parser, Debug, Clone)]
@@ -106,6 +108,12 @@ pub struct Args {
     /// Idle wait before worker_rss_after_clone's last sample.
     #[arg(long, default_value_t = 60)]
     pub rss_idle_secs: u64,
+    /// Workspace records during the console_pages case.
+    #[arg(long, default_value_t = 10_000)]
+    pub console_workspaces: i64,
+    /// Events in the log during the console_pages case (topped up to this many).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub console_events: i64,
     /// Repetitions of the steady (nothing to do) sweep.
     #[arg(long, default_value_t = 5)]
     pub sweep_n: usize,
