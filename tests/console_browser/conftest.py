@@ -10,6 +10,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
@@ -39,6 +40,15 @@ class Grove:
         )
         with urllib.request.urlopen(req, timeout=120) as resp:
             return json.load(resp)
+
+    def fail_a_command(self, token: str) -> int:
+        """A tool command that fails on the worker (no such file); returns the status."""
+        try:
+            self.api(f"/v1/workspaces/{self.workspace}/tools/str_replace", token,
+                     {"path": "no-such-file.txt", "old_str": "a", "new_str": "b"})
+        except urllib.error.HTTPError as e:
+            return e.code
+        return 200
 
     def exec(self, token: str, argv: list[str]) -> dict:
         return self.api(f"/v1/workspaces/{self.workspace}/exec", token, {"argv": argv})
@@ -80,7 +90,8 @@ def grove() -> Iterator[Grove]:
         "GROVE_HOME": str(tmp / "home"),
         "GROVE_LOCAL_REPO_ROOTS": str(tmp / "repos"),
         "GROVE_API_TOKENS": f"{ALICE}=alice,{BOB}=bob,{OPS}=ops:operator",
-        "GROVE_EVICT_SCHEDULE": "off",
+        # Sweeps every few seconds: the disk chart draws the water marks of the last one.
+        "GROVE_EVICT_SCHEDULE": "*/3 * * * * *",
         "GROVE_LOG": "warn",
     }
     server = subprocess.Popen(

@@ -36,11 +36,14 @@ def shot(driver, name: str) -> None:
 
 
 def test_an_operator_signs_in_and_fleet_shows_the_worker(grove: Grove, browser) -> None:
+    assert grove.fail_a_command(ALICE) >= 400
     sign_in(browser, grove, OPS)
     assert browser.current_url.endswith("/ui/fleet")
     workers = browser.find_element(By.ID, "workers").text
     assert "grove:node:" in workers, workers
     assert browser.find_element(By.CSS_SELECTOR, "#workers td.node").text not in ("", "—")
+    failures = browser.find_element(By.ID, "failures").text
+    assert "tool" in failures and "not_found" in failures, failures
     shot(browser, "fleet")
     assert console_errors(browser) == []
 
@@ -89,6 +92,12 @@ def test_workspaces_and_events_pages_render_for_an_operator(grove: Grove, browse
     browser.get(grove.base + "/ui/workspaces")
     assert grove.workspace[:8] in browser.find_element(By.ID, "workspaces").text
     assert browser.find_element(By.ID, "disk-chart").is_displayed()
+    # The node's sweeps run every few seconds: the chart gets its water marks.
+    deadline = time.time() + 20
+    while not browser.find_elements(By.CSS_SELECTOR, "#disk-chart line.high"):
+        assert time.time() < deadline, "no sweep reported water marks"
+        time.sleep(1)
+        browser.refresh()
     browser.find_element(By.ID, "search").send_keys("alice")
     browser.find_element(By.CSS_SELECTOR, "form.search button").click()
     WebDriverWait(browser, 10).until(ec.url_contains("q=alice"))
