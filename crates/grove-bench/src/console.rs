@@ -38,12 +38,24 @@ pub async fn console_pages(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let pages = [
         ("console_fleet", "/ui/fleet".to_string()),
         ("console_workspaces", "/ui/workspaces".to_string()),
-        ("console_workspaces_search", "/ui/workspaces?q=user-42".to_string()),
-        ("console_workspaces_page_100", "/ui/workspaces?page=100".to_string()),
+        (
+            "console_workspaces_search",
+            "/ui/workspaces?q=user-42".to_string(),
+        ),
+        (
+            "console_workspaces_page_100",
+            "/ui/workspaces?page=100".to_string(),
+        ),
         ("console_workspace", format!("/ui/workspaces/{ws}")),
         ("console_events", "/ui/events".to_string()),
-        ("console_events_by_type", "/ui/events?type=exec.finished".to_string()),
-        ("console_events_by_user", "/ui/events?user=user-7".to_string()),
+        (
+            "console_events_by_type",
+            "/ui/events?type=exec.finished".to_string(),
+        ),
+        (
+            "console_events_by_user",
+            "/ui/events?user=user-7".to_string(),
+        ),
     ];
     for (name, path) in pages {
         let (mut grove, mut floor) = (vec![], vec![]);
