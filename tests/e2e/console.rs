@@ -284,6 +284,16 @@ async fn the_timeline_shows_kept_output_escaped_to_its_owner_only_and_forms_need
         ops.contains(&ws[..8]) && ops.contains("disk-chart"),
         "{ops}"
     );
+    // Searched by an id's start or by any part of the user, in any case.
+    for q in [&ws[..8], &ws[..8].to_uppercase(), "LIC", ws.as_str()] {
+        let (_, found) = page(&server, &format!("/ui/workspaces?q={q}"), Some(OPS)).await;
+        assert!(
+            found.contains(&format!("/ui/workspaces/{ws}")),
+            "{q}: {found}"
+        );
+    }
+    let (_, none) = page(&server, "/ui/workspaces?q=nobody-xyz", Some(OPS)).await;
+    assert!(!none.contains(&format!("/ui/workspaces/{ws}")) && none.contains("0 workspaces"));
 
     // replay --verify: refused without the CSRF token, with another session's, from
     // another origin, and to a user; run with it.

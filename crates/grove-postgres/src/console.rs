@@ -209,7 +209,7 @@ pub struct WorkspacePage {
 }
 
 /// A page of the workspaces of `user` (`None`: everyone's) matching `search` (a
-/// substring of the user, project or repository, or the start of the id).
+/// substring of the user, project or repository, any case, or the start of the id).
 pub async fn workspace_page(
     pool: &PgPool,
     user: Option<&str>,
@@ -217,16 +217,19 @@ pub async fn workspace_page(
     offset: i64,
     limit: i64,
 ) -> Result<WorkspacePage, StoreError> {
-    let pattern = search.map(|s| format!("%{}%", escape_like(s)));
+    let needle = search.map(str::to_lowercase);
+    let (lo, hi) = search.and_then(id_range).unzip();
     let filter = "($1::text IS NULL OR w.user_id = $1) AND ($2::text IS NULL
-        OR w.user_id ILIKE $2 OR w.project_id ILIKE $2 OR c.repo_name ILIKE $2
-        OR w.id::text ILIKE $2)";
+        OR strpos(lower(w.user_id), $2) > 0 OR strpos(lower(w.project_id), $2) > 0
+        OR strpos(lower(c.repo_name), $2) > 0 OR w.id BETWEEN $3 AND $4)";
     let total: i64 = sqlx::query_scalar(trusted(format!(
         "SELECT count(*) FROM grove.sandbox_workspaces w
          LEFT JOIN grove.sandbox_repo_caches c ON c.id = w.repo_cache_id WHERE {filter}"
     )))
     .bind(user)
-    .bind(pattern.as_deref())
+    .bind(needle.as_deref())
+    .bind(lo)
+    .bind(hi)
     .fetch_one(pool)
     .await?;
     let rows = sqlx::query(trusted(format!(
@@ -242,10 +245,12 @@ pub async fn workspace_page(
          LEFT JOIN grove.sandbox_repo_caches c ON c.id = w.repo_cache_id
          LEFT JOIN ranked r ON r.id = w.id
          WHERE {filter}
-         ORDER BY w.last_used_at DESC, w.id LIMIT $3 OFFSET $4"
+         ORDER BY w.last_used_at DESC, w.id LIMIT $5 OFFSET $6"
     )))
     .bind(user)
-    .bind(pattern.as_deref())
+    .bind(needle.as_deref())
+    .bind(lo)
+    .bind(hi)
     .bind(limit)
     .bind(offset)
     .fetch_all(pool)
@@ -274,10 +279,26 @@ fn list_row(r: &sqlx::postgres::PgRow) -> Result<WorkspaceListRow, StoreError> {
     })
 }
 
-fn escape_like(s: &str) -> String {
-    s.replace('\\', "\\\\")
-        .replace('%', "\\%")
-        .replace('_', "\\_")
+/// The ids starting with `prefix` (hex digits and dashes of a UUID, any case), as the
+/// lowest and highest such UUID; `None` when it cannot begin a UUID.
+fn id_range(prefix: &str) -> Option<(Uuid, Uuid)> {
+    const SHAPE: &str = "xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+    let p = prefix.trim().to_ascii_lowercase();
+    if p.is_empty() || p.len() > SHAPE.len() {
+        return None;
+    }
+    let fits = p.chars().zip(SHAPE.chars()).all(|(c, s)| match s {
+        '-' => c == '-',
+        _ => c.is_ascii_hexdigit(),
+    });
+    let fill = |digit: char| {
+        let rest: String = SHAPE[p.len()..]
+            .chars()
+            .map(|s| if s == '-' { '-' } else { digit })
+            .collect();
+        Uuid::parse_str(&format!("{p}{rest}")).ok()
+    };
+    fits.then(|| Some((fill('0')?, fill('f')?))).flatten()
 }
 
 /// Disk use of one node against the water marks of its last sweep.
@@ -596,4 +617,21 @@ pub async fn run_verification(pool: &PgPool, requested_by: &str) -> Result<i64, 
     .execute(pool)
     .await?;
     Ok(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_id_prefix_is_the_range_of_the_ids_it_begins() {
+        let (lo, hi) = id_range("4414472D").unwrap();
+        assert_eq!(lo.to_string(), "4414472d-0000-0000-0000-000000000000");
+        assert_eq!(hi.to_string(), "4414472d-ffff-ffff-ffff-ffffffffffff");
+        let full = "4414472d-18df-59a5-a5b8-3fb7ea52b17a";
+        assert_eq!(id_range(full).unwrap().0.to_string(), full);
+        assert_eq!(id_range("alice"), None);
+        assert_eq!(id_range("4414472d1"), None, "a dash belongs there");
+        assert_eq!(id_range(""), None);
+    }
 }
