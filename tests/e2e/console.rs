@@ -225,6 +225,7 @@ async fn the_timeline_shows_kept_output_escaped_to_its_owner_only_and_forms_need
     );
     assert!(!html.contains("secret-output-2\n</pre>"), "not kept");
     assert!(html.contains("output not kept"), "{html}");
+    assert!(html.contains("<dt>writable</dt><dd>yes</dd>"), "{html}");
 
     // Past its retention the output is blanked on the ledger; the step stays.
     let pruned = grove_postgres::output::prune_kept(&env.pool, std::time::Duration::ZERO)

@@ -326,6 +326,16 @@ pub async fn verify(
     check_origin(&headers)?;
     viewer.check_csrf(&form.csrf)?;
     viewer.require_operator()?;
+    // One run at a time: a run started in the last ten minutes and not finished is
+    // still going (a server that stopped mid-run leaves it unfinished; ten minutes on,
+    // the next click runs again).
+    if let Some(last) = console::last_verification(&state.pool).await? {
+        let running = last.finished_at.is_none()
+            && Utc::now() - last.started_at < chrono::Duration::minutes(10);
+        if running {
+            return Ok(Redirect::to("/ui/events"));
+        }
+    }
     let pool = state.pool.clone();
     let who = viewer.caller.user_id.clone();
     tokio::spawn(async move {
