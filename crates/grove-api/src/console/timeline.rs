@@ -99,8 +99,8 @@ pub fn items(events: &[RecordedEvent], kept: &HashMap<Uuid, KeptExec>) -> Vec<It
                 item.outcome = Some(outcome.clone());
                 match k {
                     Some(k) => {
-                        item.stdout = k.stdout.clone();
-                        item.stderr = k.stderr.clone();
+                        item.stdout = k.stdout.as_deref().map(clip);
+                        item.stderr = k.stderr.as_deref().map(clip);
                         item.output_note = k.output_note.clone();
                     }
                     None => item.output_note = Some("pruned".into()),
@@ -196,6 +196,25 @@ fn describe(event: &Event, base: Item) -> Item {
     }
 }
 
+/// Output shown per stream of one command; the rest is one `GET /v1/execs/{id}` away.
+pub const SHOWN_OUTPUT_BYTES: usize = 64 * 1024;
+
+/// `text` cut to [`SHOWN_OUTPUT_BYTES`] (at a character boundary), saying what was cut.
+fn clip(text: &str) -> String {
+    if text.len() <= SHOWN_OUTPUT_BYTES {
+        return text.to_owned();
+    }
+    let cut = (0..=SHOWN_OUTPUT_BYTES)
+        .rev()
+        .find(|i| text.is_char_boundary(*i))
+        .unwrap_or(0);
+    format!(
+        "{}\n… {} more bytes (GET /v1/execs/{{id}} has them all)",
+        &text[..cut],
+        text.len() - cut
+    )
+}
+
 fn short(commit: &str) -> &str {
     commit.get(..12).unwrap_or(commit)
 }
@@ -273,5 +292,14 @@ mod tests {
         assert_eq!(items[0].stdout.as_deref(), Some("hi\n"));
         assert_eq!(items[0].version, 2);
         assert!(!items[0].running);
+    }
+
+    #[test]
+    fn long_output_is_clipped_at_a_character_boundary() {
+        let long = "é".repeat(SHOWN_OUTPUT_BYTES);
+        let shown = clip(&long);
+        assert!(shown.len() < long.len());
+        assert!(shown.ends_with("more bytes (GET /v1/execs/{id} has them all)"));
+        assert_eq!(clip("short"), "short");
     }
 }
