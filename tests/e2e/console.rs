@@ -148,7 +148,15 @@ async fn the_console_signs_in_with_a_token_and_keeps_it_in_a_strict_http_only_co
     // The operator lands on Fleet, which names the in-process worker; the page never
     // carries the token.
     assert_eq!(page(&server, "/ui", Some(OPS)).await.1, "/ui/fleet");
-    let (status, fleet) = page(&server, "/ui/fleet", Some(OPS)).await;
+    // The in-process worker registers as the server starts: give it a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (status, fleet) = loop {
+        let (status, fleet) = page(&server, "/ui/fleet", Some(OPS)).await;
+        if fleet.contains("grove:node:") || std::time::Instant::now() > deadline {
+            break (status, fleet);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
     assert_eq!(status, StatusCode::OK);
     assert!(
         fleet.contains("grove:node:"),
