@@ -18,7 +18,8 @@ pub struct Item {
     /// The (last) event's version in the workspace's stream.
     pub version: i64,
     pub at: String,
-    /// `exec`, `file`, `commit`, `push`, `merge`, `evict`, `restore`, `pull`, `other`.
+    /// `exec`, `file`, `commit`, `push`, `merge`, `evict`, `restore`, `pull`, `workspace`,
+    /// `other`.
     pub kind: &'static str,
     /// One line (the event type and what it names).
     pub title: String,
@@ -114,6 +115,41 @@ pub fn items(events: &[RecordedEvent], kept: &HashMap<Uuid, KeptExec>) -> Vec<It
 
 fn describe(event: &Event, base: Item) -> Item {
     let (kind, title, details) = match event {
+        Event::WorkspaceCreated {
+            base_ref,
+            base_commit,
+            mode,
+            ..
+        } => (
+            "workspace",
+            format!(
+                "created ({}) from {base_ref} at {}",
+                mode.as_str(),
+                short(base_commit)
+            ),
+            vec![],
+        ),
+        Event::WorkspaceAcquired { .. } => ("workspace", "acquired".into(), vec![]),
+        Event::WorkspaceReleased { .. } => ("workspace", "released".into(), vec![]),
+        Event::WorkspaceDestroyed { .. } => ("workspace", "destroyed".into(), vec![]),
+        Event::WorkspaceDirtyChanged { dirty, .. } => (
+            "workspace",
+            if *dirty {
+                "has uncommitted changes"
+            } else {
+                "clean"
+            }
+            .into(),
+            vec![],
+        ),
+        Event::WorkspacePinned { until, .. } => (
+            "workspace",
+            match until {
+                Some(t) => format!("pinned until {}", t.format("%Y-%m-%d %H:%M:%S")),
+                None => "unpinned".into(),
+            },
+            vec![],
+        ),
         Event::WorkspaceFileWritten {
             path,
             op,
