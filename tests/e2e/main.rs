@@ -5,6 +5,7 @@ mod boundary;
 mod cli;
 mod cli_remote;
 mod concurrency;
+mod console;
 mod contract;
 mod crash;
 mod docker;

@@ -30,6 +30,9 @@ pub struct WorkerConfig {
     pub cache_freshness: Duration,
     /// Finished jobs and ledger rows are pruned after this long (the dedupe window).
     pub prune_after: Duration,
+    /// Exec output is kept on the ledger for the console's timeline this long
+    /// (`GROVE_EXEC_OUTPUT_RETENTION`, seconds); no longer than the ledger row itself.
+    pub output_retention: Duration,
     /// The image `--runtime docker` execs run in (`GROVE_DOCKER_IMAGE`, else the last
     /// `grove image build`); `None` when there is none.
     pub docker_image: Option<String>,
@@ -58,6 +61,7 @@ impl WorkerConfig {
             lock_timeout: Duration::from_secs(120),
             cache_freshness: Duration::from_secs(600),
             prune_after: Duration::from_secs(7 * 24 * 3600),
+            output_retention: Duration::from_secs(7 * 24 * 3600),
             docker_image: None,
             eviction: EvictionSettings::default(),
             local_repos: grove_core::local_repo::LocalRepoPolicy::from_value(

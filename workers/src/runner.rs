@@ -8,6 +8,7 @@ use grove_core::commands::Command;
 use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event, Metadata};
 use grove_core::ports::GitToken;
+use grove_postgres::output;
 use grove_postgres::queue::{self, ClaimedJob};
 use grove_postgres::StoreError;
 use sqlx::postgres::PgListener;
@@ -66,7 +67,9 @@ impl Worker {
 
     /// Registers this worker so it may lock jobs (`apalis.jobs.lock_by` references it).
     pub async fn register(&self) -> Result<(), StoreError> {
-        queue::register_worker(&self.deps.pool, &self.deps.config.worker_id, &self.queues).await
+        let cfg = &self.deps.config;
+        queue::register_worker(&self.deps.pool, &cfg.worker_id, &self.queues).await?;
+        queue::record_concurrency(&self.deps.pool, &cfg.worker_id, cfg.concurrency).await
     }
 
     /// Claims and runs at most one job, to completion. Tests drive the queue with it.
@@ -346,6 +349,9 @@ async fn maintain(deps: Arc<JobContext>, wake: Arc<Notify>, queues: Vec<String>)
             last_prune = std::time::Instant::now();
             if let Err(e) = queue::prune(&deps.pool, cfg.prune_after).await {
                 warn!(error = %e, "pruning failed");
+            }
+            if let Err(e) = output::prune_kept(&deps.pool, cfg.output_retention).await {
+                warn!(error = %e, "pruning kept exec output failed");
             }
         }
     }

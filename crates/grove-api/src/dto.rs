@@ -326,6 +326,10 @@ pub struct ExecRequest {
     /// its result.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// `false`: the output is not kept for the console's timeline (default `true`: kept
+    /// for `GROVE_EXEC_OUTPUT_RETENTION`, within the output cap).
+    #[serde(default)]
+    pub keep_output: Option<bool>,
 }
 
 #[derive(Debug, Serialize, ToSchema)]

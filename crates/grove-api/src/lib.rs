@@ -9,6 +9,7 @@
 //! worker in this process (`InlineReads`, ADR 24). See docs/adr/09-http-api.md.
 //!
 //! # Layout
+//! - [`console`]: the operator console, HTML pages under `/ui` (ADR 29).
 //! - [`auth`]: bearer tokens to users and operators (`GROVE_API_TOKENS`, `..._FILE`).
 //! - [`routes`]: the JSON resources, with tenancy (another user's ids answer 404).
 //! - `request`: the helpers the route modules share (command ids, the tenancy check,
@@ -37,6 +38,7 @@
 //! response or an error message.
 
 pub mod auth;
+pub mod console;
 pub mod contract;
 pub mod dto;
 pub mod error;
@@ -328,6 +330,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(merge_back::routes())
         .merge(progress::routes())
         .merge(mcp::routes())
+        .merge(console::routes())
         .method_not_allowed_fallback(|| async {
             ApiError::Request(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,

@@ -77,6 +77,7 @@ pub(crate) async fn exec_command(
         max_output_bytes: req.max_output_bytes,
         kind: req.kind.map(Into::into),
         network: req.network.map(Into::into),
+        keep_output: req.keep_output.unwrap_or(true),
     });
     command.validate()?;
     Ok((id, command))

@@ -53,6 +53,7 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     case!("replay", replay(ctx, out));
     case!("http_read_file", crate::http::http_read_file(ctx, out));
     case!("http_exec", crate::http::http_exec(ctx, out));
+    case!("console_pages", crate::console::console_pages(ctx, out));
     if let Err(e) = crate::transfer::transfer_cases(ctx, out, wants).await {
         out.emit(skipped("cache_first_http", format!("failed: {e:#}")));
     }

@@ -277,6 +277,7 @@ impl Ctx {
             max_output_bytes: None,
             kind: Some(ExecKind::Read),
             network: None,
+            keep_output: true,
         })
     }
 

@@ -24,7 +24,7 @@ use crate::Out;
 pub struct Api {
     pub(crate) base: String,
     pub(crate) token: String,
-    http: reqwest::Client,
+    pub(crate) http: reqwest::Client,
     stop: Option<oneshot::Sender<()>>,
 }
 

@@ -10,6 +10,7 @@
 mod calls;
 mod cases;
 mod client;
+mod console;
 mod ctx;
 mod first;
 mod fixture;
@@ -39,6 +40,7 @@ pub const ALL_CASES: &[&str] = &[
     "replay",
     "http_read_file",
     "http_exec",
+    "console_pages",
     "cache_first_file",
     "cache_first_http",
     "cache_fetch_file",
@@ -123,6 +125,12 @@ pub struct Args {
     /// Iterations of each agent_calls call (the CLI's at most 100).
     #[arg(long, default_value_t = 200)]
     pub calls_n: usize,
+    /// Workspace records during the console_pages case.
+    #[arg(long, default_value_t = 10_000)]
+    pub console_workspaces: i64,
+    /// Events in the log during the console_pages case (topped up to this many).
+    #[arg(long, default_value_t = 1_000_000)]
+    pub console_events: i64,
     /// Repetitions of the steady (nothing to do) sweep.
     #[arg(long, default_value_t = 5)]
     pub sweep_n: usize,

@@ -815,6 +815,9 @@ pub(crate) async fn build_worker(
     if let Some(secs) = env_secs("GROVE_WORKER_LOST_AFTER") {
         config.worker_lost_after = secs;
     }
+    if let Some(secs) = env_secs("GROVE_EXEC_OUTPUT_RETENTION") {
+        config.output_retention = secs;
+    }
     let deps = grove_workers::build_deps(pool, config).await;
     Ok(grove_workers::Worker::new(deps))
 }
@@ -1031,6 +1034,7 @@ async fn exec(args: ExecArgs) -> Result<ExitCode> {
         max_output_bytes: args.max_output,
         kind,
         network,
+        keep_output: true,
     });
     command.validate()?;
     let outcome = match remote::Server::from_env()? {

@@ -98,6 +98,18 @@ pub struct Exec {
     /// `None` means [`NetworkPolicy::None`]; broader access only on explicit request.
     #[serde(default)]
     pub network: Option<NetworkPolicy>,
+    /// `false`: the output is not kept for the console's timeline (it reaches the caller
+    /// and is pruned from the ledger within the hour). Absent from payloads when `true`.
+    #[serde(default = "keep_output_default", skip_serializing_if = "is_true")]
+    pub keep_output: bool,
+}
+
+fn keep_output_default() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// One eviction sweep of one node (job `evict_sweep`, on that node's queue).
@@ -510,6 +522,7 @@ mod tests {
                 max_output_bytes: None,
                 kind: None,
                 network: None,
+                keep_output: true,
             })
         };
         let err = exec(Some(0)).validate().unwrap_err();
@@ -532,6 +545,7 @@ mod tests {
             max_output_bytes: None,
             kind: Some(ExecKind::Read),
             network: None,
+            keep_output: true,
         });
         let json = serde_json::to_value(&exec).unwrap();
         assert_eq!(json["command"], "exec");

@@ -94,6 +94,7 @@ pub fn command(
         max_output_bytes: None,
         kind: None,
         network: None,
+        keep_output: true,
     }))
 }
 

@@ -11,6 +11,7 @@
 //! - [`reader`]: reading and following the event log in commit-safe order.
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
+//! - [`console`]: the operator console's bounded reads (fleet, pages, timeline, log).
 //! - [`boundary`]: operator grants for local repository URLs, the fingerprint secret.
 //!
 //! Architecture invariant: no function here holds a transaction open while it waits on
@@ -18,6 +19,7 @@
 
 pub mod api_queries;
 pub mod boundary;
+pub mod console;
 pub mod error;
 pub mod locks;
 pub mod migrate;

@@ -117,6 +117,30 @@ pub async fn prune(pool: &PgPool, older_than: std::time::Duration) -> Result<u64
     Ok(n)
 }
 
+/// How long the output of an exec that asked not to be kept (`keep_output: false`)
+/// stays on its ledger row: long enough for its caller to collect the result.
+pub const UNKEPT_OUTPUT_WINDOW: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Blanks the stdout and stderr of exec results on the ledger that finished more than
+/// `retention` ago (or [`UNKEPT_OUTPUT_WINDOW`] ago, for an exec whose request asked not
+/// to keep its output), marking them `output_pruned`. The rest of the result (exit code,
+/// duration) stays until the ledger row itself is pruned. Returns how many were blanked.
+pub async fn prune_kept(pool: &PgPool, retention: std::time::Duration) -> Result<u64, StoreError> {
+    let n = sqlx::query(
+        "UPDATE grove.commands
+         SET result = result || '{\"stdout\": \"\", \"stderr\": \"\", \"output_pruned\": true}'::jsonb
+         WHERE kind = 'exec' AND result IS NOT NULL AND NOT (result ? 'output_pruned')
+           AND finished_at < now() - make_interval(secs => CASE
+               WHEN payload ->> 'keep_output' = 'false' THEN $2 ELSE $1 END)",
+    )
+    .bind(retention.as_secs_f64())
+    .bind(UNKEPT_OUTPUT_WINDOW.as_secs_f64().min(retention.as_secs_f64()))
+    .execute(pool)
+    .await?
+    .rows_affected();
+    Ok(n)
+}
+
 fn stream_name(stream: StreamKind) -> &'static str {
     match stream {
         StreamKind::Stdout => "stdout",

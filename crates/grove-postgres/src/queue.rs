@@ -198,6 +198,21 @@ pub async fn register_worker(
     Ok(())
 }
 
+/// Records how many jobs a registered worker runs at once, for the console's Fleet page
+/// (kept in `apalis.workers.layers`, which grove does not otherwise use).
+pub async fn record_concurrency(
+    pool: &PgPool,
+    worker_id: &str,
+    concurrency: usize,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE apalis.workers SET layers = $2 WHERE id = $1")
+        .bind(worker_id)
+        .bind(format!("concurrency={concurrency}"))
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// Records that a worker is alive. False when its row is gone (it must register again).
 pub async fn heartbeat(pool: &PgPool, worker_id: &str) -> Result<bool, StoreError> {
     let n = sqlx::query("UPDATE apalis.workers SET last_seen = now() WHERE id = $1")

@@ -254,6 +254,7 @@ def exec_body(
     timeout_ms: int | None,
     max_output_bytes: int | None,
     idempotency_key: str | None,
+    keep_output: bool | None = None,
 ) -> dict[str, Any]:
     if isinstance(argv, str):
         raise TypeError("argv is a list of arguments, not a string (no shell is implied)")
@@ -269,6 +270,7 @@ def exec_body(
             "timeout_ms": timeout_ms,
             "max_output_bytes": max_output_bytes,
             "idempotency_key": idempotency_key,
+            "keep_output": keep_output,
         }
     )
 

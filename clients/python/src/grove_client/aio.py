@@ -265,6 +265,7 @@ class AsyncClient:
         timeout_ms: int | None = None,
         max_output_bytes: int | None = None,
         idempotency_key: str | None = None,
+        keep_output: bool | None = None,
     ) -> m.ExecResult:
         """Run `argv` (no shell) in the workspace and return its collected result.
 
@@ -282,6 +283,7 @@ class AsyncClient:
             timeout_ms=timeout_ms,
             max_output_bytes=max_output_bytes,
             idempotency_key=idempotency_key,
+            keep_output=keep_output,
         )
         return await self._send(_ops.exec_(workspace_id, body))
 
@@ -299,6 +301,7 @@ class AsyncClient:
         timeout_ms: int | None = None,
         max_output_bytes: int | None = None,
         idempotency_key: str | None = None,
+        keep_output: bool | None = None,
     ) -> AsyncExecStream:
         """Run `argv` and iterate over its output while it runs.
 
@@ -326,6 +329,7 @@ class AsyncClient:
             timeout_ms=timeout_ms,
             max_output_bytes=max_output_bytes,
             idempotency_key=idempotency_key,
+            keep_output=keep_output,
         )
         op = _ops.exec_stream(workspace_id, body)
         return AsyncExecStream(op, await self._request(op, stream=True))

@@ -264,6 +264,7 @@ class Client:
         timeout_ms: int | None = None,
         max_output_bytes: int | None = None,
         idempotency_key: str | None = None,
+        keep_output: bool | None = None,
     ) -> m.ExecResult:
         """Run `argv` (no shell) in the workspace and return its collected result.
 
@@ -281,6 +282,7 @@ class Client:
             timeout_ms=timeout_ms,
             max_output_bytes=max_output_bytes,
             idempotency_key=idempotency_key,
+            keep_output=keep_output,
         )
         return self._send(_ops.exec_(workspace_id, body))
 
@@ -298,6 +300,7 @@ class Client:
         timeout_ms: int | None = None,
         max_output_bytes: int | None = None,
         idempotency_key: str | None = None,
+        keep_output: bool | None = None,
     ) -> ExecStream:
         """Run `argv` and iterate over its output while it runs.
 
@@ -325,6 +328,7 @@ class Client:
             timeout_ms=timeout_ms,
             max_output_bytes=max_output_bytes,
             idempotency_key=idempotency_key,
+            keep_output=keep_output,
         )
         op = _ops.exec_stream(workspace_id, body)
         return ExecStream(op, self._request(op, stream=True))
