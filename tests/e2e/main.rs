@@ -16,6 +16,7 @@ mod lifecycle;
 mod mcp;
 mod mcp_http;
 mod merge_back;
+mod metrics;
 mod progress;
 mod pulls;
 mod queue;

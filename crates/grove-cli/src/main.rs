@@ -58,6 +58,10 @@ enum Top {
         /// Jobs run at once (at least 1).
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Serve Prometheus metrics at http://ADDR/metrics, without a token (for a
+        /// network only the scraper reaches).
+        #[arg(long = "metrics-bind", env = "GROVE_METRICS_BIND")]
+        metrics_bind: Option<String>,
     },
     /// Serve the HTTP API; runs a worker in-process unless --no-worker. Prints the
     /// address it listens on (and, without configured tokens, a dev token) on stdout.
@@ -75,6 +79,10 @@ enum Top {
         /// Jobs the in-process worker runs at once.
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Also serve Prometheus metrics at http://ADDR/metrics without a token (the
+        /// API's /metrics asks for an operator token).
+        #[arg(long = "metrics-bind", env = "GROVE_METRICS_BIND")]
+        metrics_bind: Option<String>,
     },
     /// Print the HTTP API's OpenAPI document (the one `grove serve` serves).
     Openapi,
@@ -609,13 +617,26 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             localdb::LocalDb::new(&grove_home()).stop()?;
             Ok(ExitCode::SUCCESS)
         }
-        Top::Worker { node, concurrency } => run_worker(node, concurrency).await,
+        Top::Worker {
+            node,
+            concurrency,
+            metrics_bind,
+        } => run_worker(node, concurrency, metrics_bind).await,
         Top::Serve {
             bind,
             no_worker,
             node,
             concurrency,
-        } => serve::serve(bind, node, (!no_worker).then_some(concurrency)).await,
+            metrics_bind,
+        } => {
+            serve::serve(
+                bind,
+                node,
+                (!no_worker).then_some(concurrency),
+                metrics_bind,
+            )
+            .await
+        }
         Top::Openapi => {
             print!("{}", grove_api::openapi_json());
             Ok(ExitCode::SUCCESS)
@@ -756,8 +777,16 @@ fn print_runtimes(statuses: &[grove_core::ports::ProviderStatus], json: bool) ->
     Ok(())
 }
 
-async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
+async fn run_worker(
+    node: String,
+    concurrency: usize,
+    metrics_bind: Option<String>,
+) -> Result<ExitCode> {
     let worker = build_worker(node, concurrency).await?;
+    if let Some(bind) = metrics_bind {
+        let addr = serve::metrics_listener(&bind, worker.deps().pool.clone()).await?;
+        println!("grove: metrics on http://{addr}/metrics");
+    }
     worker.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }

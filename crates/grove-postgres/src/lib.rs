@@ -11,6 +11,8 @@
 //! - [`reader`]: reading and following the event log in commit-safe order.
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
+//! - [`fleet`]: the gauges `/metrics` reads at scrape time (queues, workers, states).
+//! - [`telemetry`]: the queue's Prometheus instruments (jobs, durations, lock waits).
 //! - [`boundary`]: operator grants for local repository URLs, the fingerprint secret.
 //!
 //! Architecture invariant: no function here holds a transaction open while it waits on
@@ -19,6 +21,7 @@
 pub mod api_queries;
 pub mod boundary;
 pub mod error;
+pub mod fleet;
 pub mod locks;
 pub mod migrate;
 pub mod output;
@@ -29,6 +32,7 @@ pub mod replay;
 pub mod rows;
 pub mod store;
 pub mod submit;
+pub mod telemetry;
 pub mod worker_queries;
 
 pub use error::StoreError;

@@ -115,6 +115,16 @@ fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX)
 }
 
+/// Records how long a lock statement waited, and whether it got the lock.
+fn waited<T>(scope: LockScope, taken: &Result<T, sqlx::Error>, started: Instant) {
+    let outcome = match taken {
+        Ok(_) => "acquired",
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => "busy",
+        Err(_) => "error",
+    };
+    crate::telemetry::lock_waited(scope.tag(), outcome, started.elapsed());
+}
+
 fn busy(e: sqlx::Error, scope: LockScope, timeout: Duration) -> StoreError {
     match StoreError::from(e) {
         StoreError::Locked(_) => StoreError::Locked(format!(
@@ -156,15 +166,16 @@ impl AdvisoryLock {
         let key = lock_key(scope, value);
         let mut guard = Self::checkout(pool, key, shared).await?;
         let started = Instant::now();
-        sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5)")
+        let taken = sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5)")
             .bind(key)
             .bind(shared)
             .bind(millis(timeout))
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
             .execute(guard.conn())
-            .await
-            .map_err(|e| busy(e, scope, timeout))?;
+            .await;
+        waited(scope, &taken, started);
+        taken.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
         guard.keep_lease(started).await?;
         Ok(guard)
@@ -192,8 +203,9 @@ impl AdvisoryLock {
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
             .fetch_optional(guard.conn())
-            .await
-            .map_err(|e| busy(e, scope, timeout))?;
+            .await;
+        waited(scope, &row, started);
+        let row = row.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
         let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
         guard.keep_lease(started).await?;

@@ -113,6 +113,7 @@ pub async fn enqueue(
     let job_id: String = row.try_get("job_id")?;
     let inserted: bool = row.try_get("inserted")?;
     if inserted {
+        crate::telemetry::enqueued(command.kind(), queue);
         if let Some(token) = token {
             sqlx::query("INSERT INTO grove.command_secrets (command_id, token) VALUES ($1, $2)")
                 .bind(command_id)
@@ -281,6 +282,10 @@ pub struct ClaimedJob {
     pub job_id: String,
     pub queue: String,
     pub command_id: Uuid,
+    /// The command's kind (`unknown` for a job closed at its claim), for the metrics.
+    pub kind: &'static str,
+    /// When the claim returned it: the start of the attempt's duration.
+    pub claimed_at: std::time::Instant,
 }
 
 /// Claims up to `limit` due jobs of `queue` for `worker_id` and starts each, in one
@@ -306,10 +311,12 @@ pub async fn claim_and_start(
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         let command_id: Option<Uuid> = row.try_get("command_id")?;
-        let job = ClaimedJob {
+        let mut job = ClaimedJob {
             job_id: row.try_get("job_id")?,
             queue: row.try_get("queue")?,
             command_id: command_id.unwrap_or_default(),
+            kind: "unknown",
+            claimed_at: std::time::Instant::now(),
         };
         let action: String = row.try_get("action")?;
         if action != "run" {
@@ -333,6 +340,8 @@ pub async fn claim_and_start(
                 continue;
             }
         };
+        job.kind = command.kind();
+        crate::telemetry::started(job.kind, &job.queue);
         let prior: String = row.try_get("prior_status")?;
         let start = Start::Run {
             command,
@@ -518,6 +527,7 @@ pub async fn finish_fenced(
         if !record_outcome(&mut *conn, job, worker_id, outcome).await? {
             return superseded();
         }
+        crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
         return Ok(true);
     }
     let mut tries = 0;
@@ -531,6 +541,7 @@ pub async fn finish_fenced(
         match store::append(&mut tx, events, metadata, at).await {
             Ok(()) => {
                 tx.commit().await?;
+                crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
                 return Ok(true);
             }
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
@@ -581,6 +592,7 @@ pub async fn retry_later(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    crate::telemetry::retried(job.kind, job.claimed_at.elapsed());
     Ok(())
 }
 
