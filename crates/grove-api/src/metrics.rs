@@ -6,7 +6,8 @@
 //!
 //! Who may scrape: on the API's address an operator's bearer token (a user's token
 //! answers 403); `--metrics-bind` serves the same text without a token on an address of
-//! its own, for a network only Prometheus reaches. No label names a user, a repository,
+//! its own, for a network only Prometheus reaches. Each request also runs in a trace
+//! span when traces are exported (ADR 30). No label names a user, a repository,
 //! a path or an id: HTTP requests are labelled by the matched route template.
 
 use std::sync::{Arc, LazyLock};
@@ -27,6 +28,7 @@ use prometheus::{
     IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 use sqlx::PgPool;
+use tracing::Instrument;
 
 use crate::auth::Caller;
 use crate::error::ApiError;
@@ -84,8 +86,9 @@ pub async fn track(req: Request, next: Next) -> Response {
         .map(|p| p.as_str().to_owned())
         .unwrap_or_else(|| "unmatched".into());
     let method = method_label(req.method());
+    let span = request_span(&req, method, &route);
     let started = Instant::now();
-    let response = next.run(req).await;
+    let response = next.run(req).instrument(span).await;
     REQUEST_SECONDS
         .with_label_values(&[method, &route])
         .observe(started.elapsed().as_secs_f64());
@@ -93,6 +96,24 @@ pub async fn track(req: Request, next: Next) -> Response {
         .with_label_values(&[method, &route, response.status().as_str()])
         .inc();
     response
+}
+
+/// The request's trace span (ADR 30), continuing a caller's `traceparent` header; a
+/// disabled span when this process exports no traces.
+fn request_span(req: &Request, method: &'static str, route: &str) -> tracing::Span {
+    use grove_postgres::trace_context;
+    if !trace_context::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::trace_span!(target: trace_context::TARGET, "http.request", http.request.method = method, http.route = route);
+    if let Some(parent) = req
+        .headers()
+        .get("traceparent")
+        .and_then(|v| v.to_str().ok())
+    {
+        trace_context::adopt(&span, parent);
+    }
+    span
 }
 
 fn method_label(method: &Method) -> &'static str {

@@ -11,6 +11,7 @@ mod evict;
 mod localdb;
 mod mcp;
 mod merge_back;
+mod otel;
 mod pr;
 mod progress_bar;
 mod remote;
@@ -458,7 +459,7 @@ fn main() -> ExitCode {
             return report(ErrorKind::Internal, &e.to_string());
         }
     }
-    init_tracing(is_worker);
+    let traces = init_tracing(is_worker);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -466,21 +467,40 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&anyhow::Error::from(e)),
     };
-    match runtime.block_on(run(cli)) {
+    let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => fail(&e),
+    };
+    drop(runtime);
+    if let Some(traces) = traces {
+        traces.shutdown();
     }
+    code
 }
 
-fn init_tracing(worker: bool) {
+/// Logs to stderr (`GROVE_LOG`); with `OTEL_EXPORTER_OTLP_ENDPOINT`, trace spans over
+/// OTLP too (the returned exporter is flushed at exit).
+fn init_tracing(worker: bool) -> Option<otel::Otel> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let default = if worker { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .init();
+        .with_filter(filter);
+    let (traces, exporter) = match otel::layer() {
+        Ok(Some((layer, exporter))) => (Some(layer), Some(exporter)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("grove: traces are not exported: {e}");
+            (None, None)
+        }
+    };
+    tracing_subscriber::registry().with(log).with(traces).init();
+    exporter
 }
 
 /// Reports a failed command with the kind [`classify`] gives it.

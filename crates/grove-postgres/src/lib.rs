@@ -13,6 +13,7 @@
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
 //! - [`fleet`]: the gauges `/metrics` reads at scrape time (queues, workers, states).
 //! - [`telemetry`]: the queue's Prometheus instruments (jobs, durations, lock waits).
+//! - [`trace_context`]: a command's trace context across the queue (hooks the binary installs).
 //! - [`boundary`]: operator grants for local repository URLs, the fingerprint secret.
 //!
 //! Architecture invariant: no function here holds a transaction open while it waits on
@@ -33,6 +34,7 @@ pub mod rows;
 pub mod store;
 pub mod submit;
 pub mod telemetry;
+pub mod trace_context;
 pub mod worker_queries;
 
 pub use error::StoreError;

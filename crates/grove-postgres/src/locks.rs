@@ -19,6 +19,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::{rows, trusted, StoreError};
@@ -115,6 +116,11 @@ fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX)
 }
 
+/// The trace span of one lock wait (ADR 30).
+fn lock_span(scope: LockScope, shared: bool) -> tracing::Span {
+    tracing::trace_span!(target: crate::trace_context::TARGET, "grove.lock", scope = scope.tag(), shared)
+}
+
 /// Records how long a lock statement waited, and whether it got the lock.
 fn waited<T>(scope: LockScope, taken: &Result<T, sqlx::Error>, started: Instant) {
     let outcome = match taken {
@@ -173,6 +179,7 @@ impl AdvisoryLock {
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
             .execute(guard.conn())
+            .instrument(lock_span(scope, shared))
             .await;
         waited(scope, &taken, started);
         taken.map_err(|e| busy(e, scope, timeout))?;
@@ -203,6 +210,7 @@ impl AdvisoryLock {
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
             .fetch_optional(guard.conn())
+            .instrument(lock_span(scope, shared))
             .await;
         waited(scope, &row, started);
         let row = row.map_err(|e| busy(e, scope, timeout))?;

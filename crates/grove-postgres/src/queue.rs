@@ -125,6 +125,32 @@ pub async fn enqueue(
     Ok((job_id, inserted))
 }
 
+/// Keeps the enqueuing span's `traceparent` on a command's ledger row (ADR 30); in the
+/// enqueue's transaction, so no worker claims the job before it is there.
+pub async fn set_trace_parent(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+    traceparent: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE grove.commands SET trace_parent = $2 WHERE command_id = $1")
+        .bind(command_id)
+        .bind(traceparent)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The `traceparent` a command was enqueued under, if any.
+pub async fn trace_parent(pool: &PgPool, command_id: Uuid) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT trace_parent FROM grove.commands WHERE command_id = $1")
+            .bind(command_id)
+            .fetch_optional(pool)
+            .await?
+            .flatten(),
+    )
+}
+
 /// Reads a command's status from the ledger.
 pub async fn status(
     conn: &mut PgConnection,
@@ -286,6 +312,8 @@ pub struct ClaimedJob {
     pub kind: &'static str,
     /// When the claim returned it: the start of the attempt's duration.
     pub claimed_at: std::time::Instant,
+    /// When the claim's statement was sent and when it answered (the claim's span).
+    pub claim_window: (std::time::SystemTime, std::time::SystemTime),
 }
 
 /// Claims up to `limit` due jobs of `queue` for `worker_id` and starts each, in one
@@ -299,6 +327,7 @@ pub async fn claim_and_start(
     queue: &str,
     limit: i32,
 ) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
+    let began = std::time::SystemTime::now();
     let rows = sqlx::query(
         "SELECT job_id, queue, command_id, action, payload, prior_status, attempt, max_attempts, token
          FROM grove.claim_jobs($1, $2, $3)",
@@ -308,6 +337,7 @@ pub async fn claim_and_start(
     .bind(limit)
     .fetch_all(pool)
     .await?;
+    let claim_window = (began, std::time::SystemTime::now());
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         let command_id: Option<Uuid> = row.try_get("command_id")?;
@@ -317,6 +347,7 @@ pub async fn claim_and_start(
             command_id: command_id.unwrap_or_default(),
             kind: "unknown",
             claimed_at: std::time::Instant::now(),
+            claim_window,
         };
         let action: String = row.try_get("action")?;
         if action != "run" {
@@ -510,6 +541,24 @@ pub async fn finish_on(
 /// and nothing is written.
 #[allow(clippy::too_many_arguments)]
 pub async fn finish_fenced(
+    conn: &mut PgConnection,
+    job: &ClaimedJob,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+    events: &[Event],
+    metadata: &Metadata,
+    at: DateTime<Utc>,
+    fences: &[crate::locks::Fence],
+) -> Result<bool, StoreError> {
+    use tracing::Instrument;
+    let span = tracing::trace_span!(target: crate::trace_context::TARGET, "grove.commit", command_id = %job.command_id, events = events.len());
+    commit_outcome(conn, job, worker_id, outcome, events, metadata, at, fences)
+        .instrument(span)
+        .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn commit_outcome(
     conn: &mut PgConnection,
     job: &ClaimedJob,
     worker_id: &str,
