@@ -30,6 +30,7 @@ mod states;
 mod stop;
 mod tools;
 mod tools_http;
+mod traces;
 
 // The loopback fakes of the remote providers, shared with the adapters' own tests.
 #[allow(dead_code)]
