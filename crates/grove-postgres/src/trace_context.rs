@@ -14,6 +14,10 @@ use std::time::SystemTime;
 /// The `tracing` target of grove's trace spans.
 pub const TARGET: &str = "grove_trace";
 
+/// Records a finished span: under `traceparent`, named, from start to end, with
+/// attributes.
+pub type RecordFn = fn(&str, &'static str, SystemTime, SystemTime, &[(&'static str, String)]);
+
 /// What the exporting binary supplies.
 pub struct Hooks {
     /// The `traceparent` of the current span, if there is one to continue.
@@ -22,7 +26,7 @@ pub struct Hooks {
     pub adopt: fn(&tracing::Span, &str),
     /// Records a span that already ended, as a child of the remote context in
     /// `traceparent`, with its start, end and attributes.
-    pub record: fn(&str, &'static str, SystemTime, SystemTime, &[(&'static str, String)]),
+    pub record: RecordFn,
 }
 
 static HOOKS: OnceLock<Hooks> = OnceLock::new();
