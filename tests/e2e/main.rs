@@ -17,6 +17,7 @@ mod lifecycle;
 mod mcp;
 mod mcp_http;
 mod merge_back;
+mod metrics;
 mod progress;
 mod pulls;
 mod queue;
@@ -30,6 +31,7 @@ mod states;
 mod stop;
 mod tools;
 mod tools_http;
+mod traces;
 
 // The loopback fakes of the remote providers, shared with the adapters' own tests.
 #[allow(dead_code)]

@@ -13,6 +13,7 @@
 //! - [`relay`]: relaying a streaming exec's output while it runs.
 //! - [`progress`]: a running clone's or fetch's progress written to its ledger row.
 //! - [`runner`]: claim → start → handle → finish, heartbeats and orphan recovery.
+//! - `trace`: a job's trace spans, continuing its command's trace (ADR 30).
 //!
 //! Module graph (`use crate::` edges, acyclic): `config` ← `context` ← `boundary`,
 //! `jobs`, `sweep`, `saved_work` ← `runner` ← `lib`; `sweep` and `saved_work` use
@@ -31,6 +32,7 @@ pub mod relay;
 pub mod runner;
 pub mod saved_work;
 pub mod sweep;
+mod trace;
 
 use std::sync::Arc;
 

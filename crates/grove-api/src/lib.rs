@@ -22,6 +22,7 @@
 //! - [`progress`]: a command's status and its clone's or fetch's progress, by key.
 //! - [`notify`]: one LISTEN connection per server, fanned out to waiting requests.
 //! - [`tools`]: the agent tool surface: a workspace's tools, one route per tool.
+//! - [`metrics`]: `/metrics` for Prometheus (operators; HTTP requests by route).
 //! - [`mcp`]: the same tools for MCP clients (streamable HTTP, `grove-mcp`'s server).
 //! - [`dto`]: request and response bodies and their schemas.
 //! - [`extract`]: extractors that fail in the API's error shape; the git token header.
@@ -45,6 +46,7 @@ pub mod error;
 pub mod extract;
 pub mod mcp;
 pub mod merge_back;
+pub mod metrics;
 pub mod notify;
 pub mod progress;
 pub mod pulls;
@@ -331,6 +333,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(progress::routes())
         .merge(mcp::routes())
         .merge(console::routes())
+        .merge(metrics::routes())
         .method_not_allowed_fallback(|| async {
             ApiError::Request(
                 axum::http::StatusCode::METHOD_NOT_ALLOWED,
@@ -342,6 +345,7 @@ pub fn router(state: Arc<AppState>) -> Router {
             extract::MAX_BODY_BYTES,
         ))
         .layer(axum::middleware::from_fn(extract::refuse_oversized_bodies))
+        .layer(axum::middleware::from_fn(metrics::track))
         .with_state(state)
 }
 

@@ -51,6 +51,7 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     case!("worker_rss", worker_rss(ctx, out));
     case!("eviction_sweep", crate::sweep::eviction_sweep(ctx, out));
     case!("replay", replay(ctx, out));
+    case!("metrics_scrape", crate::metrics::metrics_scrape(ctx, out));
     case!("http_read_file", crate::http::http_read_file(ctx, out));
     case!("http_exec", crate::http::http_exec(ctx, out));
     case!("console_pages", crate::console::console_pages(ctx, out));

@@ -15,6 +15,7 @@ mod ctx;
 mod first;
 mod fixture;
 mod http;
+mod metrics;
 mod stats;
 mod sweep;
 mod transfer;
@@ -38,6 +39,7 @@ pub const ALL_CASES: &[&str] = &[
     "worker_rss",
     "eviction_sweep",
     "replay",
+    "metrics_scrape",
     "http_read_file",
     "http_exec",
     "console_pages",
@@ -82,6 +84,10 @@ pub struct Args {
     /// Rounds of each throughput measurement (grove and floor alternate).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Workspace rows seeded for metrics_scrape (its log is topped up to
+    /// --replay-events).
+    #[arg(long, default_value_t = 10_000)]
+    pub metrics_workspaces: i64,
     /// Events in the replay log.
     #[arg(long, default_value_t = 1_000_000)]
     pub replay_events: i64,

@@ -11,6 +11,7 @@ mod evict;
 mod localdb;
 mod mcp;
 mod merge_back;
+mod otel;
 mod pr;
 mod progress_bar;
 mod remote;
@@ -59,6 +60,10 @@ enum Top {
         /// Jobs run at once (at least 1).
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Serve Prometheus metrics at http://ADDR/metrics, without a token (for a
+        /// network only the scraper reaches).
+        #[arg(long = "metrics-bind", env = "GROVE_METRICS_BIND")]
+        metrics_bind: Option<String>,
     },
     /// Serve the HTTP API; runs a worker in-process unless --no-worker. Prints the
     /// address it listens on (and, without configured tokens, a dev token) on stdout.
@@ -76,6 +81,10 @@ enum Top {
         /// Jobs the in-process worker runs at once.
         #[arg(long, default_value_t = 8)]
         concurrency: usize,
+        /// Also serve Prometheus metrics at http://ADDR/metrics without a token (the
+        /// API's /metrics asks for an operator token).
+        #[arg(long = "metrics-bind", env = "GROVE_METRICS_BIND")]
+        metrics_bind: Option<String>,
     },
     /// Print the HTTP API's OpenAPI document (the one `grove serve` serves).
     Openapi,
@@ -451,7 +460,7 @@ fn main() -> ExitCode {
             return report(ErrorKind::Internal, &e.to_string());
         }
     }
-    init_tracing(is_worker);
+    let traces = init_tracing(is_worker);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -459,21 +468,40 @@ fn main() -> ExitCode {
         Ok(rt) => rt,
         Err(e) => return fail(&anyhow::Error::from(e)),
     };
-    match runtime.block_on(run(cli)) {
+    let code = match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(e) => fail(&e),
+    };
+    drop(runtime);
+    if let Some(traces) = traces {
+        traces.shutdown();
     }
+    code
 }
 
-fn init_tracing(worker: bool) {
+/// Logs to stderr (`GROVE_LOG`); with `OTEL_EXPORTER_OTLP_ENDPOINT`, trace spans over
+/// OTLP too (the returned exporter is flushed at exit).
+fn init_tracing(worker: bool) -> Option<otel::Otel> {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let default = if worker { "info" } else { "warn" };
     let filter = tracing_subscriber::EnvFilter::try_from_env("GROVE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(false)
-        .init();
+        .with_filter(filter);
+    let (traces, exporter) = match otel::layer() {
+        Ok(Some((layer, exporter))) => (Some(layer), Some(exporter)),
+        Ok(None) => (None, None),
+        Err(e) => {
+            eprintln!("grove: traces are not exported: {e}");
+            (None, None)
+        }
+    };
+    tracing_subscriber::registry().with(log).with(traces).init();
+    exporter
 }
 
 /// Reports a failed command with the kind [`classify`] gives it.
@@ -632,13 +660,26 @@ async fn run(cli: Cli) -> Result<ExitCode> {
             localdb::LocalDb::new(&grove_home()).stop()?;
             Ok(ExitCode::SUCCESS)
         }
-        Top::Worker { node, concurrency } => run_worker(node, concurrency).await,
+        Top::Worker {
+            node,
+            concurrency,
+            metrics_bind,
+        } => run_worker(node, concurrency, metrics_bind).await,
         Top::Serve {
             bind,
             no_worker,
             node,
             concurrency,
-        } => serve::serve(bind, node, (!no_worker).then_some(concurrency)).await,
+            metrics_bind,
+        } => {
+            serve::serve(
+                bind,
+                node,
+                (!no_worker).then_some(concurrency),
+                metrics_bind,
+            )
+            .await
+        }
         Top::Openapi => {
             print!("{}", grove_api::openapi_json());
             Ok(ExitCode::SUCCESS)
@@ -779,8 +820,16 @@ fn print_runtimes(statuses: &[grove_core::ports::ProviderStatus], json: bool) ->
     Ok(())
 }
 
-async fn run_worker(node: String, concurrency: usize) -> Result<ExitCode> {
+async fn run_worker(
+    node: String,
+    concurrency: usize,
+    metrics_bind: Option<String>,
+) -> Result<ExitCode> {
     let worker = build_worker(node, concurrency).await?;
+    if let Some(bind) = metrics_bind {
+        let addr = serve::metrics_listener(&bind, worker.deps().pool.clone()).await?;
+        println!("grove: metrics on http://{addr}/metrics");
+    }
     worker.run(shutdown_signal()).await?;
     Ok(ExitCode::SUCCESS)
 }

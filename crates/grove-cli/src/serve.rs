@@ -24,7 +24,12 @@ use crate::{build_worker, connect, invalid, shutdown_signal};
 /// its in-process worker (so that worker's hibernate and destroy end them), for the
 /// workspaces of `node`; read tools of those workspaces are answered by the worker's
 /// code in this process, without the queue (ADR 24).
-pub async fn serve(bind: String, node: String, concurrency: Option<usize>) -> Result<ExitCode> {
+pub async fn serve(
+    bind: String,
+    node: String,
+    concurrency: Option<usize>,
+    metrics_bind: Option<String>,
+) -> Result<ExitCode> {
     let addr: SocketAddr = bind
         .parse()
         .map_err(|_| invalid(format!("--bind {bind:?}: expected IP:PORT")))?;
@@ -91,6 +96,10 @@ pub async fn serve(bind: String, node: String, concurrency: Option<usize>) -> Re
     if let Some(token) = &dev_token {
         banner.push_str(&format!("grove: dev token (user dev, operator): {token}\n"));
     }
+    if let Some(bind) = &metrics_bind {
+        let addr = metrics_listener(bind, state.pool.clone()).await?;
+        banner.push_str(&format!("grove: metrics on http://{addr}/metrics\n"));
+    }
     banner.push_str(&format!(
         "grove: MCP endpoint: http://{local}/v1/workspaces/<workspace id>/mcp (bearer token)\n"
     ));
@@ -132,4 +141,24 @@ pub async fn serve(bind: String, node: String, concurrency: Option<usize>) -> Re
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Serves `/metrics` without a token on `bind` (`--metrics-bind`) in the background, for
+/// the life of the process; returns the bound address.
+pub(crate) async fn metrics_listener(bind: &str, pool: sqlx::PgPool) -> Result<SocketAddr> {
+    let addr: SocketAddr = bind
+        .parse()
+        .map_err(|_| invalid(format!("--metrics-bind {bind:?}: expected IP:PORT")))?;
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("binding {addr}"))?;
+    let local = listener.local_addr()?;
+    tokio::spawn(async move {
+        if let Err(e) =
+            grove_api::metrics::serve_standalone(listener, pool, std::future::pending()).await
+        {
+            tracing::error!(error = %e, "the metrics listener failed");
+        }
+    });
+    Ok(local)
 }

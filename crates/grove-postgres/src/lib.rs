@@ -12,6 +12,9 @@
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
 //! - [`console`]: the operator console's bounded reads (fleet, pages, timeline, log).
+//! - [`fleet`]: the gauges `/metrics` reads at scrape time (queues, workers, states).
+//! - [`telemetry`]: the queue's Prometheus instruments (jobs, durations, lock waits).
+//! - [`trace_context`]: a command's trace context across the queue (hooks the binary installs).
 //! - [`boundary`]: operator grants for local repository URLs, the fingerprint secret.
 //!
 //! Architecture invariant: no function here holds a transaction open while it waits on
@@ -21,6 +24,7 @@ pub mod api_queries;
 pub mod boundary;
 pub mod console;
 pub mod error;
+pub mod fleet;
 pub mod locks;
 pub mod migrate;
 pub mod output;
@@ -31,6 +35,8 @@ pub mod replay;
 pub mod rows;
 pub mod store;
 pub mod submit;
+pub mod telemetry;
+pub mod trace_context;
 pub mod worker_queries;
 
 pub use error::StoreError;

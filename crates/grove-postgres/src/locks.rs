@@ -19,6 +19,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 use tokio::sync::watch;
 use tokio::time::Instant;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use crate::{rows, trusted, StoreError};
@@ -115,6 +116,21 @@ fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX)
 }
 
+/// The trace span of one lock wait (ADR 30).
+fn lock_span(scope: LockScope, shared: bool) -> tracing::Span {
+    tracing::trace_span!(target: crate::trace_context::TARGET, "grove.lock", scope = scope.tag(), shared)
+}
+
+/// Records how long a lock statement waited, and whether it got the lock.
+fn waited<T>(scope: LockScope, taken: &Result<T, sqlx::Error>, started: Instant) {
+    let outcome = match taken {
+        Ok(_) => "acquired",
+        Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => "busy",
+        Err(_) => "error",
+    };
+    crate::telemetry::lock_waited(scope.tag(), outcome, started.elapsed());
+}
+
 fn busy(e: sqlx::Error, scope: LockScope, timeout: Duration) -> StoreError {
     match StoreError::from(e) {
         StoreError::Locked(_) => StoreError::Locked(format!(
@@ -156,15 +172,17 @@ impl AdvisoryLock {
         let key = lock_key(scope, value);
         let mut guard = Self::checkout(pool, key, shared).await?;
         let started = Instant::now();
-        sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5)")
+        let taken = sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5)")
             .bind(key)
             .bind(shared)
             .bind(millis(timeout))
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
             .execute(guard.conn())
-            .await
-            .map_err(|e| busy(e, scope, timeout))?;
+            .instrument(lock_span(scope, shared))
+            .await;
+        waited(scope, &taken, started);
+        taken.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
         guard.keep_lease(started).await?;
         Ok(guard)
@@ -192,8 +210,10 @@ impl AdvisoryLock {
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
             .fetch_optional(guard.conn())
-            .await
-            .map_err(|e| busy(e, scope, timeout))?;
+            .instrument(lock_span(scope, shared))
+            .await;
+        waited(scope, &row, started);
+        let row = row.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
         let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
         guard.keep_lease(started).await?;

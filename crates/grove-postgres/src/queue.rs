@@ -113,6 +113,7 @@ pub async fn enqueue(
     let job_id: String = row.try_get("job_id")?;
     let inserted: bool = row.try_get("inserted")?;
     if inserted {
+        crate::telemetry::enqueued(command.kind(), queue);
         if let Some(token) = token {
             sqlx::query("INSERT INTO grove.command_secrets (command_id, token) VALUES ($1, $2)")
                 .bind(command_id)
@@ -122,6 +123,32 @@ pub async fn enqueue(
         }
     }
     Ok((job_id, inserted))
+}
+
+/// Keeps the enqueuing span's `traceparent` on a command's ledger row (ADR 30); in the
+/// enqueue's transaction, so no worker claims the job before it is there.
+pub async fn set_trace_parent(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+    traceparent: &str,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE grove.commands SET trace_parent = $2 WHERE command_id = $1")
+        .bind(command_id)
+        .bind(traceparent)
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
+/// The `traceparent` a command was enqueued under, if any.
+pub async fn trace_parent(pool: &PgPool, command_id: Uuid) -> Result<Option<String>, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT trace_parent FROM grove.commands WHERE command_id = $1")
+            .bind(command_id)
+            .fetch_optional(pool)
+            .await?
+            .flatten(),
+    )
 }
 
 /// Reads a command's status from the ledger.
@@ -296,6 +323,12 @@ pub struct ClaimedJob {
     pub job_id: String,
     pub queue: String,
     pub command_id: Uuid,
+    /// The command's kind (`unknown` for a job closed at its claim), for the metrics.
+    pub kind: &'static str,
+    /// When the claim returned it: the start of the attempt's duration.
+    pub claimed_at: std::time::Instant,
+    /// When the claim's statement was sent and when it answered (the claim's span).
+    pub claim_window: (std::time::SystemTime, std::time::SystemTime),
 }
 
 /// Claims up to `limit` due jobs of `queue` for `worker_id` and starts each, in one
@@ -309,6 +342,7 @@ pub async fn claim_and_start(
     queue: &str,
     limit: i32,
 ) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
+    let began = std::time::SystemTime::now();
     let rows = sqlx::query(
         "SELECT job_id, queue, command_id, action, payload, prior_status, attempt, max_attempts, token
          FROM grove.claim_jobs($1, $2, $3)",
@@ -318,13 +352,17 @@ pub async fn claim_and_start(
     .bind(limit)
     .fetch_all(pool)
     .await?;
+    let claim_window = (began, std::time::SystemTime::now());
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         let command_id: Option<Uuid> = row.try_get("command_id")?;
-        let job = ClaimedJob {
+        let mut job = ClaimedJob {
             job_id: row.try_get("job_id")?,
             queue: row.try_get("queue")?,
             command_id: command_id.unwrap_or_default(),
+            kind: "unknown",
+            claimed_at: std::time::Instant::now(),
+            claim_window,
         };
         let action: String = row.try_get("action")?;
         if action != "run" {
@@ -348,6 +386,8 @@ pub async fn claim_and_start(
                 continue;
             }
         };
+        job.kind = command.kind();
+        crate::telemetry::started(job.kind, &job.queue);
         let prior: String = row.try_get("prior_status")?;
         let start = Start::Run {
             command,
@@ -525,6 +565,24 @@ pub async fn finish_fenced(
     at: DateTime<Utc>,
     fences: &[crate::locks::Fence],
 ) -> Result<bool, StoreError> {
+    use tracing::Instrument;
+    let span = tracing::trace_span!(target: crate::trace_context::TARGET, "grove.commit", command_id = %job.command_id, events = events.len());
+    commit_outcome(conn, job, worker_id, outcome, events, metadata, at, fences)
+        .instrument(span)
+        .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn commit_outcome(
+    conn: &mut PgConnection,
+    job: &ClaimedJob,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+    events: &[Event],
+    metadata: &Metadata,
+    at: DateTime<Utc>,
+    fences: &[crate::locks::Fence],
+) -> Result<bool, StoreError> {
     let superseded = || {
         tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
         Ok(false)
@@ -533,6 +591,7 @@ pub async fn finish_fenced(
         if !record_outcome(&mut *conn, job, worker_id, outcome).await? {
             return superseded();
         }
+        crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
         return Ok(true);
     }
     let mut tries = 0;
@@ -546,6 +605,7 @@ pub async fn finish_fenced(
         match store::append(&mut tx, events, metadata, at).await {
             Ok(()) => {
                 tx.commit().await?;
+                crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
                 return Ok(true);
             }
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
@@ -596,6 +656,7 @@ pub async fn retry_later(
     .execute(&mut *tx)
     .await?;
     tx.commit().await?;
+    crate::telemetry::retried(job.kind, job.claimed_at.elapsed());
     Ok(())
 }
 

@@ -161,9 +161,26 @@ pub async fn enqueue_with(
     token: Option<&str>,
     relay_output: bool,
 ) -> Result<bool, SubmitError> {
+    use tracing::Instrument;
+    let span = tracing::trace_span!(target: crate::trace_context::TARGET, "grove.enqueue", command_id = %command_id, kind = command.kind());
+    enqueue_traced(pool, command, command_id, token, relay_output)
+        .instrument(span)
+        .await
+}
+
+/// [`enqueue_with`] inside its span; with traces exported, the span's context goes on
+/// the ledger row in the enqueue's transaction.
+async fn enqueue_traced(
+    pool: &PgPool,
+    command: &Command,
+    command_id: Uuid,
+    token: Option<&str>,
+    relay_output: bool,
+) -> Result<bool, SubmitError> {
+    let trace_parent = crate::trace_context::current();
     let mut conn = pool.acquire().await?;
     let queue_name = route_on(&mut conn, command).await?;
-    let inserted = if token.is_none() && !relay_output {
+    let inserted = if token.is_none() && !relay_output && trace_parent.is_none() {
         queue::enqueue(&mut conn, command_id, command, &queue_name, None)
             .await?
             .1
@@ -174,6 +191,9 @@ pub async fn enqueue_with(
         }
         let (_, inserted) =
             queue::enqueue(&mut tx, command_id, command, &queue_name, token).await?;
+        if let (true, Some(tp)) = (inserted, &trace_parent) {
+            queue::set_trace_parent(&mut tx, command_id, tp).await?;
+        }
         tx.commit().await?;
         inserted
     };

@@ -13,7 +13,7 @@ use grove_core::ports::GitToken;
 use grove_postgres::locks::Fence;
 use grove_postgres::queue::{self, ClaimedJob, Start};
 use grove_postgres::StoreError;
-use tracing::{debug, info, warn};
+use tracing::{debug, info, warn, Instrument};
 
 use super::{handle, metadata};
 use crate::context::{correlation_of, now, Handled, JobContext};
@@ -38,7 +38,8 @@ pub(super) async fn run_job(deps: Arc<JobContext>, job: ClaimedJob, start: Start
         } => Some((command.is_idempotent(), *attempt, *max_attempts)),
         Start::AlreadyFinished => None,
     };
-    let ran = std::panic::AssertUnwindSafe(run_job_inner(&deps, &job, start))
+    let span = crate::trace::job_span(&deps.pool, &job).await;
+    let ran = std::panic::AssertUnwindSafe(run_job_inner(&deps, &job, start).instrument(span))
         .catch_unwind()
         .await;
     match ran {
@@ -172,7 +173,11 @@ async fn run_job_inner(
     }
     let outcome = match command.validate() {
         Err(e) => Err(CommandError::from(e)),
-        Ok(()) => handle(deps, job, &command, token.map(GitToken::new), at).await,
+        Ok(()) => {
+            handle(deps, job, &command, token.map(GitToken::new), at)
+                .instrument(crate::trace::effect_span(job))
+                .await
+        }
     };
     match outcome {
         Ok(handled) => {
