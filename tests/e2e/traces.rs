@@ -109,6 +109,17 @@ fn one<'a>(spans: &'a [Span], name: &str, id: &str) -> &'a Span {
     found[0]
 }
 
+/// Whether the command's commit span and the span its enqueue is a child of are in.
+fn all_exported(spans: &[Span], id: &str) -> bool {
+    let of = |name: &str| {
+        spans.iter().find(|s| {
+            s.name == name && s.attributes.get("command_id").map(String::as_str) == Some(id)
+        })
+    };
+    let request_in = |enqueue: &Span| spans.iter().any(|s| s.span_id == enqueue.parent);
+    of("grove.commit").is_some() && of("grove.enqueue").is_some_and(request_in)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit() {
     let env =
@@ -135,14 +146,12 @@ async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit(
     assert_eq!(status, StatusCode::OK, "{exec}");
     let id = exec["exec_id"].as_str().unwrap().to_string();
 
-    // The commit span is the last to end; wait until it has been exported.
+    // Wait until the commit span and the request's span have both been exported: the
+    // request's ends after the answer is sent, which may be after the commit's batch.
     let mut spans = Vec::new();
     for _ in 0..200 {
         spans = received.lock().unwrap().clone();
-        if spans
-            .iter()
-            .any(|s| s.name == "grove.commit" && s.attributes.get("command_id") == Some(&id))
-        {
+        if all_exported(&spans, &id) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
