@@ -38,6 +38,9 @@ pub struct WorkerConfig {
     /// Who may clone from local repository URLs: the operator's allow-list
     /// (`GROVE_LOCAL_REPO_ROOTS`) and this `$GROVE_HOME`, never a source.
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
+    /// Workspace history (ADR 28): a point after every change. `GROVE_HISTORY=off`
+    /// turns it off (no snapshot is taken; the history tools still answer).
+    pub history: bool,
 }
 
 impl WorkerConfig {
@@ -66,6 +69,7 @@ impl WorkerConfig {
                     .as_deref(),
                 home.clone(),
             ),
+            history: std::env::var("GROVE_HISTORY").map_or(true, |v| v != "off"),
             home,
         }
     }

@@ -19,6 +19,7 @@
 pub mod api_queries;
 pub mod boundary;
 pub mod error;
+pub mod history;
 pub mod locks;
 pub mod migrate;
 pub mod output;
