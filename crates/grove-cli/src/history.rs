@@ -20,6 +20,9 @@ pub struct HistoryArgs {
     /// Idempotency: the command id of this call (write operations).
     #[arg(long = "command-id", global = true)]
     command_id: Option<Uuid>,
+    /// Accepted for symmetry with the other commands: the output is always JSON.
+    #[arg(long, global = true)]
+    json: bool,
 }
 
 #[derive(Subcommand)]
