@@ -295,7 +295,12 @@ mod tests {
             event_type: event.event_type().to_string(),
             event_version: 1,
             event,
-            metadata: Default::default(),
+            metadata: crate::events::Metadata {
+                command_id: Uuid::nil(),
+                correlation: Default::default(),
+                worker_id: String::new(),
+                node: String::new(),
+            },
             recorded_at: chrono::DateTime::from_timestamp(position, 0).unwrap(),
         }
     }

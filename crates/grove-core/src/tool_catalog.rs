@@ -507,6 +507,25 @@ mod tests {
                 expect: Some("0".repeat(40)),
                 set_upstream: false,
             },
+            ToolOp::History {
+                offset: None,
+                limit: Some(5),
+            },
+            ToolOp::HistoryDiff {
+                from: "1".into(),
+                to: None,
+            },
+            ToolOp::HistoryFile {
+                point: "a".repeat(40),
+                path: "p".into(),
+            },
+            ToolOp::Checkpoint { name: "n".into() },
+            ToolOp::Rewind { point: "2".into() },
+            ToolOp::Undo,
+            ToolOp::Fork {
+                point: "2".into(),
+                scope: "c2".into(),
+            },
         ];
         let mut names = std::collections::BTreeSet::new();
         for op in ops {
