@@ -498,3 +498,74 @@ async fn symlinks_out_of_the_workspace_and_a_hostile_git_dir_reach_nothing_on_th
         & 0o777;
     assert_eq!(mode, 0o700, "the history store is private");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn over_http_an_agent_checkpoints_diffs_and_undoes_and_another_tenant_sees_404() {
+    use grove_e2e::http::{Server, ALICE, BOB};
+    use reqwest::StatusCode;
+    use serde_json::json;
+    let env =
+        env_or_skip!("over_http_an_agent_checkpoints_diffs_and_undoes_and_another_tenant_sees_404");
+    let url = env.fixture_repo("fixture", &[("src/lib.rs", "pub fn alpha() {}\n")]);
+    let server = Server::start(&env).await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+    let call = |tool: &'static str, token: &'static str, args: Value| {
+        let path = format!("/v1/workspaces/{ws}/tools/{tool}");
+        let server = &server;
+        async move { server.post(&path, token, args).await }
+    };
+    let (status, cp) = call("checkpoint", ALICE, json!({"name": "start"})).await;
+    assert_eq!(status, StatusCode::OK, "{cp}");
+    assert_eq!(cp["operation"]["name"], "start");
+    let (status, w) = call(
+        "write_file",
+        ALICE,
+        json!({"path": "src/lib.rs", "content": "broken\n"}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{w}");
+    let (status, d) = call(
+        "history_diff",
+        ALICE,
+        json!({"from": cp["number"].to_string()}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{d}");
+    assert_eq!(d["to"], Value::Null, "against now");
+    assert_eq!(
+        d["files"],
+        json!([{"path": "src/lib.rs", "status": "modified"}])
+    );
+    assert!(d["patch"].as_str().unwrap().contains("+broken"), "{d}");
+    let (status, u) = call("undo", ALICE, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{u}");
+    let (_, body) = server.get(&format!("/v1/workspaces/{ws}"), ALICE).await;
+    let dir = PathBuf::from(body["local_path"].as_str().unwrap());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("src/lib.rs")).unwrap(),
+        "pub fn alpha() {}\n"
+    );
+    let (status, h) = call("history", ALICE, json!({})).await;
+    assert_eq!(status, StatusCode::OK, "{h}");
+    let kinds: Vec<&str> = h["points"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["operation"]["kind"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["created", "checkpoint", "tool", "rewind"]);
+
+    // Another tenant: 404 for every history tool, and nothing changed.
+    for (tool, args) in [
+        ("history", json!({})),
+        ("history_diff", json!({"from": "0"})),
+        ("rewind", json!({"point": "0"})),
+        ("fork", json!({"point": "0", "scope": "bob"})),
+    ] {
+        let (status, body) = call(tool, BOB, args).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{tool}: {body}");
+    }
+    assert_eq!(env.count_events("workspace.forked").await, 0);
+    let (_, again) = call("history", ALICE, json!({})).await;
+    assert_eq!(again["total"], 4);
+}

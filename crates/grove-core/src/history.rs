@@ -168,7 +168,7 @@ pub trait HistoryPort: Send + Sync {
     /// The diff from snapshot `from` to snapshot `to` of one store.
     fn history_diff(
         &self,
-        store_dir: &Path,
+        paths: &HistoryPaths<'_>,
         from: &str,
         to: &str,
         max_bytes: usize,
@@ -176,7 +176,7 @@ pub trait HistoryPort: Send + Sync {
     /// A file's bytes at a snapshot (`None`: no such file there).
     fn history_file(
         &self,
-        store_dir: &Path,
+        paths: &HistoryPaths<'_>,
         snapshot: &str,
         path: &str,
     ) -> Result<Option<Vec<u8>>, GitError>;

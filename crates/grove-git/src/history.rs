@@ -57,7 +57,14 @@ pub(crate) fn open_store(store_dir: &Path, cache_dir: &Path) -> Result<Repositor
     Ok(repo)
 }
 
-/// Opens an existing store for reading (a missing one: no history yet).
+/// Opens an existing store for reading, the cache's objects readable through it.
+fn open_reading(paths: &HistoryPaths<'_>) -> Result<Repository, GitError> {
+    let repo = open_existing(paths.store_dir)?;
+    add_alternate(&repo, paths.cache_dir)?;
+    Ok(repo)
+}
+
+/// Opens an existing store (a missing one: no history yet).
 fn open_existing(store_dir: &Path) -> Result<Repository, GitError> {
     if std::fs::symlink_metadata(store_dir).is_err() {
         return Err(GitError::RefNotFound(
@@ -216,12 +223,12 @@ fn changed_files(
 
 /// The diff between two points of one store.
 pub(crate) fn diff(
-    store_dir: &Path,
+    paths: &HistoryPaths<'_>,
     from: &str,
     to: &str,
     max_bytes: usize,
 ) -> Result<TreeDiff, GitError> {
-    let store = open_existing(store_dir)?;
+    let store = open_reading(paths)?;
     let (a, b) = (point_tree(&store, from)?, point_tree(&store, to)?);
     let files = changed_files(&store, Some(a), b)?;
     let mut patch = Vec::new();
@@ -249,11 +256,11 @@ pub(crate) fn diff(
 
 /// A file's bytes at a point (`None`: no file there; a symlink gives its target).
 pub(crate) fn file_at(
-    store_dir: &Path,
+    paths: &HistoryPaths<'_>,
     point: &str,
     path: &str,
 ) -> Result<Option<Vec<u8>>, GitError> {
-    let store = open_existing(store_dir)?;
+    let store = open_reading(paths)?;
     let tree = point_commit(&store, point)?.tree().map_err(local)?;
     let Ok(entry) = tree.get_path(Path::new(path)) else {
         return Ok(None);

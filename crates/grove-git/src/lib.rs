@@ -156,20 +156,20 @@ impl grove_core::history::HistoryPort for Git2Adapter {
     }
     fn history_diff(
         &self,
-        store_dir: &Path,
+        paths: &grove_core::history::HistoryPaths<'_>,
         from: &str,
         to: &str,
         max_bytes: usize,
     ) -> Result<grove_core::history::TreeDiff, GitError> {
-        history::diff(store_dir, from, to, max_bytes)
+        history::diff(paths, from, to, max_bytes)
     }
     fn history_file(
         &self,
-        store_dir: &Path,
+        paths: &grove_core::history::HistoryPaths<'_>,
         snapshot: &str,
         path: &str,
     ) -> Result<Option<Vec<u8>>, GitError> {
-        history::file_at(store_dir, snapshot, path)
+        history::file_at(paths, snapshot, path)
     }
     fn rewind(
         &self,

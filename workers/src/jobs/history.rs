@@ -400,19 +400,18 @@ impl JobContext {
     ) -> Result<ToolOutput, CommandError> {
         let points = self.timeline(ws.id).await?;
         let a = self.resolve(ws, &points, from)?;
+        let paths = self.history_paths(ws).await?;
         let (b, to_number) = match to {
             Some(raw) => {
                 let p = self.resolve(ws, &points, raw)?;
                 (p.snapshot.clone(), Some(p.number))
             }
-            None => {
-                let paths = self.history_paths(ws).await?;
-                (self.take(ws, &paths, None).await?.id, None)
-            }
+            None => (self.take(ws, &paths, None).await?.id, None),
         };
         let git = self.git.clone();
-        let (store, a_id) = (self.history_dir(ws), a.snapshot.clone());
-        let diff = blocking(move || git.history_diff(&store, &a_id, &b, MAX_DIFF_BYTES)).await?;
+        let a_id = a.snapshot.clone();
+        let diff =
+            blocking(move || git.history_diff(&paths.borrow(), &a_id, &b, MAX_DIFF_BYTES)).await?;
         Ok(ToolOutput::HistoryDiff {
             from: a.number,
             to: to_number,
@@ -432,13 +431,10 @@ impl JobContext {
         let points = self.timeline(ws.id).await?;
         let p = self.resolve(ws, &points, point)?;
         let git = self.git.clone();
-        let (store, id, shown) = (
-            self.history_dir(ws),
-            p.snapshot.clone(),
-            rel.as_str().to_string(),
-        );
+        let paths = self.history_paths(ws).await?;
+        let (id, shown) = (p.snapshot.clone(), rel.as_str().to_string());
         let q = shown.clone();
-        let bytes = blocking(move || git.history_file(&store, &id, &q))
+        let bytes = blocking(move || git.history_file(&paths.borrow(), &id, &q))
             .await?
             .ok_or_else(|| not_found(format!("{shown} is not a file at point {}", p.number)))?;
         Ok(ToolOutput::File {
