@@ -154,7 +154,7 @@ fn point_tree(store: &Repository, id: &str) -> Result<Oid, GitError> {
 
 /// HEAD's commit and branch as point `id` recorded them.
 pub(crate) fn point_head(commit: &git2::Commit<'_>) -> (Oid, Option<String>) {
-    let head = commit.parent_id(0).unwrap_or_else(|_| Oid::ZERO_SHA1);
+    let head = commit.parent_id(0).unwrap_or(Oid::ZERO_SHA1);
     let branch = commit
         .message()
         .unwrap_or("")
