@@ -11,6 +11,7 @@ mod cases;
 mod client;
 mod ctx;
 mod fixture;
+mod history;
 mod http;
 mod stats;
 mod sweep;
@@ -42,6 +43,9 @@ pub const ALL_CASES: &[&str] = &[
     "cache_fetch_file",
     "cache_fetch_http",
     "worker_rss_after_clone",
+    "history_exec",
+    "history_fork",
+    "history_rewind_100",
 ];
 
 #[derive(Parser, Debug, Clone)]
