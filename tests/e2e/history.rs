@@ -527,11 +527,11 @@ async fn over_http_an_agent_checkpoints_diffs_and_undoes_and_another_tenant_sees
     let (status, d) = call(
         "history_diff",
         ALICE,
-        json!({"from": cp["number"].to_string()}),
+        json!({"since": cp["number"].to_string()}),
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{d}");
-    assert_eq!(d["to"], Value::Null, "against now");
+    assert_eq!(d["to_point"], Value::Null, "against now");
     assert_eq!(
         d["files"],
         json!([{"path": "src/lib.rs", "status": "modified"}])
@@ -558,7 +558,7 @@ async fn over_http_an_agent_checkpoints_diffs_and_undoes_and_another_tenant_sees
     // Another tenant: 404 for every history tool, and nothing changed.
     for (tool, args) in [
         ("history", json!({})),
-        ("history_diff", json!({"from": "0"})),
+        ("history_diff", json!({"since": "0"})),
         ("rewind", json!({"point": "0"})),
         ("fork", json!({"point": "0", "scope": "bob"})),
     ] {

@@ -32,7 +32,16 @@ async fn tool(ctx: &Ctx, ws: Uuid, op: ToolOp) -> Result<ToolOutput> {
 
 /// The timeline's last point number.
 async fn last_point(ctx: &Ctx, ws: Uuid) -> Result<u64> {
-    match tool(ctx, ws, ToolOp::History { offset: Some(0), limit: Some(1) }).await? {
+    match tool(
+        ctx,
+        ws,
+        ToolOp::History {
+            offset: Some(0),
+            limit: Some(1),
+        },
+    )
+    .await?
+    {
         ToolOutput::History { total, .. } if total > 0 => Ok(total - 1),
         other => bail!("history returned {other:?}"),
     }
@@ -56,7 +65,11 @@ pub async fn history_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
                 let t = Instant::now();
                 ctx.exec_write(ws.id, &["sh", "-c", &append(round_no * n + i)])
                     .await?;
-                if history { on.push(ms(t)) } else { off.push(ms(t)) }
+                if history {
+                    on.push(ms(t))
+                } else {
+                    off.push(ms(t))
+                }
             }
         }
     }
@@ -92,7 +105,10 @@ pub async fn history_fork(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         create.push(ms(t));
     }
     let mut row = latency("history_fork", &fork, &create);
-    row.insert("floor_is".into(), json!("workspace_create (acquire of a new key)"));
+    row.insert(
+        "floor_is".into(),
+        json!("workspace_create (acquire of a new key)"),
+    );
     out.emit(row);
     Ok(())
 }
@@ -111,9 +127,7 @@ pub async fn history_rewind_100(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         ctx.exec_write(ws.id, &["sh", "-c", &change]).await?;
         let t = Instant::now();
         match tool(ctx, ws.id, ToolOp::Rewind { point: base }).await? {
-            ToolOutput::Rewound { files_written, .. } if files_written == 100 => {
-                rewind.push(ms(t))
-            }
+            ToolOutput::Rewound { files_written, .. } if files_written == 100 => rewind.push(ms(t)),
             other => bail!("rewind returned {other:?}"),
         }
         let scratch = ctx.dir.join(format!("rewind-floor-{i}"));
@@ -127,7 +141,10 @@ pub async fn history_rewind_100(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         std::fs::remove_dir_all(&scratch)?;
     }
     let mut row = latency("history_rewind_100", &rewind, &floor);
-    row.insert("floor_is".into(), json!("read and write the 100 files directly"));
+    row.insert(
+        "floor_is".into(),
+        json!("read and write the 100 files directly"),
+    );
     out.emit(row);
     Ok(())
 }

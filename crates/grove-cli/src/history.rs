@@ -71,7 +71,10 @@ pub async fn history(args: HistoryArgs) -> Result<ExitCode> {
     let mut token = None;
     let op = match args.op {
         HistoryCmd::List { offset, limit } => ToolOp::History { offset, limit },
-        HistoryCmd::Diff { from, to } => ToolOp::HistoryDiff { from, to },
+        HistoryCmd::Diff { from, to } => ToolOp::HistoryDiff {
+            since: from,
+            until: to,
+        },
         HistoryCmd::Show { point, path } => ToolOp::HistoryFile { point, path },
         HistoryCmd::Checkpoint { name } => ToolOp::Checkpoint { name },
         HistoryCmd::Rewind { point } => ToolOp::Rewind { point },

@@ -217,8 +217,8 @@ pub fn input_schema(name: &str) -> Value {
             &[],
         ),
         "history_diff" => object(
-            json!({"from": point_arg(), "to": {"type": ["string", "null"], "description": "A point number or snapshot id; absent: the workspace now."}}),
-            &["from"],
+            json!({"since": point_arg(), "until": {"type": ["string", "null"], "description": "A point number or snapshot id; absent: the workspace now."}}),
+            &["since"],
         ),
         "history_file" => object(
             json!({"point": point_arg(), "path": path_arg()}),
@@ -361,7 +361,7 @@ mod tests {
                 json!({"branch": "b", "force_with_lease": true, "expect": "abcd", "set_upstream": true}),
             ),
             ("history", json!({"offset": 2, "limit": 10})),
-            ("history_diff", json!({"from": "1", "to": "2"})),
+            ("history_diff", json!({"since": "1", "until": "2"})),
             ("history_file", json!({"point": "3", "path": "a"})),
             ("checkpoint", json!({"name": "before refactor"})),
             ("rewind", json!({"point": "4"})),
@@ -512,8 +512,8 @@ mod tests {
                 limit: Some(5),
             },
             ToolOp::HistoryDiff {
-                from: "1".into(),
-                to: None,
+                since: "1".into(),
+                until: None,
             },
             ToolOp::HistoryFile {
                 point: "a".repeat(40),

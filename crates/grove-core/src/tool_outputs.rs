@@ -70,8 +70,8 @@ fn history_output(name: &str) -> Option<Value> {
         ),
         "history_diff" => (
             "history_diff",
-            json!({"from": count(), "to": {"type": ["integer", "null"], "minimum": 0}, "files": array(changed_file()), "patch": string(), "truncated": boolean()}),
-            vec!["from", "to", "files", "patch", "truncated"],
+            json!({"from_point": count(), "to_point": {"type": ["integer", "null"], "minimum": 0}, "files": array(changed_file()), "patch": string(), "truncated": boolean()}),
+            vec!["from_point", "to_point", "files", "patch", "truncated"],
         ),
         "history_file" => return output_schema("read_file"),
         "checkpoint" => {
@@ -385,8 +385,8 @@ mod tests {
             (
                 "history_diff",
                 ToolOutput::HistoryDiff {
-                    from: 1,
-                    to: None,
+                    from_point: 1,
+                    to_point: None,
                     files: vec![ChangedFile {
                         path: "a".into(),
                         status: "added".into(),

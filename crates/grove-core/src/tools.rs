@@ -142,12 +142,12 @@ pub enum ToolOp {
         #[serde(default)]
         limit: Option<usize>,
     },
-    /// The diff from point `from` to point `to` (absent: the workspace as it is now).
-    /// Points are numbers of the timeline or snapshot ids.
+    /// The diff from point `since` to point `until` (absent: the workspace as it is
+    /// now). Points are numbers of the timeline or snapshot ids.
     HistoryDiff {
-        from: String,
+        since: String,
         #[serde(default)]
-        to: Option<String>,
+        until: Option<String>,
     },
     /// A file's content at a point.
     HistoryFile {
@@ -363,9 +363,9 @@ impl ToolOp {
             {
                 req(format!("limit must be between 1 and {MAX_HISTORY_PAGE}"))
             }
-            Self::HistoryDiff { from, to } => {
-                point(from)?;
-                to.as_deref().map_or(Ok(()), point)
+            Self::HistoryDiff { since, until } => {
+                point(since)?;
+                until.as_deref().map_or(Ok(()), point)
             }
             Self::HistoryFile { point: p, .. } | Self::Rewind { point: p } => point(p),
             Self::Checkpoint { name }
@@ -441,9 +441,9 @@ impl ToolOp {
                 out.extend(expect.as_deref().map(|p| ("expect", p)));
             }
             Self::History { .. } | Self::Undo => {}
-            Self::HistoryDiff { from, to } => {
-                out.push(("from", from));
-                out.extend(to.as_deref().map(|p| ("to", p)));
+            Self::HistoryDiff { since, until } => {
+                out.push(("since", since));
+                out.extend(until.as_deref().map(|p| ("until", p)));
             }
             Self::HistoryFile { point, path } => {
                 out.extend([("point", point.as_str()), ("path", path.as_str())])
@@ -600,10 +600,10 @@ pub enum ToolOutput {
         points: Vec<Point>,
         total: u64,
     },
-    /// `history_diff`: `to` absent means the workspace as it was when asked.
+    /// `history_diff`: `to_point` absent means the workspace as it was when asked.
     HistoryDiff {
-        from: u64,
-        to: Option<u64>,
+        from_point: u64,
+        to_point: Option<u64>,
         files: Vec<ChangedFile>,
         patch: String,
         truncated: bool,

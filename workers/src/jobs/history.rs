@@ -270,7 +270,7 @@ impl JobContext {
             ));
         }
         let op = &req.op;
-        let exclusive = op.is_write() || matches!(op, ToolOp::HistoryDiff { to: None, .. });
+        let exclusive = op.is_write() || matches!(op, ToolOp::HistoryDiff { until: None, .. });
         let wait = if op.is_write() {
             REWIND_WAIT
         } else {
@@ -349,8 +349,8 @@ impl JobContext {
                     total,
                 })
             }
-            ToolOp::HistoryDiff { from, to } => {
-                plain(self.history_diff(ws, from, to.as_deref()).await?)
+            ToolOp::HistoryDiff { since, until } => {
+                plain(self.history_diff(ws, since, until.as_deref()).await?)
             }
             ToolOp::HistoryFile { point, path } => plain(self.history_file(ws, point, path).await?),
             ToolOp::Checkpoint { name } => {
@@ -413,8 +413,8 @@ impl JobContext {
         let diff =
             blocking(move || git.history_diff(&paths.borrow(), &a_id, &b, MAX_DIFF_BYTES)).await?;
         Ok(ToolOutput::HistoryDiff {
-            from: a.number,
-            to: to_number,
+            from_point: a.number,
+            to_point: to_number,
             files: diff.files,
             patch: diff.patch,
             truncated: diff.truncated,
