@@ -18,9 +18,7 @@ mod rewind;
 
 use std::path::Path;
 
-use git2::{
-    Delta, DiffFormat, DiffOptions, Index, IndexAddOption, ObjectType, Oid, Repository, Signature,
-};
+use git2::{Delta, DiffFormat, DiffOptions, Index, ObjectType, Oid, Repository, Signature};
 use grove_core::error::GitError;
 use grove_core::history::{ChangedFile, FileCounts, HistoryPaths, Snapshot, TreeDiff};
 use uuid::Uuid;
@@ -126,12 +124,33 @@ fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitErr
     let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
     store.set_index(&mut index).map_err(local)?;
     let mut index = store.index().map_err(local)?;
-    index
-        .add_all(["*"], IndexAddOption::DEFAULT, None)
+    // One walk of the working tree: what differs from the index by stat (content when
+    // stat is not enough), untracked files included, ignored ones not.
+    let mut opts = DiffOptions::new();
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_typechange(true)
+        .update_index(true);
+    let diff = store
+        .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
-    index.update_all(["*"], None).map_err(local)?;
+    let mut changed = false;
+    for delta in diff.deltas() {
+        let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
+            continue;
+        };
+        match delta.status() {
+            Delta::Deleted => index.remove_path(path).map_err(local)?,
+            // A nested repository shows as a directory: not part of the point.
+            _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
+            _ => index.add_path(path).map_err(local)?,
+        }
+        changed = true;
+    }
     let tree = index.write_tree().map_err(local)?;
-    index.write().map_err(local)?;
+    if changed || !paths.store_dir.join(INDEX_FILE).exists() {
+        index.write().map_err(local)?;
+    }
     Ok(tree)
 }
 

@@ -157,15 +157,18 @@ fn write_entry(
     let parts = components(path)?;
     let (leaf, dirs) = parts.split_last().expect("a path has a component");
     let dir = open_dirs(root, dirs, true)?.expect("created");
-    crate::tree::remove_at(dir.as_fd(), leaf).map_err(|e| io_err("cannot clear a file", e))?;
     let blob = store.find_blob(id).map_err(local)?;
+    let perm = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
+    if mode != 0o120000 && overwrite(dir.as_fd(), leaf, blob.content(), perm)? {
+        return Ok(());
+    }
+    crate::tree::remove_at(dir.as_fd(), leaf).map_err(|e| io_err("cannot clear a file", e))?;
     if mode == 0o120000 {
         let target = CString::new(blob.content())
             .map_err(|_| GitError::Other("a symlink target holds a NUL".into()))?;
         rustix::fs::symlinkat(&target, &dir, leaf)
             .map_err(|e| io_err("cannot create a symlink", e))?;
     } else {
-        let perm = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
         let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
         let fd = rustix::fs::openat(
             &dir,
@@ -183,6 +186,37 @@ fn write_entry(
     }
     own(root, dir.as_fd(), leaf);
     Ok(())
+}
+
+/// Rewrites `name` in place when it is a regular file with one link (checked on the
+/// descriptor opened without following a link, non-blocking so a FIFO cannot stall
+/// it): the common case of a file changed since the point. `false`: anything else is
+/// there (or nothing), to be replaced.
+fn overwrite(
+    dir: BorrowedFd<'_>,
+    name: &CString,
+    bytes: &[u8],
+    perm: u32,
+) -> Result<bool, GitError> {
+    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::openat(dir, name, flags, Mode::empty()) else {
+        return Ok(false);
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(|e| io_err("cannot stat a file", e))?;
+    let regular =
+        rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
+    if !regular || stat.st_nlink != 1 {
+        return Ok(false);
+    }
+    rustix::fs::ftruncate(&fd, 0).map_err(|e| io_err("cannot truncate a file", e))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)
+        .map_err(|e| io_err("cannot write a file", e))?;
+    if stat.st_mode & 0o777 != perm {
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(perm))
+            .map_err(|e| io_err("cannot set a file's mode", e))?;
+    }
+    Ok(true)
 }
 
 /// Points the workspace's branch (or a detached HEAD) at `head`, HEAD at the branch,
