@@ -127,7 +127,9 @@ pub async fn history_rewind_100(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         ctx.exec_write(ws.id, &["sh", "-c", &change]).await?;
         let t = Instant::now();
         match tool(ctx, ws.id, ToolOp::Rewind { point: base }).await? {
-            ToolOutput::Rewound { files_written, .. } if files_written == 100 => rewind.push(ms(t)),
+            ToolOutput::Rewound {
+                files_written: 100, ..
+            } => rewind.push(ms(t)),
             other => bail!("rewind returned {other:?}"),
         }
         let scratch = ctx.dir.join(format!("rewind-floor-{i}"));
