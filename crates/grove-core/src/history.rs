@@ -266,6 +266,54 @@ pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEve
     points
 }
 
+/// Which points of a workspace's own timeline its retention policy drops at `now`:
+/// every point younger than `keep_all_days` stays; older ones are thinned to the last
+/// point of each UTC day; the latest point, inherited points (a fork's source's) and
+/// any snapshot a kept point shares stay. `keep_all_days` 0: nothing is dropped.
+pub fn to_prune(
+    workspace_id: Uuid,
+    points: &[Point],
+    now: chrono::DateTime<chrono::Utc>,
+    keep_all_days: u64,
+) -> Vec<String> {
+    if keep_all_days == 0 || points.len() < 2 {
+        return Vec::new();
+    }
+    let cutoff = now - chrono::Duration::days(keep_all_days.min(36_500) as i64);
+    let day_of = |p: &Point| {
+        chrono::DateTime::parse_from_rfc3339(&p.at)
+            .ok()
+            .map(|t| t.with_timezone(&chrono::Utc))
+    };
+    let last = points.len() - 1;
+    let dropped: Vec<bool> = points
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let Some(at) = day_of(p) else { return false };
+            let next_same_day = points
+                .get(i + 1)
+                .and_then(day_of)
+                .is_some_and(|n| n.date_naive() == at.date_naive());
+            i != last && p.workspace_id == workspace_id && at < cutoff && next_same_day
+        })
+        .collect();
+    let kept: Vec<&str> = points
+        .iter()
+        .zip(&dropped)
+        .filter(|(_, d)| !**d)
+        .map(|(p, _)| p.snapshot.as_str())
+        .collect();
+    let mut drop: Vec<String> = points
+        .iter()
+        .zip(&dropped)
+        .filter(|(p, d)| **d && !kept.contains(&p.snapshot.as_str()))
+        .map(|(p, _)| p.snapshot.clone())
+        .collect();
+    drop.dedup();
+    drop
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -361,5 +409,45 @@ mod tests {
         assert_eq!(PointRef::Number(2).find(&t).unwrap().snapshot, "f0");
         assert!(PointRef::Number(0).find(&t).is_none(), "pruned");
         assert!(PointRef::Snapshot("zz".into()).find(&t).is_none());
+    }
+
+    #[test]
+    fn retention_thins_old_points_to_one_a_day_and_keeps_recent_inherited_and_latest() {
+        let ws = Uuid::from_u128(1);
+        let day =
+            |d: i64, h: i64| chrono::DateTime::from_timestamp(d * 86_400 + h * 3_600, 0).unwrap();
+        let point = |n: u64, at: chrono::DateTime<chrono::Utc>, owner: Uuid| Point {
+            number: n,
+            snapshot: format!("s{n}"),
+            position: Some(n as i64),
+            at: at.to_rfc3339(),
+            workspace_id: owner,
+            operation: Operation::Created,
+            head: "h".into(),
+            branch: None,
+            changes: FileCounts::default(),
+        };
+        let source = Uuid::from_u128(9);
+        let points = vec![
+            point(0, day(0, 1), source),
+            point(1, day(0, 2), source),
+            point(2, day(1, 1), ws),
+            point(3, day(1, 2), ws),
+            point(4, day(1, 3), ws),
+            point(5, day(30, 1), ws),
+            point(6, day(30, 2), ws),
+        ];
+        let now = day(31, 0);
+        // Older than 7 days: day 1 keeps its last point; day 0 is inherited; day 30 is recent.
+        assert_eq!(to_prune(ws, &points, now, 7), ["s2", "s3"]);
+        assert!(to_prune(ws, &points, now, 0).is_empty());
+        assert!(
+            to_prune(ws, &points, day(400, 0), 7).len() == 3,
+            "day 30 thinned too, never the latest"
+        );
+        // A snapshot shared with a kept point is not dropped.
+        let mut shared = points.clone();
+        shared[3].snapshot = "s4".into();
+        assert_eq!(to_prune(ws, &shared, now, 7), ["s2"]);
     }
 }

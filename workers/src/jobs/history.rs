@@ -61,6 +61,71 @@ impl JobContext {
         }
     }
 
+    /// Retention (ADR 28), a step of the eviction sweep: each workspace of this node
+    /// whose timeline has points the policy drops, and whose command lock is free, gets
+    /// them dropped from its store and a `workspace.history_pruned` committed. Busy
+    /// workspaces and failures are left for the next sweep (logged).
+    pub(crate) async fn prune_histories(
+        &self,
+        command_id: Uuid,
+        at: chrono::DateTime<chrono::Utc>,
+    ) {
+        if self.config.history_keep_days == 0 {
+            return;
+        }
+        let workspaces = {
+            let Ok(mut conn) = self.conn().await else {
+                return;
+            };
+            match rows::workspaces_of_node(&mut conn, &self.config.node).await {
+                Ok(w) => w,
+                Err(e) => {
+                    tracing::warn!(error = %e, "history retention: no workspace list");
+                    return;
+                }
+            }
+        };
+        for ws in workspaces.iter().filter(|w| w.state.has_files()) {
+            if let Err(e) = self.prune_history_of(ws, command_id, at).await {
+                tracing::info!(workspace = %ws.id, error = %e, "history retention: skipped");
+            }
+        }
+    }
+
+    async fn prune_history_of(
+        &self,
+        ws: &WorkspaceRow,
+        command_id: Uuid,
+        at: chrono::DateTime<chrono::Utc>,
+    ) -> Result<(), CommandError> {
+        let points = self.timeline(ws.id).await?;
+        let drop = grove_core::history::to_prune(ws.id, &points, at, self.config.history_keep_days);
+        if drop.is_empty() {
+            return Ok(());
+        }
+        let (ws, lock) = self.lock_for_history(ws.id, false, REWIND_WAIT).await?;
+        let keep: Vec<String> = points
+            .iter()
+            .map(|p| p.snapshot.clone())
+            .filter(|s| !drop.contains(s))
+            .collect();
+        let git = self.git.clone();
+        let store = self.history_dir(&ws);
+        let result = blocking(move || git.prune_history(&store, &keep)).await;
+        let recorded = match result {
+            Ok(_) => {
+                let event = Event::WorkspaceHistoryPruned {
+                    workspace_id: ws.id,
+                    dropped: drop,
+                };
+                self.record(command_id, correlation_of(&ws), &[event]).await
+            }
+            Err(e) => Err(e),
+        };
+        lock.release().await.ok();
+        recorded
+    }
+
     /// The history store of a workspace.
     pub(crate) fn history_dir(&self, ws: &WorkspaceRow) -> PathBuf {
         self.layout.history_dir(&ws.user_id, ws.id)
