@@ -569,3 +569,50 @@ async fn over_http_an_agent_checkpoints_diffs_and_undoes_and_another_tenant_sees
     let (_, again) = call("history", ALICE, json!({})).await;
     assert_eq!(again["total"], 4);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_eviction_sweep_thins_old_points_by_the_retention_policy() {
+    let mut env = env_or_skip!("the_eviction_sweep_thins_old_points_by_the_retention_policy");
+    env.spawn_worker_env(&[
+        ("GROVE_ALLOW_CLOCK_OVERRIDE", "1"),
+        ("GROVE_EVICT_MEASURE_EVERY", "0"),
+        ("GROVE_HISTORY_KEEP_DAYS", "1"),
+    ])
+    .await;
+    let url = env.fixture_repo("fixture", &[("src/lib.rs", "pub fn alpha() {}\n")]);
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let id = ws["id"].as_str().unwrap().to_string();
+    let dir = PathBuf::from(ws["local_path"].as_str().unwrap());
+    for i in 0..3 {
+        run_step(
+            &env,
+            &id,
+            &Step::Exec(["echo 0 > a", "echo 1 > b", "echo 2 > c"][i]),
+        )
+        .await;
+    }
+    let until = (chrono::Utc::now() + chrono::Duration::days(30)).to_rfc3339();
+    env.grove_json(&["workspace", "pin", &id, "--until", &until])
+        .await;
+    let before = tree_of(&dir);
+    let last = history(&env, &id, &["list"]).await["points"][3]["snapshot"].clone();
+
+    // Now: nothing is old enough.
+    env.grove_json(&["evict"]).await;
+    assert_eq!(history(&env, &id, &["list"]).await["total"], 4);
+    // Three days on: the day's points are thinned to its last.
+    let later = (chrono::Utc::now() + chrono::Duration::days(3)).to_rfc3339();
+    env.grove_json(&["evict", "--now", &later]).await;
+    let h = history(&env, &id, &["list"]).await;
+    assert_eq!(h["total"], 1, "{h}");
+    assert_eq!(h["points"][0]["number"], 3);
+    assert_eq!(h["points"][0]["snapshot"], last);
+    assert_eq!(env.count_events("workspace.history_pruned").await, 1);
+    assert_eq!(tree_of(&dir), before, "pruning changes no file");
+    let (code, _) = history_fails(&env, &id, &["rewind", "1"]).await;
+    assert_eq!(code, 3, "a dropped point is gone");
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", text(&verify));
+}
