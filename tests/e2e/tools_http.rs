@@ -570,7 +570,10 @@ async fn tool_routes_answer_only_their_owner_and_a_read_only_workspace_offers_no
             "search",
             "git_status",
             "git_diff",
-            "git_log"
+            "git_log",
+            "history",
+            "history_diff",
+            "history_file"
         ]
     );
     for (op, args) in [

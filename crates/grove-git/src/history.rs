@@ -46,8 +46,12 @@ pub(crate) fn local(e: git2::Error) -> GitError {
 pub(crate) fn open_store(store_dir: &Path, cache_dir: &Path) -> Result<Repository, GitError> {
     if std::fs::symlink_metadata(store_dir).is_err() {
         private_dir(store_dir)?;
-        Repository::init_bare(store_dir).map_err(local)?;
-        std::fs::write(store_dir.join("info").join("attributes"), ATTRIBUTES)
+        // No template directory: no sample hooks or other files copied in.
+        let mut opts = git2::RepositoryInitOptions::new();
+        opts.bare(true).external_template(false);
+        Repository::init_opts(store_dir, &opts).map_err(local)?;
+        std::fs::create_dir_all(store_dir.join("info"))
+            .and_then(|()| std::fs::write(store_dir.join("info").join("attributes"), ATTRIBUTES))
             .map_err(|e| map_io("cannot write the history store's attributes", &e))?;
     }
     let repo = crate::trusted::open_private(store_dir)?;
