@@ -62,6 +62,9 @@ pub struct Snapshot {
     /// The branch HEAD was on (`refs/heads/...`), none when detached.
     pub branch: Option<String>,
     pub changes: FileCounts,
+    /// The working tree differs from HEAD's tree (untracked files included, ignored
+    /// ones not): the workspace's `dirty`, from the same walk.
+    pub dirty: bool,
 }
 
 /// One point of a workspace's timeline, as `history` lists it.

@@ -117,6 +117,7 @@ pub(crate) fn snapshot(
         head: head.to_string(),
         branch,
         changes,
+        dirty: tree != head_commit.tree_id(),
     })
 }
 

@@ -199,48 +199,52 @@ impl JobContext {
         .await
     }
 
-    /// The point after a change: its `workspace.snapshot_taken`, or none when history is
-    /// off, the workspace lives in a remote provider, or the snapshot failed (logged:
-    /// the change itself stands).
-    pub(crate) async fn point_after(
-        &self,
-        ws: &WorkspaceRow,
-        operation: Operation,
-    ) -> Option<Event> {
-        if !self.config.history || Placement::of_node(&ws.node).is_remote() {
-            return None;
-        }
-        match self.record_point(ws, operation).await {
-            Ok((event, _)) => Some(event),
-            Err(e) => {
-                tracing::warn!(workspace = %ws.id, error = %e, "history: no point taken");
-                None
-            }
-        }
-    }
-
     /// Takes a point after the timeline's last and returns its event and its number.
     async fn record_point(
         &self,
         ws: &WorkspaceRow,
         operation: Operation,
-    ) -> Result<(Event, u64), CommandError> {
+    ) -> Result<(Event, u64, bool), CommandError> {
         let paths = self.history_paths(ws).await?;
         let last = self.timeline(ws.id).await?.pop();
         let snap = self
             .take(ws, &paths, last.as_ref().map(|p| p.snapshot.clone()))
             .await?;
         let number = last.map_or(0, |p| p.number + 1);
-        Ok((snapshot_event(ws.id, snap, operation), number))
+        let dirty = snap.dirty;
+        Ok((snapshot_event(ws.id, snap, operation), number, dirty))
     }
 
-    /// The point after a mutating exec, from its `exec.finished`.
-    pub(crate) async fn point_after_exec(
+    /// After a change: the point and `workspace.dirty_changed` from the same walk of the
+    /// tree (the snapshot tells whether the working tree differs from HEAD); without
+    /// history (off, remote, or a failed snapshot) git's dirty check alone.
+    pub(crate) async fn after_change(&self, ws: &WorkspaceRow, operation: Operation) -> Vec<Event> {
+        if self.config.history && !Placement::of_node(&ws.node).is_remote() {
+            match self.record_point(ws, operation).await {
+                Ok((event, _, dirty)) => {
+                    let mut events = Vec::new();
+                    if dirty != ws.dirty {
+                        events.push(Event::WorkspaceDirtyChanged {
+                            workspace_id: ws.id,
+                            dirty,
+                        });
+                    }
+                    events.push(event);
+                    return events;
+                }
+                Err(e) => tracing::warn!(workspace = %ws.id, error = %e, "history: no point taken"),
+            }
+        }
+        self.dirty_change(ws).await.into_iter().collect()
+    }
+
+    /// After a mutating exec: its point (from its `exec.finished`) and dirtiness.
+    pub(crate) async fn after_exec(
         &self,
         ws: &WorkspaceRow,
         argv: &[String],
         events: &[Event],
-    ) -> Option<Event> {
+    ) -> Vec<Event> {
         let (exit_code, duration_ms) = events
             .iter()
             .find_map(|e| match e {
@@ -252,30 +256,27 @@ impl JobContext {
                 _ => None,
             })
             .unwrap_or((None, 0));
-        let argv = argv.to_vec();
-        self.point_after(
-            ws,
-            Operation::Exec {
-                argv,
-                exit_code,
-                duration_ms,
-            },
-        )
-        .await
+        let operation = Operation::Exec {
+            argv: argv.to_vec(),
+            exit_code,
+            duration_ms,
+        };
+        self.after_change(ws, operation).await
     }
 
-    /// The point after a write tool (none for a push: the workspace did not change).
-    pub(crate) async fn point_after_tool(&self, ws: &WorkspaceRow, op: &ToolOp) -> Option<Event> {
+    /// After a write tool: its point and dirtiness (a push changes no file: only git's
+    /// dirty check).
+    pub(crate) async fn after_tool(&self, ws: &WorkspaceRow, op: &ToolOp) -> Vec<Event> {
         let (path, message) = match op {
             ToolOp::Create { path, .. }
             | ToolOp::StrReplace { path, .. }
             | ToolOp::Insert { path, .. }
             | ToolOp::WriteFile { path, .. } => (Some(path.clone()), None),
             ToolOp::GitCommit { message, .. } => (None, Some(message.clone())),
-            _ => return None,
+            _ => return self.dirty_change(ws).await.into_iter().collect(),
         };
         let tool = op.name().to_string();
-        self.point_after(
+        self.after_change(
             ws,
             Operation::Tool {
                 tool,
@@ -419,7 +420,7 @@ impl JobContext {
             }
             ToolOp::HistoryFile { point, path } => plain(self.history_file(ws, point, path).await?),
             ToolOp::Checkpoint { name } => {
-                let (event, number) = self
+                let (event, number, _) = self
                     .record_point(ws, Operation::Checkpoint { name: name.clone() })
                     .await?;
                 let point = point_of(&event, number);

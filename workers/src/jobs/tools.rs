@@ -64,8 +64,7 @@ impl JobContext {
         };
         let mut events = tool_events(ws.id, op, &output);
         if op.is_write() {
-            events.extend(self.dirty_change(&ws).await);
-            events.extend(self.point_after_tool(&ws, op).await);
+            events.extend(self.after_tool(&ws, op).await);
         }
         Ok(Handled {
             result: Ok(CommandResult::Tool(output)),

@@ -220,7 +220,9 @@ fn overwrite(
 }
 
 /// Points the workspace's branch (or a detached HEAD) at `head`, HEAD at the branch,
-/// and its index at HEAD's tree; the commit is copied into the workspace first.
+/// and its index at HEAD's tree; the commit is copied into the workspace first. When
+/// HEAD is already on that branch at that commit nothing is written (the index keeps
+/// its stat data, so the next status need not hash every file).
 fn set_head(
     paths: &HistoryPaths<'_>,
     store: &Repository,
@@ -228,6 +230,13 @@ fn set_head(
     branch: Option<&str>,
 ) -> Result<(), GitError> {
     let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
+    let current = ws.head().ok().and_then(|h| h.target());
+    let current_branch = crate::trusted::head_ref_name(&ws).ok();
+    let wanted_branch = branch.map_or_else(|| "HEAD".to_string(), str::to_string);
+    if current == Some(head) && current_branch.as_deref() == Some(wanted_branch.as_str()) {
+        // HEAD and branch are already there: the agent's index is left as it is.
+        return Ok(());
+    }
     copy_closure(store, &ws.odb().map_err(local)?, head)?;
     crate::trusted::check_ref_writable(&ws, "HEAD")?;
     match branch {

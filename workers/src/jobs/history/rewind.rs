@@ -46,6 +46,7 @@ impl JobContext {
             .await?;
         self.keep_git_owner(ws).await;
         let after = self.take(ws, &paths, Some(now_id)).await?;
+        let dirty = after.dirty;
         let event = snapshot_event(
             ws.id,
             after,
@@ -55,7 +56,12 @@ impl JobContext {
         );
         let point = point_of(&event, next);
         events.push(event);
-        events.extend(self.dirty_change(ws).await);
+        if dirty != ws.dirty {
+            events.push(Event::WorkspaceDirtyChanged {
+                workspace_id: ws.id,
+                dirty,
+            });
+        }
         Ok((
             ToolOutput::Rewound {
                 to: to.number,
