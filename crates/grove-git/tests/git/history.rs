@@ -154,3 +154,33 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     );
     eprintln!("history rewind of 100 files in 5,003: {took:?}");
 }
+
+#[test]
+fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
+    let fx = Fixture::new();
+    let cache = fx.cache();
+    let ws = fx.path("ws");
+    let git2 = Git2Adapter::new();
+    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
+        .unwrap();
+    let fifo = std::ffi::CString::new(ws.join("pipe").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let _sock = std::os::unix::net::UnixListener::bind(ws.join("sock")).unwrap();
+    std::fs::write(ws.join("plain.txt"), "x\n").unwrap();
+    let store = fx.path("history/u/ws");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
+    std::thread::spawn(move || {
+        let r = Git2Adapter::new().snapshot(&paths(&s, &w, &c), Uuid::nil(), None);
+        let _ = tx.send(r);
+    });
+    let snap = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the point did not stall on the FIFO")
+        .unwrap();
+    assert_eq!(
+        snap.changes.added, 4,
+        "three tracked files and plain.txt, no FIFO or socket"
+    );
+}
