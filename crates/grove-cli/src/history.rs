@@ -40,22 +40,32 @@ pub enum HistoryCmd {
     Diff {
         /// A point number (0 is the creation) or snapshot id.
         from: String,
+        /// The point to diff to (default: the workspace as it is now).
         to: Option<String>,
     },
     /// A file's content at a point.
     Show {
+        /// A point number or snapshot id.
         point: String,
+        /// The file, relative to the workspace root.
         #[arg(allow_hyphen_values = true)]
         path: String,
     },
     /// Record the workspace as it is now as a named point.
-    Checkpoint { name: String },
+    Checkpoint {
+        /// The point's name (1-200 bytes).
+        name: String,
+    },
     /// Put the files, HEAD and branch back to a point (refused while a command runs).
-    Rewind { point: String },
+    Rewind {
+        /// A point number or snapshot id.
+        point: String,
+    },
     /// Rewind to the point before the latest change.
     Undo,
     /// A new workspace at a point, under a new conversation (edit) or task (task) id.
     Fork {
+        /// A point number or snapshot id.
         point: String,
         /// The new workspace's conversation or task id.
         #[arg(long)]
