@@ -194,7 +194,8 @@ pub trait HistoryPort: Send + Sync {
         to: &str,
         branch: Option<&str>,
     ) -> Result<RewindReport, GitError>;
-    /// Copies the store `from` (every point) to `to`, which must not exist.
+    /// Copies every point of the store `from` into `to` (created when absent; an
+    /// existing store keeps what it has, its private index included).
     fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError>;
     /// Drops the points not in `keep` from the store (their objects may stay until a
     /// repack). Returns how many were dropped.

@@ -296,35 +296,42 @@ pub(crate) fn file_at(
     Ok(Some(blob.content().to_vec()))
 }
 
-/// Copies a whole store to `to` (which must not exist), by a partial sibling renamed
-/// into place.
+/// Copies every point of the store `from` into `to`: a new store by a partial sibling
+/// renamed into place, or, when `to` exists (a fork's own, made with its checkout), its
+/// objects and point refs added to it (what `to` has is kept, its private index too, so
+/// its next point hashes only what changed since its checkout).
 pub(crate) fn copy_store(from: &Path, to: &Path) -> Result<(), GitError> {
     use crate::fsutil::{partial_sibling, PartialDir};
     let io = |e: std::io::Error| map_io("cannot copy the history store", &e);
     if std::fs::symlink_metadata(to).is_ok() {
-        return Err(GitError::InvalidInput(
-            "the fork's history store already exists".into(),
-        ));
+        for sub in ["objects", "refs"] {
+            merge_dir(&from.join(sub), &to.join(sub)).map_err(io)?;
+        }
+        return Ok(());
     }
     if let Some(parent) = to.parent() {
         private_dir(parent)?;
     }
     let partial = PartialDir::new(partial_sibling(to).map_err(io)?);
-    copy_dir(from, partial.path()).map_err(io)?;
+    merge_dir(from, partial.path()).map_err(io)?;
     partial.commit_to(to).map_err(io)
 }
 
-/// Copies a directory grove wrote (the store: plain files and directories only).
-fn copy_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+/// Copies a directory grove wrote (a store: plain files and directories only) into
+/// `to`, creating what is missing and keeping files `to` already has.
+fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
-    std::fs::DirBuilder::new().mode(0o700).create(to)?;
+    match std::fs::DirBuilder::new().mode(0o700).create(to) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
     for entry in std::fs::read_dir(from)? {
         let entry = entry?;
         let kind = entry.file_type()?;
         let target = to.join(entry.file_name());
         if kind.is_dir() {
-            copy_dir(&entry.path(), &target)?;
-        } else if kind.is_file() {
+            merge_dir(&entry.path(), &target)?;
+        } else if kind.is_file() && std::fs::symlink_metadata(&target).is_err() {
             std::fs::copy(entry.path(), &target)?;
         }
     }

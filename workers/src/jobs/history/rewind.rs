@@ -188,11 +188,9 @@ impl JobContext {
         let paths = self.history_paths(fork).await?;
         let git = self.git.clone();
         let (from, to) = (self.history_dir(source), paths.store.clone());
-        blocking(move || {
-            git.discard_history(&to)?;
-            git.copy_history(&from, &to)
-        })
-        .await?;
+        // The fork's own store (its checkout's point, whose private index matches its
+        // files) gets the source's points: its next point hashes only what changed.
+        blocking(move || git.copy_history(&from, &to)).await?;
         let now_snap = self.take(fork, &paths, None).await?;
         let branch = branch_for(fork.mode, scope_of(fork)).map(|b| format!("refs/heads/{b}"));
         self.apply_rewind(&paths, &now_snap.id, &at_point.snapshot, branch)
