@@ -168,6 +168,14 @@ pub trait HistoryPort: Send + Sync {
         workspace_id: Uuid,
         previous: Option<&str>,
     ) -> Result<Snapshot, GitError>;
+    /// The first point of a checkout grove has just made (nothing has run in it): the
+    /// store's private index starts as a copy of the checkout's own, whose stat data
+    /// grove wrote, so no file is hashed.
+    fn first_snapshot(
+        &self,
+        paths: &HistoryPaths<'_>,
+        workspace_id: Uuid,
+    ) -> Result<Snapshot, GitError>;
     /// The diff from snapshot `from` to snapshot `to` of one store.
     fn history_diff(
         &self,

@@ -76,6 +76,41 @@ fn open_existing(store_dir: &Path) -> Result<Repository, GitError> {
     crate::trusted::open_private(store_dir)
 }
 
+/// The first point of a checkout grove just made: the store's private index is seeded
+/// from the checkout's own index (grove wrote it; a regular file, read without
+/// following a link), so the point hashes nothing that index already describes.
+pub(crate) fn first_snapshot(
+    paths: &HistoryPaths<'_>,
+    workspace_id: Uuid,
+) -> Result<Snapshot, GitError> {
+    open_store(paths.store_dir, paths.cache_dir)?;
+    let seed = paths.store_dir.join(INDEX_FILE);
+    if std::fs::symlink_metadata(&seed).is_err() {
+        if let Some(bytes) = read_regular(&paths.workspace_dir.join(".git").join("index")) {
+            std::fs::write(&seed, bytes)
+                .map_err(|e| map_io("cannot seed the history index", &e))?;
+        }
+    }
+    snapshot(paths, workspace_id, None)
+}
+
+/// A regular file's bytes, opened without following a link (`None` otherwise).
+fn read_regular(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
 /// Takes one point; see the module documentation.
 pub(crate) fn snapshot(
     paths: &HistoryPaths<'_>,

@@ -154,6 +154,13 @@ impl grove_core::history::HistoryPort for Git2Adapter {
     ) -> Result<grove_core::history::Snapshot, GitError> {
         history::snapshot(paths, workspace_id, previous)
     }
+    fn first_snapshot(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        workspace_id: uuid::Uuid,
+    ) -> Result<grove_core::history::Snapshot, GitError> {
+        history::first_snapshot(paths, workspace_id)
+    }
     fn history_diff(
         &self,
         paths: &grove_core::history::HistoryPaths<'_>,

@@ -308,7 +308,7 @@ impl JobContext {
         };
         let git = self.git.clone();
         let id = *workspace_id;
-        match blocking(move || git.snapshot(&paths.borrow(), id, None)).await {
+        match blocking(move || git.first_snapshot(&paths.borrow(), id)).await {
             Ok(snap) => Some(snapshot_event(id, snap, Operation::Created)),
             Err(e) => {
                 tracing::warn!(workspace = %id, error = %e, "history: no first point");

@@ -184,3 +184,23 @@ fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
         "three tracked files and plain.txt, no FIFO or socket"
     );
 }
+
+#[test]
+fn the_first_point_of_a_checkout_starts_from_its_index_and_records_its_tree() {
+    let fx = Fixture::new();
+    let cache = fx.cache();
+    let ws = fx.path("ws");
+    let git2 = Git2Adapter::new();
+    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
+        .unwrap();
+    let store = fx.path("history/u/ws");
+    let p = paths(&store, &ws, &cache);
+    let first = git2.first_snapshot(&p, Uuid::nil()).unwrap();
+    assert_eq!(first.changes.added, 3);
+    assert!(!first.dirty);
+    assert_eq!(first.head, fx.main);
+    std::fs::write(ws.join("README.md"), "edited\n").unwrap();
+    let next = git2.snapshot(&p, Uuid::nil(), Some(&first.id)).unwrap();
+    assert_eq!((next.changes.modified, next.changes.added), (1, 0));
+    assert!(next.dirty);
+}
