@@ -373,8 +373,12 @@ async fn a_sweep_with_a_tiny_budget_evicts_in_order_keeps_pinned_and_busy_worksp
 
     // A budget that holds the two kept workspaces and the cache below low water (70%),
     // with some room for the dirty workspace's patch, but far less than everything.
-    let keep =
-        size_of(&env, &pinned_id).await + size_of(&env, &busy_id).await + cache_bytes(&env).await;
+    // What no eviction frees: the kept workspaces, the cache, and every workspace's
+    // history store (ADR 28).
+    let keep = size_of(&env, &pinned_id).await
+        + size_of(&env, &busy_id).await
+        + cache_bytes(&env).await
+        + apparent_bytes(&env.home().join("history"));
     let budget = ((keep + 30_000) as f64 / 0.7) as u64;
     let budget_s = budget.to_string();
     let mut ids = vec![];

@@ -11,6 +11,7 @@ mod crash;
 mod docker;
 mod eviction;
 mod fencing;
+mod history;
 mod inline_reads;
 mod input;
 mod lifecycle;

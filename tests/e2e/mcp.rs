@@ -177,13 +177,20 @@ async fn an_mcp_client_lists_the_tools_and_runs_str_replace_and_shell_in_a_works
         "shell",
         "create_pull_request",
         "comment_pull_request",
+        "history",
+        "history_diff",
+        "history_file",
+        "checkpoint",
+        "rewind",
+        "undo",
+        "fork",
     ] {
         assert!(
             names.contains(&expected),
             "{expected} missing from {names:?}"
         );
     }
-    assert_eq!(names.len(), 16);
+    assert_eq!(names.len(), 23);
     // A pull request tool checks its arguments before anything is enqueued.
     let r = mcp
         .call("create_pull_request", json!({"title": "t", "head": "main"}))
@@ -237,6 +244,26 @@ async fn an_mcp_client_lists_the_tools_and_runs_str_replace_and_shell_in_a_works
         "made\n"
     );
 
+    // History for agents: a checkpoint, a destructive shell command, the diff since the
+    // checkpoint, and undo bringing the file back.
+    let r = mcp.call("checkpoint", json!({"name": "before rm"})).await;
+    assert_eq!(r["structuredContent"]["output"], "point", "{r}");
+    let since = r["structuredContent"]["number"].to_string();
+    let r = mcp.call("shell", json!({"command": "rm made.txt"})).await;
+    assert_eq!(r["structuredContent"]["exit_code"], 0, "{r}");
+    let r = mcp.call("history_diff", json!({"since": since})).await;
+    assert_eq!(
+        r["structuredContent"]["files"],
+        json!([{"path": "made.txt", "status": "deleted"}]),
+        "{r}"
+    );
+    let r = mcp.call("undo", json!({})).await;
+    assert_eq!(r["structuredContent"]["output"], "rewound", "{r}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("made.txt")).unwrap(),
+        "made\n"
+    );
+
     // A tool that fails answers a tool error naming the kind, and changes nothing.
     let r = mcp
         .call(
@@ -285,7 +312,9 @@ async fn an_mcp_client_lists_the_tools_and_runs_str_replace_and_shell_in_a_works
     .fetch_all(&env.pool)
     .await
     .unwrap();
-    assert_eq!(kinds, [("exec".to_string(), 1), ("tool".to_string(), 3)]);
+    // exec: the two shells; tool: str_replace, checkpoint, history_diff, undo and the
+    // two that failed inside their job.
+    assert_eq!(kinds, [("exec".to_string(), 2), ("tool".to_string(), 6)]);
     assert_eq!(
         std::fs::read_to_string(dir.join("src/lib.rs")).unwrap(),
         "pub fn beta() {}\n"
@@ -313,6 +342,9 @@ async fn a_read_only_workspace_offers_no_write_tool_over_mcp_and_refuses_writes(
             "git_status",
             "git_diff",
             "git_log",
+            "history",
+            "history_diff",
+            "history_file",
             "shell"
         ]
     );

@@ -439,7 +439,7 @@ async fn tool_routes_answer_only_their_owner_and_a_read_only_workspace_offers_no
     let server = Server::start(&env).await;
     let ws = server.acquire(ALICE, &url, "c1").await;
 
-    // Alice's tools: all thirteen, each with its argument schema.
+    // Alice's tools: all twenty (thirteen plus the seven of history), each with its argument schema.
     let (status, list) = server
         .get(&format!("/v1/workspaces/{ws}/tools"), ALICE)
         .await;
@@ -451,7 +451,7 @@ async fn tool_routes_answer_only_their_owner_and_a_read_only_workspace_offers_no
         .iter()
         .map(|t| t["name"].as_str().unwrap())
         .collect();
-    assert_eq!(names.len(), 13, "{names:?}");
+    assert_eq!(names.len(), 20, "{names:?}");
     let sr = list["tools"]
         .as_array()
         .unwrap()
@@ -570,7 +570,10 @@ async fn tool_routes_answer_only_their_owner_and_a_read_only_workspace_offers_no
             "search",
             "git_status",
             "git_diff",
-            "git_log"
+            "git_log",
+            "history",
+            "history_diff",
+            "history_file"
         ]
     );
     for (op, args) in [

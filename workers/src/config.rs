@@ -41,6 +41,13 @@ pub struct WorkerConfig {
     /// Who may clone from local repository URLs: the operator's allow-list
     /// (`GROVE_LOCAL_REPO_ROOTS`) and this `$GROVE_HOME`, never a source.
     pub local_repos: grove_core::local_repo::LocalRepoPolicy,
+    /// Workspace history (ADR 28): a point after every change. `GROVE_HISTORY=off`
+    /// turns it off (no snapshot is taken; the history tools still answer).
+    pub history: bool,
+    /// History retention (`GROVE_HISTORY_KEEP_DAYS`, default 30): points younger than
+    /// this many days are all kept, older ones thinned by the eviction sweep to one a
+    /// day; 0 keeps every point.
+    pub history_keep_days: u64,
 }
 
 impl WorkerConfig {
@@ -70,6 +77,11 @@ impl WorkerConfig {
                     .as_deref(),
                 home.clone(),
             ),
+            history: std::env::var("GROVE_HISTORY").map_or(true, |v| v != "off"),
+            history_keep_days: std::env::var("GROVE_HISTORY_KEEP_DAYS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(30),
             home,
         }
     }

@@ -77,14 +77,15 @@ pub async fn list_tools(
 /// `POST /v1/workspaces/{id}/tools/str_replace` with
 /// `{"path": "src/a.rs", "old_str": "a", "new_str": "b"}`. The answer is the tool's
 /// output, tagged by `output` (`text`, `file`, `dir`, `written`, `search`, `status`,
-/// `diff`, `log`, `committed`, `pushed`).
+/// `diff`, `log`, `committed`, `pushed`; the history tools: `history`,
+/// `history_diff`, `point`, `rewound`, `forked`).
 #[utoipa::path(
     post,
     path = "/v1/workspaces/{id}/tools/{tool}",
     tag = "tools",
     params(
         ("id" = Uuid, Path),
-        ("tool" = String, Path, description = "view, create, str_replace, insert, read_file, write_file, list_dir, search, git_status, git_diff, git_log, git_commit or git_push"),
+        ("tool" = String, Path, description = "view, create, str_replace, insert, read_file, write_file, list_dir, search, git_status, git_diff, git_log, git_commit, git_push, history, history_diff, history_file, checkpoint, rewind, undo or fork"),
         ("X-Grove-Git-Token" = Option<String>, Header, description = "git_push only: a git token for the remote; used for this request only, never stored or echoed"),
     ),
     request_body(content = Object, description = "The tool's arguments: see the `ToolArgs.<tool>` schemas, or `GET /v1/workspaces/{id}/tools`"),
@@ -94,7 +95,7 @@ pub async fn list_tools(
         (status = 401, body = ErrorResponse),
         (status = 403, body = ErrorResponse, description = "git_push: the remote refused the credentials"),
         (status = 404, body = ErrorResponse, description = "No such workspace (or not the caller's), no such tool, or no such file"),
-        (status = 409, body = ErrorResponse, description = "The file exists (create), the push was refused, or the workspace is locked"),
+        (status = 409, body = ErrorResponse, description = "The file exists (create), the push was refused, the workspace is locked, a rewind met a running command, or a fork's scope exists"),
         (status = 422, body = ErrorResponse, description = "Arguments of the wrong shape (unknown field, wrong type), or refused: a write tool on a read-only workspace, old_str found 0 or several times, nothing to commit"),
         (status = 503, body = ErrorResponse, description = "No worker took the job"),
     )

@@ -40,8 +40,21 @@ impl RunningWorker {
         concurrency: usize,
         image: Option<String>,
     ) -> Self {
+        Self::start_with(pool, home, node, concurrency, image, true).await
+    }
+
+    /// As `start`, with workspace history (ADR 28) on or off.
+    pub(crate) async fn start_with(
+        pool: PgPool,
+        home: &Path,
+        node: &str,
+        concurrency: usize,
+        image: Option<String>,
+        history: bool,
+    ) -> Self {
         let mut config = grove_workers::WorkerConfig::new(home.to_path_buf(), node.to_string());
         config.concurrency = concurrency;
+        config.history = history;
         config.eviction.schedule = None;
         // The TTL sweep case plans with a clock four days ahead.
         config.eviction.allow_clock_override = true;
@@ -154,6 +167,40 @@ impl Ctx {
         &self,
     ) -> Option<std::sync::Arc<dyn grove_core::inline::InlineReads>> {
         self.worker.as_ref().map(|w| w.inline.clone())
+    }
+
+    /// Replaces the running worker by one with workspace history on or off.
+    pub(crate) async fn restart_worker(&mut self, history: bool) -> Result<()> {
+        if let Some(w) = self.worker.take() {
+            w.stop().await;
+        }
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(20)
+            .acquire_timeout(Duration::from_secs(60))
+            .connect_with((*self.pool.connect_options()).clone())
+            .await?;
+        let image = self.docker.as_ref().ok().map(|d| d.image.clone());
+        self.worker =
+            Some(RunningWorker::start_with(pool, &self.home, NODE, 16, image, history).await);
+        Ok(())
+    }
+
+    /// Submits a command and returns its result.
+    pub(crate) async fn submit(&self, cmd: &Command) -> Result<CommandResult> {
+        self.client.submit(cmd).await
+    }
+
+    /// A mutating (`write`) exec through the queue that must exit 0.
+    pub(crate) async fn exec_write(&self, ws: Uuid, argv: &[&str]) -> Result<()> {
+        let mut cmd = self.exec_cmd(ws, "local", argv);
+        if let Command::Exec(e) = &mut cmd {
+            e.kind = Some(ExecKind::Write);
+        }
+        match self.client.submit(&cmd).await? {
+            CommandResult::Exec(o) if o.exit_code == 0 => Ok(()),
+            CommandResult::Exec(o) => bail!("exec exited {}: {}", o.exit_code, o.stderr),
+            other => bail!("exec returned {other:?}"),
+        }
     }
 
     pub async fn stop(&mut self) {

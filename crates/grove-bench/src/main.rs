@@ -14,6 +14,7 @@ mod console;
 mod ctx;
 mod first;
 mod fixture;
+mod history;
 mod http;
 mod metrics;
 mod stats;
@@ -43,6 +44,9 @@ pub const ALL_CASES: &[&str] = &[
     "http_read_file",
     "http_exec",
     "console_pages",
+    "history_exec",
+    "history_fork",
+    "history_rewind_100",
     "cache_first_file",
     "cache_first_http",
     "cache_fetch_file",

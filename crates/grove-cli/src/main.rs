@@ -8,6 +8,7 @@
 mod client;
 mod db;
 mod evict;
+mod history;
 mod localdb;
 mod mcp;
 mod merge_back;
@@ -98,6 +99,8 @@ enum Top {
     Exec(ExecArgs),
     /// Agent tools on a workspace: text editor, files, search, git. Prints JSON.
     Tool(tool::ToolArgs),
+    /// A workspace's history: points, diffs, checkpoints, rewind, undo, fork. Prints JSON.
+    History(history::HistoryArgs),
     /// Serve one workspace's tools to an MCP client over stdio (stdout is the protocol).
     Mcp(mcp::McpArgs),
     /// Pull requests of a workspace on the git platform (GitHub): create, show, comment.
@@ -747,6 +750,7 @@ async fn run(cli: Cli) -> Result<ExitCode> {
         } => evict::release(user, project, conversation, task, destroy_workspaces, json).await,
         Top::Exec(args) => exec(args).await,
         Top::Tool(args) => tool::tool(args).await,
+        Top::History(args) => history::history(args).await,
         Top::Mcp(args) => mcp::mcp(args).await,
         Top::Pr(cmd) => pr::pr(cmd).await,
         Top::Events {

@@ -301,11 +301,24 @@ pub async fn tool(args: ToolArgs) -> Result<ExitCode> {
             }
         }
     };
+    let output = run_op(workspace_id, op, args.command_id, token).await?;
+    println!("{}", serde_json::to_string(&output)?);
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs one tool operation as a `tool` job (over `GROVE_URL` when set) and returns its
+/// output.
+pub(crate) async fn run_op(
+    workspace_id: Uuid,
+    op: ToolOp,
+    command_id: Option<Uuid>,
+    token: Option<String>,
+) -> Result<grove_core::tools::ToolOutput> {
     let command = Command::Tool(ToolRequest { workspace_id, op });
     command.validate()?;
     let output = match crate::remote::Server::from_env()? {
         Some(server) => {
-            if args.command_id.is_some() {
+            if command_id.is_some() {
                 return Err(invalid(
                     "--command-id is not available for tools over GROVE_URL (the tool route takes no idempotency key)",
                 ));
@@ -317,15 +330,14 @@ pub async fn tool(args: ToolArgs) -> Result<ExitCode> {
         }
         None => {
             let pool = connect(4).await?;
-            let result = client::submit(&pool, &command, args.command_id, token.as_deref()).await?;
+            let result = client::submit(&pool, &command, command_id, token.as_deref()).await?;
             let CommandResult::Tool(output) = result else {
                 anyhow::bail!("unexpected result for a tool command");
             };
             output
         }
     };
-    println!("{}", serde_json::to_string(&output)?);
-    Ok(ExitCode::SUCCESS)
+    Ok(output)
 }
 
 /// Prints the tools the workspace offers, one JSON object per line.

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
 use crate::eviction::Reason;
+use crate::history::{FileCounts, Operation};
 use crate::merge_back::MergeStrategy;
 use crate::model::{Capabilities, ExecKind, SavedWork, WorkspaceMode};
 use crate::state::WorkspaceState;
@@ -315,6 +316,37 @@ pub enum Event {
         /// The comment's web page.
         url: String,
     },
+    /// A point of the workspace's history: its files, HEAD and branch after a change,
+    /// recorded in its private history store (ADR 28). Appended with the event of the
+    /// change it follows (`exec.finished`, `workspace.file_written`, ...), in the same
+    /// transaction.
+    #[serde(rename = "workspace.snapshot_taken")]
+    WorkspaceSnapshotTaken {
+        workspace_id: Uuid,
+        /// The snapshot's id (a commit of the history store).
+        snapshot: String,
+        head: String,
+        branch: Option<String>,
+        operation: Operation,
+        changes: FileCounts,
+    },
+    /// The workspace was made by `fork` from `source_workspace_id` at its point
+    /// `number` (snapshot `snapshot`); its timeline starts with the source's points up
+    /// to that one. Follows the new workspace's `workspace.created`.
+    #[serde(rename = "workspace.forked")]
+    WorkspaceForked {
+        workspace_id: Uuid,
+        source_workspace_id: Uuid,
+        snapshot: String,
+        number: u64,
+    },
+    /// The eviction sweep dropped points of the workspace's history by its retention
+    /// policy (the snapshot ids dropped).
+    #[serde(rename = "workspace.history_pruned")]
+    WorkspaceHistoryPruned {
+        workspace_id: Uuid,
+        dropped: Vec<String>,
+    },
 }
 
 impl Event {
@@ -356,6 +388,9 @@ impl Event {
             Self::WorkspaceMergeBackConflicted { .. } => "workspace.merge_back_conflicted",
             Self::WorkspacePullRequestOpened { .. } => "workspace.pull_request_opened",
             Self::WorkspacePullRequestCommented { .. } => "workspace.pull_request_commented",
+            Self::WorkspaceSnapshotTaken { .. } => "workspace.snapshot_taken",
+            Self::WorkspaceForked { .. } => "workspace.forked",
+            Self::WorkspaceHistoryPruned { .. } => "workspace.history_pruned",
         }
     }
     /// The stream this event is appended to.
@@ -387,9 +422,10 @@ impl Event {
             | Self::WorkspaceMergedBack { workspace_id, .. }
             | Self::WorkspaceMergeBackConflicted { workspace_id, .. }
             | Self::WorkspacePullRequestOpened { workspace_id, .. }
-            | Self::WorkspacePullRequestCommented { workspace_id, .. } => {
-                workspace_stream(*workspace_id)
-            }
+            | Self::WorkspacePullRequestCommented { workspace_id, .. }
+            | Self::WorkspaceSnapshotTaken { workspace_id, .. }
+            | Self::WorkspaceForked { workspace_id, .. }
+            | Self::WorkspaceHistoryPruned { workspace_id, .. } => workspace_stream(*workspace_id),
             Self::RuntimeStarted { runtime_id, .. }
             | Self::RuntimeStopped { runtime_id, .. }
             | Self::RuntimeDestroyed { runtime_id, .. } => runtime_stream(*runtime_id),

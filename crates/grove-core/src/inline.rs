@@ -35,6 +35,7 @@ pub trait InlineReads: Send + Sync {
 /// of a workspace whose files are on that node. Anything else takes the queue.
 pub fn answers_inline(node: &str, ws: &WorkspaceRow, op: &ToolOp) -> bool {
     !op.is_write()
+        && !op.is_history()
         && ws.state.has_files()
         && matches!(Placement::of_node(&ws.node), Placement::Node(n) if n == node)
 }
@@ -58,6 +59,16 @@ mod tests {
             ("n1", "n1", "ready", &read, true),
             ("n1", "n1", "released", &read, true),
             ("n1", "n1", "ready", &write, false),
+            (
+                "n1",
+                "n1",
+                "ready",
+                &ToolOp::History {
+                    offset: None,
+                    limit: None,
+                },
+                false,
+            ),
             ("n1", "n2", "ready", &read, false),
             ("n1", "n1", "evicted", &read, false),
             ("n1", "n1", "evicting", &read, false),

@@ -61,6 +61,13 @@ impl Layout {
             .join(segment(user_id))
             .join(workspace_id.to_string())
     }
+    /// The private history store of one workspace (never mounted into a sandbox).
+    pub fn history_dir(&self, user_id: &str, workspace_id: uuid::Uuid) -> PathBuf {
+        self.root
+            .join("history")
+            .join(segment(user_id))
+            .join(workspace_id.to_string())
+    }
     /// The checkout of one workspace.
     pub fn workspace_dir(&self, key: &WorkspaceKey) -> PathBuf {
         self.root

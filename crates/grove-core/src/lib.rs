@@ -21,6 +21,7 @@
 //!   remote provider.
 //! - [`merge_back`]: bringing a task workspace's commits into an edit workspace.
 //! - [`platform`]: the git platform port (pull requests, comments) and its types.
+//! - [`history`]: workspace history: points, snapshots, the history port.
 //! - [`error`]: typed errors of this layer.
 //! - [`idempotency`]: command ids derived from callers' idempotency keys.
 //! - [`inline`]: reads answered by the receiving process, without the queue (ADR 24).
@@ -39,6 +40,7 @@ pub mod error;
 pub mod events;
 pub mod eviction;
 pub mod fingerprint;
+pub mod history;
 pub mod idempotency;
 pub mod identity;
 pub mod inline;

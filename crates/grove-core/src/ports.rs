@@ -187,7 +187,7 @@ pub struct JournalRecovery {
 /// messages and logs, and must make every effect idempotent on its path (a second
 /// `ensure_cache` on a complete cache does not clone; a checkout over a leftover
 /// directory from a crashed attempt replaces it).
-pub trait GitPort: Send + Sync {
+pub trait GitPort: crate::history::HistoryPort + Send + Sync {
     /// Clones `url` as a bare mirror into `cache_dir` if absent; fetches when `fetch`.
     /// Reports progress to `watch` while it transfers and stops (`GitError::Cancelled`)
     /// soon after the watch is cancelled.

@@ -71,7 +71,10 @@ impl Reads {
                 | Event::WorkspaceMergedBack { workspace_id, .. }
                 | Event::WorkspaceMergeBackConflicted { workspace_id, .. }
                 | Event::WorkspacePullRequestOpened { workspace_id, .. }
-                | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
+                | Event::WorkspacePullRequestCommented { workspace_id, .. }
+                | Event::WorkspaceSnapshotTaken { workspace_id, .. }
+                | Event::WorkspaceForked { workspace_id, .. }
+                | Event::WorkspaceHistoryPruned { workspace_id, .. } => {
                     reads.workspaces.push(*workspace_id)
                 }
                 Event::SweepFinished { .. } => {}
@@ -227,9 +230,13 @@ impl Projections {
             | Event::WorkspacePushed { workspace_id, .. }
             | Event::WorkspaceMergedBack { workspace_id, .. }
             | Event::WorkspacePullRequestOpened { workspace_id, .. }
-            | Event::WorkspacePullRequestCommented { workspace_id, .. } => {
+            | Event::WorkspacePullRequestCommented { workspace_id, .. }
+            | Event::WorkspaceSnapshotTaken { workspace_id, .. }
+            | Event::WorkspaceForked { workspace_id, .. } => {
                 self.update_workspace(workspace_id, at, |_| {});
             }
+            // History points live in the store and the log, not in a projection row.
+            Event::WorkspaceHistoryPruned { .. } => {}
             // A conflicted merge-back left the workspace exactly as it was; a recovered
             // one is where its journal put it, which no column records.
             Event::WorkspaceMergeBackConflicted { .. }

@@ -27,6 +27,13 @@ const TOOLS: &[(&str, bool, &str)] = &[
     ("git_log", false, "Show the last N commits."),
     ("git_commit", true, "Commit the given paths, or every change."),
     ("git_push", true, "Push a branch to origin (force-with-lease, set-upstream)."),
+    ("history", false, "List the workspace's history: one point per change (command, edit, commit, checkpoint, rewind) with its files added, modified and deleted; paged."),
+    ("history_diff", false, "Diff two points of the history (numbers or snapshot ids), or a point and the workspace now: a unified diff and the changed files."),
+    ("history_file", false, "Read a file as it was at a point of the history."),
+    ("checkpoint", true, "Record the workspace as it is now as a named point to come back to."),
+    ("rewind", true, "Put the workspace's files, HEAD and branch back to a point; the state it discards is kept as a point."),
+    ("undo", true, "Undo the latest change: rewind to the point before it."),
+    ("fork", true, "Start a new workspace (a new conversation or task id) from a point; this workspace is unchanged."),
 ];
 
 /// The tools that work on a workspace placed inside a remote provider (ADR 15): they
@@ -101,6 +108,10 @@ fn string(description: &str) -> Value {
 
 fn path_arg() -> Value {
     string("Relative to the workspace root (no `..`, not absolute); symlinks must stay inside.")
+}
+
+fn point_arg() -> Value {
+    string("A point of the history: its number (0 is the creation) or its snapshot id.")
 }
 
 fn object(properties: Value, required: &[&str]) -> Value {
@@ -197,6 +208,31 @@ pub fn input_schema(name: &str) -> Value {
                 "set_upstream": {"type": "boolean", "default": false}
             }),
             &[],
+        ),
+        "history" => object(
+            json!({
+                "offset": {"type": ["integer", "null"], "minimum": 0, "description": "Points to skip (default 0)."},
+                "limit": {"type": ["integer", "null"], "minimum": 1, "maximum": crate::history::MAX_HISTORY_PAGE, "description": "Points to return (default 50)."}
+            }),
+            &[],
+        ),
+        "history_diff" => object(
+            json!({"since": point_arg(), "until": {"type": ["string", "null"], "description": "A point number or snapshot id; absent: the workspace now."}}),
+            &["since"],
+        ),
+        "history_file" => object(
+            json!({"point": point_arg(), "path": path_arg()}),
+            &["point", "path"],
+        ),
+        "checkpoint" => object(
+            json!({"name": string("The point's name (1-200 bytes).")}),
+            &["name"],
+        ),
+        "rewind" => object(json!({"point": point_arg()}), &["point"]),
+        "undo" => object(json!({}), &[]),
+        "fork" => object(
+            json!({"point": point_arg(), "scope": string("The new workspace's conversation id (edit) or task id (task).")}),
+            &["point", "scope"],
         ),
         other => panic!("no tool {other:?} in the catalogue"),
     }
@@ -324,6 +360,13 @@ mod tests {
                 "git_push",
                 json!({"branch": "b", "force_with_lease": true, "expect": "abcd", "set_upstream": true}),
             ),
+            ("history", json!({"offset": 2, "limit": 10})),
+            ("history_diff", json!({"since": "1", "until": "2"})),
+            ("history_file", json!({"point": "3", "path": "a"})),
+            ("checkpoint", json!({"name": "before refactor"})),
+            ("rewind", json!({"point": "4"})),
+            ("undo", json!({})),
+            ("fork", json!({"point": "4", "scope": "c2"})),
         ]
     }
 
@@ -463,6 +506,25 @@ mod tests {
                 force_with_lease: true,
                 expect: Some("0".repeat(40)),
                 set_upstream: false,
+            },
+            ToolOp::History {
+                offset: None,
+                limit: Some(5),
+            },
+            ToolOp::HistoryDiff {
+                since: "1".into(),
+                until: None,
+            },
+            ToolOp::HistoryFile {
+                point: "a".repeat(40),
+                path: "p".into(),
+            },
+            ToolOp::Checkpoint { name: "n".into() },
+            ToolOp::Rewind { point: "2".into() },
+            ToolOp::Undo,
+            ToolOp::Fork {
+                point: "2".into(),
+                scope: "c2".into(),
             },
         ];
         let mut names = std::collections::BTreeSet::new();

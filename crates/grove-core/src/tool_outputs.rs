@@ -55,9 +55,98 @@ pub fn output_schema(name: &str) -> Option<Value> {
             json!({"branch": string(), "commit": string(), "previous": nullable_string(), "forced": boolean()}),
             vec!["branch", "commit", "previous", "forced"],
         ),
+        _ => return history_output(name),
+    };
+    Some(tagged(tag, properties, &required))
+}
+
+/// The outputs of the history tools (ADR 28).
+fn history_output(name: &str) -> Option<Value> {
+    let (tag, properties, required) = match name {
+        "history" => (
+            "history",
+            json!({"points": array(point()), "total": count()}),
+            vec!["points", "total"],
+        ),
+        "history_diff" => (
+            "history_diff",
+            json!({"from_point": count(), "to_point": {"type": ["integer", "null"], "minimum": 0}, "files": array(changed_file()), "patch": string(), "truncated": boolean()}),
+            vec!["from_point", "to_point", "files", "patch", "truncated"],
+        ),
+        "history_file" => return output_schema("read_file"),
+        "checkpoint" => {
+            let mut schema = point();
+            schema["properties"]["output"] = json!({"type": "string", "enum": ["point"]});
+            schema["required"]
+                .as_array_mut()?
+                .insert(0, json!("output"));
+            return Some(schema);
+        }
+        "rewind" | "undo" => (
+            "rewound",
+            json!({"to": count(), "point": point(), "kept": {"type": ["integer", "null"], "minimum": 0}, "files_written": count(), "files_removed": count()}),
+            vec!["to", "point", "kept", "files_written", "files_removed"],
+        ),
+        "fork" => (
+            "forked",
+            json!({"workspace_id": string(), "branch": nullable_string(), "local_path": string(), "point": count()}),
+            vec!["workspace_id", "branch", "local_path", "point"],
+        ),
         _ => return None,
     };
     Some(tagged(tag, properties, &required))
+}
+
+fn point() -> Value {
+    object(
+        json!({
+            "number": count(),
+            "snapshot": string(),
+            "position": {"type": ["integer", "null"]},
+            "at": string(),
+            "workspace_id": string(),
+            "operation": operation(),
+            "head": string(),
+            "branch": nullable_string(),
+            "changes": object(json!({"added": count(), "modified": count(), "deleted": count()}), &["added", "modified", "deleted"])
+        }),
+        &[
+            "number",
+            "snapshot",
+            "position",
+            "at",
+            "workspace_id",
+            "operation",
+            "head",
+            "branch",
+            "changes",
+        ],
+    )
+}
+
+/// What change a point records: `kind`, and the fields of that kind.
+fn operation() -> Value {
+    object(
+        json!({
+            "kind": {"type": "string", "enum": ["created", "exec", "tool", "checkpoint", "before_rewind", "rewind"]},
+            "argv": array(string()),
+            "exit_code": {"type": ["integer", "null"]},
+            "duration_ms": count(),
+            "tool": string(),
+            "path": nullable_string(),
+            "message": nullable_string(),
+            "name": string(),
+            "to": string()
+        }),
+        &["kind"],
+    )
+}
+
+fn changed_file() -> Value {
+    object(
+        json!({"path": string(), "status": {"type": "string", "enum": ["added", "modified", "deleted", "typechange"]}}),
+        &["path", "status"],
+    )
 }
 
 /// An object tagged `output: tag` with `properties`, all of `required` present.
@@ -125,6 +214,7 @@ fn log_entry() -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::history::{ChangedFile, FileCounts, Operation, Point};
     use crate::tool_catalog;
     use crate::tools::*;
 
@@ -285,7 +375,87 @@ mod tests {
                     forced: false,
                 }),
             ),
+            (
+                "history",
+                ToolOutput::History {
+                    points: vec![sample_point()],
+                    total: 1,
+                },
+            ),
+            (
+                "history_diff",
+                ToolOutput::HistoryDiff {
+                    from_point: 1,
+                    to_point: None,
+                    files: vec![ChangedFile {
+                        path: "a".into(),
+                        status: "added".into(),
+                    }],
+                    patch: "p".into(),
+                    truncated: false,
+                },
+            ),
+            (
+                "history_file",
+                ToolOutput::File {
+                    path: "a".into(),
+                    content: "x".into(),
+                    size_bytes: 1,
+                },
+            ),
+            ("checkpoint", ToolOutput::Point(sample_point())),
+            (
+                "rewind",
+                ToolOutput::Rewound {
+                    to: 1,
+                    point: sample_point(),
+                    kept: Some(3),
+                    files_written: 1,
+                    files_removed: 0,
+                },
+            ),
+            (
+                "undo",
+                ToolOutput::Rewound {
+                    to: 1,
+                    point: sample_point(),
+                    kept: None,
+                    files_written: 0,
+                    files_removed: 1,
+                },
+            ),
+            (
+                "fork",
+                ToolOutput::Forked {
+                    workspace_id: uuid::Uuid::nil(),
+                    branch: Some("agent/edits-c2".into()),
+                    local_path: "/w".into(),
+                    point: 4,
+                },
+            ),
         ]
+    }
+
+    fn sample_point() -> Point {
+        Point {
+            number: 2,
+            snapshot: "ab".into(),
+            position: Some(7),
+            at: "2026-01-01T00:00:00Z".into(),
+            workspace_id: uuid::Uuid::nil(),
+            operation: Operation::Exec {
+                argv: vec!["make".into()],
+                exit_code: Some(0),
+                duration_ms: 5,
+            },
+            head: "c".into(),
+            branch: None,
+            changes: FileCounts {
+                added: 1,
+                modified: 0,
+                deleted: 2,
+            },
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::history::{ChangedFile, Point, PointRef, MAX_CHECKPOINT_NAME, MAX_HISTORY_PAGE};
 use crate::validate::{validate_ref, ValidationError};
 
 /// Largest file content a `create` / `write_file` may carry through the queue.
@@ -134,6 +135,42 @@ pub enum ToolOp {
         #[serde(default)]
         set_upstream: bool,
     },
+    /// The workspace's history: its points oldest first (`offset`, `limit` page it).
+    History {
+        #[serde(default)]
+        offset: Option<u64>,
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// The diff from point `since` to point `until` (absent: the workspace as it is
+    /// now). Points are numbers of the timeline or snapshot ids.
+    HistoryDiff {
+        since: String,
+        #[serde(default)]
+        until: Option<String>,
+    },
+    /// A file's content at a point.
+    HistoryFile {
+        point: String,
+        path: String,
+    },
+    /// Records the workspace as it is now as a named point.
+    Checkpoint {
+        name: String,
+    },
+    /// Puts the workspace's files, HEAD and branch back to a point (the state it
+    /// discards is kept as a point of its own).
+    Rewind {
+        point: String,
+    },
+    /// Rewinds to the point before the latest one.
+    Undo,
+    /// A new workspace at a point: `scope` is its conversation id (edit) or task id
+    /// (task); the source is unchanged.
+    Fork {
+        point: String,
+        scope: String,
+    },
 }
 
 fn yes() -> bool {
@@ -157,6 +194,13 @@ impl ToolOp {
             Self::GitLog { .. } => "git_log",
             Self::GitCommit { .. } => "git_commit",
             Self::GitPush { .. } => "git_push",
+            Self::History { .. } => "history",
+            Self::HistoryDiff { .. } => "history_diff",
+            Self::HistoryFile { .. } => "history_file",
+            Self::Checkpoint { .. } => "checkpoint",
+            Self::Rewind { .. } => "rewind",
+            Self::Undo => "undo",
+            Self::Fork { .. } => "fork",
         }
     }
 
@@ -171,6 +215,24 @@ impl ToolOp {
                 | Self::WriteFile { .. }
                 | Self::GitCommit { .. }
                 | Self::GitPush { .. }
+                | Self::Checkpoint { .. }
+                | Self::Rewind { .. }
+                | Self::Undo
+                | Self::Fork { .. }
+        )
+    }
+
+    /// Whether the operation is one of the workspace history's (ADR 28).
+    pub fn is_history(&self) -> bool {
+        matches!(
+            self,
+            Self::History { .. }
+                | Self::HistoryDiff { .. }
+                | Self::HistoryFile { .. }
+                | Self::Checkpoint { .. }
+                | Self::Rewind { .. }
+                | Self::Undo
+                | Self::Fork { .. }
         )
     }
 
@@ -283,9 +345,44 @@ impl ToolOp {
                     }
                 }
             }
-            _ => {}
+            _ => self.validate_history()?,
         }
         Ok(())
+    }
+
+    fn validate_history(&self) -> Result<(), ValidationError> {
+        let req = |m: String| Err(ValidationError::Request(m));
+        let point = |p: &str| {
+            PointRef::parse(p)
+                .map(|_| ())
+                .map_err(ValidationError::Request)
+        };
+        match self {
+            Self::History { limit, .. }
+                if limit.is_some_and(|l| l == 0 || l > MAX_HISTORY_PAGE) =>
+            {
+                req(format!("limit must be between 1 and {MAX_HISTORY_PAGE}"))
+            }
+            Self::HistoryDiff { since, until } => {
+                point(since)?;
+                until.as_deref().map_or(Ok(()), point)
+            }
+            Self::HistoryFile { point: p, .. } | Self::Rewind { point: p } => point(p),
+            Self::Checkpoint { name }
+                if name.trim().is_empty()
+                    || name.len() > MAX_CHECKPOINT_NAME
+                    || name.chars().any(char::is_control) =>
+            {
+                req(format!(
+                    "a checkpoint name is 1-{MAX_CHECKPOINT_NAME} bytes without control characters"
+                ))
+            }
+            Self::Fork { point: p, scope } => {
+                point(p)?;
+                crate::validate::validate_branch_scope_id("scope", scope)
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -342,6 +439,19 @@ impl ToolOp {
             Self::GitPush { branch, expect, .. } => {
                 out.extend(branch.as_deref().map(|p| ("branch", p)));
                 out.extend(expect.as_deref().map(|p| ("expect", p)));
+            }
+            Self::History { .. } | Self::Undo => {}
+            Self::HistoryDiff { since, until } => {
+                out.push(("since", since));
+                out.extend(until.as_deref().map(|p| ("until", p)));
+            }
+            Self::HistoryFile { point, path } => {
+                out.extend([("point", point.as_str()), ("path", path.as_str())])
+            }
+            Self::Checkpoint { name } => out.push(("name", name)),
+            Self::Rewind { point } => out.push(("point", point)),
+            Self::Fork { point, scope } => {
+                out.extend([("point", point.as_str()), ("scope", scope.as_str())])
             }
         }
         out.into_iter()
@@ -485,6 +595,37 @@ pub enum ToolOutput {
     },
     Committed(Committed),
     Pushed(Pushed),
+    /// `history`: one page of points, and how many the timeline has.
+    History {
+        points: Vec<Point>,
+        total: u64,
+    },
+    /// `history_diff`: `to_point` absent means the workspace as it was when asked.
+    HistoryDiff {
+        from_point: u64,
+        to_point: Option<u64>,
+        files: Vec<ChangedFile>,
+        patch: String,
+        truncated: bool,
+    },
+    /// `checkpoint`: the point it recorded.
+    Point(Point),
+    /// `rewind`, `undo`: the point rewound to, the new point the rewind recorded, and
+    /// the point that keeps the discarded state (absent: nothing was discarded).
+    Rewound {
+        to: u64,
+        point: Point,
+        kept: Option<u64>,
+        files_written: u32,
+        files_removed: u32,
+    },
+    /// `fork`: the new workspace.
+    Forked {
+        workspace_id: Uuid,
+        branch: Option<String>,
+        local_path: String,
+        point: u64,
+    },
 }
 
 #[cfg(test)]

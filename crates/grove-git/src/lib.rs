@@ -24,6 +24,9 @@
 //! `merge` brings a task workspace's commits into an edit workspace's branch (merge or
 //! cherry-pick), computed in memory and written only when clean.
 //!
+//! `history` keeps a point per change of a workspace in its private history store
+//! (ADR 28): snapshots, diffs between points, rewind.
+//!
 //! `tree` walks trees an agent can write (hand-over of ownership, removal, size) by
 //! directory descriptors, never following a symlink.
 //!
@@ -38,6 +41,7 @@ mod cache;
 mod checkout;
 mod errors;
 mod fsutil;
+mod history;
 mod journal;
 mod merge;
 mod preserve;
@@ -138,6 +142,60 @@ impl Git2Adapter {
 
     pub fn transport(&self) -> &TransportConfig {
         &self.transport
+    }
+}
+
+impl grove_core::history::HistoryPort for Git2Adapter {
+    fn snapshot(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        workspace_id: uuid::Uuid,
+        previous: Option<&str>,
+    ) -> Result<grove_core::history::Snapshot, GitError> {
+        history::snapshot(paths, workspace_id, previous)
+    }
+    fn first_snapshot(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        workspace_id: uuid::Uuid,
+    ) -> Result<grove_core::history::Snapshot, GitError> {
+        history::first_snapshot(paths, workspace_id)
+    }
+    fn history_diff(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        from: &str,
+        to: &str,
+        max_bytes: usize,
+    ) -> Result<grove_core::history::TreeDiff, GitError> {
+        history::diff(paths, from, to, max_bytes)
+    }
+    fn history_file(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        snapshot: &str,
+        path: &str,
+    ) -> Result<Option<Vec<u8>>, GitError> {
+        history::file_at(paths, snapshot, path)
+    }
+    fn rewind(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        now: &str,
+        to: &str,
+        branch: Option<&str>,
+    ) -> Result<grove_core::history::RewindReport, GitError> {
+        history::rewind(paths, now, to, branch)
+    }
+    fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError> {
+        history::copy_store(from, to)
+    }
+    fn prune_history(&self, store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
+        history::prune(store_dir, keep)
+    }
+    fn discard_history(&self, store_dir: &Path) -> Result<(), GitError> {
+        fsutil::remove_path(store_dir)
+            .map_err(|e| errors::map_io("cannot remove a history store", &e))
     }
 }
 

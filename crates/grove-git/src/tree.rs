@@ -182,11 +182,15 @@ pub fn remove_tree(root: &Path) -> io::Result<()> {
         Err(e) => return Err(e.into()),
     };
     let leaf = CString::new(leaf.as_bytes()).map_err(io::Error::other)?;
-    match entry_at(parent.as_fd(), &leaf)? {
+    remove_at(parent.as_fd(), &leaf)
+}
+
+/// Removes the entry `name` of the open directory `parent` (a tree, a file or a
+/// symlink itself, never followed); absent is Ok.
+pub(crate) fn remove_at(parent: BorrowedFd<'_>, name: &CStr) -> io::Result<()> {
+    match entry_at(parent, name)? {
         None => Ok(()),
-        Some(Entry::Other(_)) => {
-            ignore_gone(rustix::fs::unlinkat(&parent, &leaf, AtFlags::empty()))
-        }
+        Some(Entry::Other(_)) => ignore_gone(rustix::fs::unlinkat(parent, name, AtFlags::empty())),
         Some(Entry::Dir(fd)) => {
             walk(fd, &mut |dir, name, visit| {
                 let flags = match visit {
@@ -195,7 +199,7 @@ pub fn remove_tree(root: &Path) -> io::Result<()> {
                 };
                 ignore_gone(rustix::fs::unlinkat(dir, name, flags))
             })?;
-            ignore_gone(rustix::fs::unlinkat(&parent, &leaf, AtFlags::REMOVEDIR))
+            ignore_gone(rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR))
         }
     }
 }

@@ -263,6 +263,15 @@ pub(crate) fn open_cache(cache_dir: &Path) -> Result<Repository, git2::Error> {
     Repository::open_bare(cache_dir)
 }
 
+/// Opens one of grove's private bare repositories (a history store: never mounted,
+/// written only by grove) with grove's fixed config.
+pub(crate) fn open_private(dir: &Path) -> Result<Repository, GitError> {
+    init();
+    let repo = Repository::open_bare(dir).map_err(local)?;
+    replace_config(&repo)?;
+    Ok(repo)
+}
+
 /// Opens a repository grove is building in a fresh partial directory (not yet visible
 /// to any sandbox): its files are grove's own.
 pub(crate) fn open_fresh(dir: &Path) -> Result<Repository, GitError> {

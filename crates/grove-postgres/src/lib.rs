@@ -25,6 +25,7 @@ pub mod boundary;
 pub mod console;
 pub mod error;
 pub mod fleet;
+pub mod history;
 pub mod locks;
 pub mod migrate;
 pub mod output;

@@ -121,8 +121,9 @@ impl JobContext {
                 size_bytes: report.size_bytes,
             },
         );
+        let point = self.first_point(&created, &cache.local_path).await;
         Ok(Made {
-            events: [events, vec![created]].concat(),
+            events: [events, vec![created], point.into_iter().collect()].concat(),
             locks: cache_lock.into_iter().collect(),
         })
     }

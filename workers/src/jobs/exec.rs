@@ -97,7 +97,7 @@ impl JobContext {
         let (result, mut events) = finish.of(&ws, outcome);
         // The host's git cannot see a remote workspace: its `dirty` is not tracked.
         if kind.is_mutating() && !remote {
-            events.extend(self.dirty_change(&ws).await);
+            events.extend(self.after_exec(&ws, &e.argv, &events).await);
         }
         Ok(Handled {
             result: result.map(CommandResult::Exec),

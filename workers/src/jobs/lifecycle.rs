@@ -128,6 +128,7 @@ impl JobContext {
         let dir = PathBuf::from(&ws.local_path);
         blocking(move || git.remove_checkout(&dir)).await?;
         self.discard_saved_work(&ws).await;
+        self.discard_workspace_history(&ws).await;
         events.push(Event::WorkspaceDestroyed {
             workspace_id: ws.id,
         });

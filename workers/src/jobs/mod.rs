@@ -16,6 +16,7 @@ use crate::context::{store_error, JobContext};
 
 pub mod acquire;
 pub mod exec;
+pub mod history;
 pub mod journal;
 pub mod lifecycle;
 pub mod merge_back;

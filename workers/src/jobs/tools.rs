@@ -48,6 +48,9 @@ impl JobContext {
                 ),
             ));
         }
+        if op.is_history() {
+            return self.history_tool(req, token).await;
+        }
         if Placement::of_node(&ws.node).is_remote() {
             return self.remote_tool(ws, op).await;
         }
@@ -61,7 +64,7 @@ impl JobContext {
         };
         let mut events = tool_events(ws.id, op, &output);
         if op.is_write() {
-            events.extend(self.dirty_change(&ws).await);
+            events.extend(self.after_tool(&ws, op).await);
         }
         Ok(Handled {
             result: Ok(CommandResult::Tool(output)),
@@ -196,7 +199,7 @@ impl JobContext {
     /// A workspace handed to the sandbox user keeps its `.git` owned by that user after
     /// the worker (root) committed or pushed in it, so git inside the runtime still
     /// works. Failures are logged: the commit itself stands.
-    async fn keep_git_owner(&self, ws: &WorkspaceRow) {
+    pub(crate) async fn keep_git_owner(&self, ws: &WorkspaceRow) {
         use std::os::unix::fs::MetadataExt;
         let dir = PathBuf::from(&ws.local_path);
         let _ = tokio::task::spawn_blocking(move || {

@@ -74,9 +74,12 @@ pub async fn load_node(
         .filter(|w| w.saved.is_some())
         .map(|w| w.repo_cache_id)
         .collect();
-    let saved_bytes = grove_git::tree::tree_size(&home.join("saved"))
+    // Saved work and workspace history (ADR 28) are used space no eviction frees.
+    let saved_bytes = ["saved", "history"]
+        .iter()
+        .map(|d| grove_git::tree::tree_size(&home.join(d)).unwrap_or(0))
         .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
-        .unwrap_or(0);
+        .fold(0i64, i64::saturating_add);
     let used_bytes = workspaces
         .iter()
         .filter(|w| is_live(w.state))

@@ -129,6 +129,7 @@ impl JobContext {
         .await
         .map_err(store_error)?;
         settle(&mut report, after.inventory.used_bytes, last_plan);
+        self.prune_histories(command_id, plan_now).await;
         info!(
             node = %c.node,
             used_before = report.used_bytes_before,

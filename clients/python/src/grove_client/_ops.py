@@ -83,6 +83,13 @@ TOOLS: dict[str, tuple[bool, type[Any]]] = {
     "git_log": (True, m.LogOutput),
     "git_commit": (False, m.CommittedOutput),
     "git_push": (False, m.PushedOutput),
+    "history": (True, m.HistoryOutput),
+    "history_diff": (True, m.HistoryDiffOutput),
+    "history_file": (True, m.FileOutput),
+    "checkpoint": (False, m.PointOutput),
+    "rewind": (False, m.RewoundOutput),
+    "undo": (False, m.RewoundOutput),
+    "fork": (False, m.ForkedOutput),
 }
 for _tool in TOOLS:
     ROUTES[("POST", f"/v1/workspaces/{{id}}/tools/{_tool}")] = (f"tools.{_tool}",)

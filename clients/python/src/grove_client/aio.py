@@ -689,6 +689,53 @@ class AsyncTools:
         )
         return out
 
+    async def history(
+        self, workspace_id: str, *, offset: int | None = None, limit: int | None = None
+    ) -> m.HistoryOutput:
+        """The workspace's history: one point per change, oldest first (ADR 28)."""
+        out: m.HistoryOutput = await self._call(
+            workspace_id, "history", {"offset": offset, "limit": limit}
+        )
+        return out
+
+    async def history_diff(
+        self, workspace_id: str, since: str, *, until: str | None = None
+    ) -> m.HistoryDiffOutput:
+        """The diff between two points (numbers or snapshot ids), or a point and now."""
+        out: m.HistoryDiffOutput = await self._call(
+            workspace_id, "history_diff", {"since": since, "until": until}
+        )
+        return out
+
+    async def history_file(self, workspace_id: str, point: str, path: str) -> m.FileOutput:
+        """A file as it was at a point."""
+        out: m.FileOutput = await self._call(
+            workspace_id, "history_file", {"point": point, "path": path}
+        )
+        return out
+
+    async def checkpoint(self, workspace_id: str, name: str) -> m.PointOutput:
+        """Records the workspace as it is now as a named point."""
+        out: m.PointOutput = await self._call(workspace_id, "checkpoint", {"name": name})
+        return out
+
+    async def rewind(self, workspace_id: str, point: str) -> m.RewoundOutput:
+        """Puts the files, HEAD and branch back to a point (refused while a command runs)."""
+        out: m.RewoundOutput = await self._call(workspace_id, "rewind", {"point": point})
+        return out
+
+    async def undo(self, workspace_id: str) -> m.RewoundOutput:
+        """Rewinds to the point before the latest change."""
+        out: m.RewoundOutput = await self._call(workspace_id, "undo", {})
+        return out
+
+    async def fork(self, workspace_id: str, point: str, scope: str) -> m.ForkedOutput:
+        """A new workspace at a point, under a new conversation or task id."""
+        out: m.ForkedOutput = await self._call(
+            workspace_id, "fork", {"point": point, "scope": scope}
+        )
+        return out
+
 
 class AsyncExecStream:
     """A streamed exec, open until iterated to its end or closed (`ExecStream`,

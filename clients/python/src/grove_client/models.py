@@ -442,6 +442,66 @@ class PushedOutput:
     previous: str | None
 
 
+@dataclass(frozen=True, kw_only=True)
+class HistoryPoint:
+    """One point of a workspace's history (ADR 28). `operation` is tagged by `kind`
+    (`created`, `exec`, `tool`, `checkpoint`, `before_rewind`, `rewind`); `changes` has
+    `added`, `modified`, `deleted`."""
+
+    number: int
+    snapshot: str
+    position: int | None
+    at: str
+    workspace_id: str
+    operation: dict[str, Any]
+    head: str
+    branch: str | None
+    changes: dict[str, int]
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryChangedFile:
+    path: str
+    status: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryOutput:
+    points: list[HistoryPoint]
+    total: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryDiffOutput:
+    from_point: int
+    to_point: int | None
+    files: list[HistoryChangedFile]
+    patch: str
+    truncated: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class PointOutput(HistoryPoint):
+    """`checkpoint`: the point it recorded."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RewoundOutput:
+    to: int
+    point: HistoryPoint
+    kept: int | None
+    files_written: int
+    files_removed: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ForkedOutput:
+    workspace_id: str
+    branch: str | None
+    local_path: str
+    point: int
+
+
 ToolOutput = (
     TextOutput
     | FileOutput
@@ -453,6 +513,11 @@ ToolOutput = (
     | LogOutput
     | CommittedOutput
     | PushedOutput
+    | HistoryOutput
+    | HistoryDiffOutput
+    | PointOutput
+    | RewoundOutput
+    | ForkedOutput
 )
 
 #: The output class of each `output` tag.
@@ -467,6 +532,11 @@ TOOL_OUTPUTS: dict[str, type[Any]] = {
     "log": LogOutput,
     "committed": CommittedOutput,
     "pushed": PushedOutput,
+    "history": HistoryOutput,
+    "history_diff": HistoryDiffOutput,
+    "point": PointOutput,
+    "rewound": RewoundOutput,
+    "forked": ForkedOutput,
 }
 
 

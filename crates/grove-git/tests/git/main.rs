@@ -3,6 +3,7 @@
 mod attacks;
 mod cache;
 mod checkout;
+mod history;
 mod merge;
 mod preserve;
 mod saved;

@@ -1,0 +1,397 @@
+//! Workspace history (ADR 28): one point per change, kept in a private per-workspace
+//! store at `$GROVE_HOME/history/<user>/<workspace id>/` (a bare repository, mode 0700,
+//! never mounted into a sandbox).
+//!
+//! A point is a commit of the store whose tree is the workspace's working tree
+//! (tracked and untracked files, not ignored ones; symlinks as symlinks), whose parent
+//! is the workspace's HEAD, and whose message names HEAD's branch; a ref
+//! `refs/points/<id>` keeps it. The tree is built through the store's own index file
+//! (`grove.index`), so only files whose stat changed since the last point are hashed,
+//! and the workspace's index, refs, stash and objects are never touched. The store's
+//! `info/attributes` turns off every conversion (`-text -filter -ident`), so a point
+//! holds the bytes that were on disk whatever the workspace's `.gitattributes` say.
+//! The repo cache's objects are read through an in-memory alternate; commits made in
+//! the workspace are copied into the store, so a rewind finds them even after the
+//! workspace dropped them.
+
+mod rewind;
+
+use std::path::Path;
+
+use git2::{Delta, DiffFormat, DiffOptions, Index, ObjectType, Oid, Repository, Signature};
+use grove_core::error::GitError;
+use grove_core::history::{ChangedFile, FileCounts, HistoryPaths, Snapshot, TreeDiff};
+use uuid::Uuid;
+
+use crate::errors::{map_git2, map_io, Phase};
+use crate::saved::{add_alternate, copy_closure, private_dir};
+
+pub(crate) use rewind::rewind;
+
+/// The store's private index file (stat data of the last point's files).
+const INDEX_FILE: &str = "grove.index";
+/// The store's attributes: no conversion of any kind between disk and blob.
+const ATTRIBUTES: &str = "* -text -filter -ident -working-tree-encoding\n";
+/// Points are kept by refs under this prefix.
+const POINTS: &str = "refs/points/";
+/// The branch line of a point's message (absent: HEAD was detached).
+const BRANCH_LINE: &str = "branch: ";
+
+pub(crate) fn local(e: git2::Error) -> GitError {
+    map_git2(&e, Phase::Local, None)
+}
+
+/// Opens the store, creating it (0700, bare, with its attributes) when absent, with the
+/// cache's objects readable through an in-memory alternate.
+pub(crate) fn open_store(store_dir: &Path, cache_dir: &Path) -> Result<Repository, GitError> {
+    if std::fs::symlink_metadata(store_dir).is_err() {
+        private_dir(store_dir)?;
+        // No template directory: no sample hooks or other files copied in.
+        let mut opts = git2::RepositoryInitOptions::new();
+        opts.bare(true).external_template(false);
+        Repository::init_opts(store_dir, &opts).map_err(local)?;
+        std::fs::create_dir_all(store_dir.join("info"))
+            .and_then(|()| std::fs::write(store_dir.join("info").join("attributes"), ATTRIBUTES))
+            .map_err(|e| map_io("cannot write the history store's attributes", &e))?;
+    }
+    let repo = crate::trusted::open_private(store_dir)?;
+    add_alternate(&repo, cache_dir)?;
+    Ok(repo)
+}
+
+/// Opens an existing store for reading, the cache's objects readable through it.
+fn open_reading(paths: &HistoryPaths<'_>) -> Result<Repository, GitError> {
+    let repo = open_existing(paths.store_dir)?;
+    add_alternate(&repo, paths.cache_dir)?;
+    Ok(repo)
+}
+
+/// Opens an existing store (a missing one: no history yet).
+fn open_existing(store_dir: &Path) -> Result<Repository, GitError> {
+    if std::fs::symlink_metadata(store_dir).is_err() {
+        return Err(GitError::RefNotFound(
+            "the workspace has no history store".into(),
+        ));
+    }
+    crate::trusted::open_private(store_dir)
+}
+
+/// The first point of a checkout grove just made: the store's private index is seeded
+/// from the checkout's own index (grove wrote it; a regular file, read without
+/// following a link), so the point hashes nothing that index already describes.
+pub(crate) fn first_snapshot(
+    paths: &HistoryPaths<'_>,
+    workspace_id: Uuid,
+) -> Result<Snapshot, GitError> {
+    open_store(paths.store_dir, paths.cache_dir)?;
+    let seed = paths.store_dir.join(INDEX_FILE);
+    if std::fs::symlink_metadata(&seed).is_err() {
+        if let Some(bytes) = read_regular(&paths.workspace_dir.join(".git").join("index")) {
+            std::fs::write(&seed, bytes)
+                .map_err(|e| map_io("cannot seed the history index", &e))?;
+        }
+    }
+    snapshot(paths, workspace_id, None)
+}
+
+/// A regular file's bytes, opened without following a link (`None` otherwise).
+fn read_regular(path: &Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes).ok()?;
+    Some(bytes)
+}
+
+/// Takes one point; see the module documentation.
+pub(crate) fn snapshot(
+    paths: &HistoryPaths<'_>,
+    workspace_id: Uuid,
+    previous: Option<&str>,
+) -> Result<Snapshot, GitError> {
+    let store = open_store(paths.store_dir, paths.cache_dir)?;
+    let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
+    let head = ws
+        .head()
+        .and_then(|h| h.peel_to_commit())
+        .map_err(|e| GitError::Other(format!("workspace HEAD: {}", e.message())))?
+        .id();
+    let branch = crate::trusted::head_ref_name(&ws)?;
+    let branch = (branch != "HEAD").then_some(branch);
+    copy_closure(&ws, &store.odb().map_err(local)?, head)?;
+    drop(ws);
+    let tree = work_tree(&store, paths)?;
+    let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
+    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
+    if let Some(b) = &branch {
+        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
+    }
+    let head_commit = store.find_commit(head).map_err(local)?;
+    let tree_obj = store.find_tree(tree).map_err(local)?;
+    let id = store
+        .commit(None, &sig, &sig, &message, &tree_obj, &[&head_commit])
+        .map_err(local)?;
+    store
+        .reference(&format!("{POINTS}{id}"), id, true, "grove: point")
+        .map_err(local)?;
+    let before = match previous {
+        Some(p) => Some(point_tree(&store, p)?),
+        None => None,
+    };
+    let changes = counts(&store, before, tree)?;
+    Ok(Snapshot {
+        id: id.to_string(),
+        head: head.to_string(),
+        branch,
+        changes,
+        dirty: tree != head_commit.tree_id(),
+    })
+}
+
+/// The working tree as a tree of the store, through the store's private index.
+fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitError> {
+    store
+        .set_workdir(paths.workspace_dir, false)
+        .map_err(local)?;
+    let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
+    store.set_index(&mut index).map_err(local)?;
+    let mut index = store.index().map_err(local)?;
+    // One walk of the working tree: what differs from the index by stat (content when
+    // stat is not enough), untracked files included, ignored ones not.
+    let mut opts = DiffOptions::new();
+    opts.include_untracked(true)
+        .recurse_untracked_dirs(true)
+        .include_typechange(true)
+        .update_index(true);
+    let diff = store
+        .diff_index_to_workdir(Some(&index), Some(&mut opts))
+        .map_err(local)?;
+    let mut changed = false;
+    for delta in diff.deltas() {
+        let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
+            continue;
+        };
+        match delta.status() {
+            Delta::Deleted => index.remove_path(path).map_err(local)?,
+            // A nested repository shows as a directory: not part of the point.
+            _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
+            _ => index.add_path(path).map_err(local)?,
+        }
+        changed = true;
+    }
+    let tree = index.write_tree().map_err(local)?;
+    if changed || !paths.store_dir.join(INDEX_FILE).exists() {
+        index.write().map_err(local)?;
+    }
+    Ok(tree)
+}
+
+/// The commit of point `id`, which must be a point of this store.
+pub(crate) fn point_commit<'r>(
+    store: &'r Repository,
+    id: &str,
+) -> Result<git2::Commit<'r>, GitError> {
+    let unknown = || GitError::RefNotFound(format!("history point {id}"));
+    let oid = Oid::from_str(id).map_err(|_| unknown())?;
+    store
+        .find_reference(&format!("{POINTS}{oid}"))
+        .map_err(|_| unknown())?;
+    store.find_commit(oid).map_err(|_| unknown())
+}
+
+fn point_tree(store: &Repository, id: &str) -> Result<Oid, GitError> {
+    Ok(point_commit(store, id)?.tree_id())
+}
+
+/// HEAD's commit and branch as point `id` recorded them.
+pub(crate) fn point_head(commit: &git2::Commit<'_>) -> (Oid, Option<String>) {
+    let head = commit.parent_id(0).unwrap_or(Oid::ZERO_SHA1);
+    let branch = commit
+        .message()
+        .unwrap_or("")
+        .lines()
+        .find_map(|l| l.strip_prefix(BRANCH_LINE))
+        .map(str::to_string);
+    (head, branch)
+}
+
+fn counts(store: &Repository, before: Option<Oid>, after: Oid) -> Result<FileCounts, GitError> {
+    let mut out = FileCounts::default();
+    for file in changed_files(store, before, after)? {
+        match file.status.as_str() {
+            "added" => out.added += 1,
+            "deleted" => out.deleted += 1,
+            _ => out.modified += 1,
+        }
+    }
+    Ok(out)
+}
+
+fn tree_diff<'r>(
+    store: &'r Repository,
+    before: Option<Oid>,
+    after: Oid,
+) -> Result<git2::Diff<'r>, GitError> {
+    let old = before
+        .map(|t| store.find_tree(t))
+        .transpose()
+        .map_err(local)?;
+    let new = store.find_tree(after).map_err(local)?;
+    let mut opts = DiffOptions::new();
+    opts.show_binary(true).id_abbrev(40);
+    store
+        .diff_tree_to_tree(old.as_ref(), Some(&new), Some(&mut opts))
+        .map_err(local)
+}
+
+fn changed_files(
+    store: &Repository,
+    before: Option<Oid>,
+    after: Oid,
+) -> Result<Vec<ChangedFile>, GitError> {
+    let diff = tree_diff(store, before, after)?;
+    Ok(diff
+        .deltas()
+        .map(|d| {
+            let file = if d.status() == Delta::Deleted {
+                d.old_file()
+            } else {
+                d.new_file()
+            };
+            ChangedFile {
+                path: String::from_utf8_lossy(file.path_bytes().unwrap_or_default()).into_owned(),
+                status: match d.status() {
+                    Delta::Added => "added",
+                    Delta::Deleted => "deleted",
+                    Delta::Typechange => "typechange",
+                    _ => "modified",
+                }
+                .to_string(),
+            }
+        })
+        .collect())
+}
+
+/// The diff between two points of one store.
+pub(crate) fn diff(
+    paths: &HistoryPaths<'_>,
+    from: &str,
+    to: &str,
+    max_bytes: usize,
+) -> Result<TreeDiff, GitError> {
+    let store = open_reading(paths)?;
+    let (a, b) = (point_tree(&store, from)?, point_tree(&store, to)?);
+    let files = changed_files(&store, Some(a), b)?;
+    let mut patch = Vec::new();
+    let mut truncated = false;
+    tree_diff(&store, Some(a), b)?
+        .print(DiffFormat::Patch, |_, _, line| {
+            let extra = usize::from(matches!(line.origin(), '+' | '-' | ' '));
+            if patch.len() + extra + line.content().len() > max_bytes {
+                truncated = true;
+                return false;
+            }
+            if extra == 1 {
+                patch.push(line.origin() as u8);
+            }
+            patch.extend_from_slice(line.content());
+            true
+        })
+        .or_else(|e| if truncated { Ok(()) } else { Err(local(e)) })?;
+    Ok(TreeDiff {
+        files,
+        patch: String::from_utf8_lossy(&patch).into_owned(),
+        truncated,
+    })
+}
+
+/// A file's bytes at a point (`None`: no file there; a symlink gives its target).
+pub(crate) fn file_at(
+    paths: &HistoryPaths<'_>,
+    point: &str,
+    path: &str,
+) -> Result<Option<Vec<u8>>, GitError> {
+    let store = open_reading(paths)?;
+    let tree = point_commit(&store, point)?.tree().map_err(local)?;
+    let Ok(entry) = tree.get_path(Path::new(path)) else {
+        return Ok(None);
+    };
+    if entry.kind() != Some(ObjectType::Blob) {
+        return Ok(None);
+    }
+    let blob = store.find_blob(entry.id()).map_err(local)?;
+    Ok(Some(blob.content().to_vec()))
+}
+
+/// Copies every point of the store `from` into `to`: a new store by a partial sibling
+/// renamed into place, or, when `to` exists (a fork's own, made with its checkout), its
+/// objects and point refs added to it (what `to` has is kept, its private index too, so
+/// its next point hashes only what changed since its checkout).
+pub(crate) fn copy_store(from: &Path, to: &Path) -> Result<(), GitError> {
+    use crate::fsutil::{partial_sibling, PartialDir};
+    let io = |e: std::io::Error| map_io("cannot copy the history store", &e);
+    if std::fs::symlink_metadata(to).is_ok() {
+        for sub in ["objects", "refs"] {
+            merge_dir(&from.join(sub), &to.join(sub)).map_err(io)?;
+        }
+        return Ok(());
+    }
+    if let Some(parent) = to.parent() {
+        private_dir(parent)?;
+    }
+    let partial = PartialDir::new(partial_sibling(to).map_err(io)?);
+    merge_dir(from, partial.path()).map_err(io)?;
+    partial.commit_to(to).map_err(io)
+}
+
+/// Copies a directory grove wrote (a store: plain files and directories only) into
+/// `to`, creating what is missing and keeping files `to` already has.
+fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    match std::fs::DirBuilder::new().mode(0o700).create(to) {
+        Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
+        _ => {}
+    }
+    for entry in std::fs::read_dir(from)? {
+        let entry = entry?;
+        let kind = entry.file_type()?;
+        let target = to.join(entry.file_name());
+        if kind.is_dir() {
+            merge_dir(&entry.path(), &target)?;
+        } else if kind.is_file() && std::fs::symlink_metadata(&target).is_err() {
+            std::fs::copy(entry.path(), &target)?;
+        }
+    }
+    Ok(())
+}
+
+/// Drops every point ref not in `keep`; returns how many were dropped.
+pub(crate) fn prune(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
+    let store = open_existing(store_dir)?;
+    let mut dropped = 0;
+    let names: Vec<String> = store
+        .references_glob(&format!("{POINTS}*"))
+        .map_err(local)?
+        .filter_map(|r| r.ok().and_then(|r| r.name().ok().map(str::to_string)))
+        .collect();
+    for name in names {
+        let id = name.trim_start_matches(POINTS);
+        if keep.iter().any(|k| k == id) {
+            continue;
+        }
+        store
+            .find_reference(&name)
+            .and_then(|mut r| r.delete())
+            .map_err(local)?;
+        dropped += 1;
+    }
+    Ok(dropped)
+}

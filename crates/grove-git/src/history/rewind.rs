@@ -1,0 +1,256 @@
+//! Rewind: the workspace's files, HEAD and branch put back to a point. Only the files
+//! that differ between the point the workspace is at now and the target are written
+//! or removed, each relative to the workspace root by directory descriptors opened
+//! with `O_NOFOLLOW`: a symlink planted where a directory or file goes is removed and
+//! replaced, never followed. New files and directories get the root's owner.
+
+use std::ffi::CString;
+use std::io::Write;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use git2::{Delta, Oid, Repository};
+use grove_core::error::GitError;
+use grove_core::history::{HistoryPaths, RewindReport};
+use rustix::fs::{AtFlags, Gid, Mode, OFlags, Uid};
+use rustix::io::Errno;
+
+use super::{local, open_store, point_commit, point_head, tree_diff};
+use crate::errors::map_io;
+use crate::saved::copy_closure;
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// The workspace root, open, with the owner new entries get.
+struct Root {
+    fd: OwnedFd,
+    uid: u32,
+    gid: u32,
+}
+
+fn io_err(what: &str, e: impl Into<std::io::Error>) -> GitError {
+    map_io(what, &e.into())
+}
+
+/// See the module documentation.
+pub(crate) fn rewind(
+    paths: &HistoryPaths<'_>,
+    now: &str,
+    to: &str,
+    branch: Option<&str>,
+) -> Result<RewindReport, GitError> {
+    let store = open_store(paths.store_dir, paths.cache_dir)?;
+    let (now_c, to_c) = (point_commit(&store, now)?, point_commit(&store, to)?);
+    let fd = crate::tree::open_root(paths.workspace_dir)
+        .map_err(|e| io_err("cannot open the workspace", e))?;
+    let stat = rustix::fs::fstat(&fd).map_err(|e| io_err("cannot stat the workspace", e))?;
+    let root = Root {
+        fd,
+        uid: stat.st_uid,
+        gid: stat.st_gid,
+    };
+    let mut report = RewindReport::default();
+    let diff = tree_diff(&store, Some(now_c.tree_id()), to_c.tree_id())?;
+    for delta in diff.deltas() {
+        let old = delta.old_file().path_bytes().map(<[u8]>::to_vec);
+        if matches!(delta.status(), Delta::Deleted | Delta::Typechange) {
+            if let Some(path) = &old {
+                remove_file(&root, path)?;
+                report.files_removed += 1;
+            }
+        }
+        if delta.status() != Delta::Deleted {
+            let new = delta.new_file();
+            let path = new.path_bytes().unwrap_or_default();
+            write_entry(&root, &store, path, new.id(), u32::from(new.mode()))?;
+            report.files_written += 1;
+        }
+    }
+    let (head, own_branch) = point_head(&to_c);
+    set_head(paths, &store, head, branch.or(own_branch.as_deref()))?;
+    Ok(report)
+}
+
+/// The components of a `/`-separated tree path, refusing `.`, `..` and empty ones
+/// (a tree of grove's own never holds them; a defect must not become an escape).
+fn components(path: &[u8]) -> Result<Vec<CString>, GitError> {
+    path.split(|b| *b == b'/')
+        .map(|c| {
+            if c.is_empty() || c == b"." || c == b".." || c == b".git" {
+                return Err(GitError::Other(format!(
+                    "refusing the history path {:?}",
+                    String::from_utf8_lossy(path)
+                )));
+            }
+            CString::new(c).map_err(|_| GitError::Other("a history path holds a NUL".into()))
+        })
+        .collect()
+}
+
+/// Opens the directory `dirs` below the root without following a link, creating what
+/// is missing (`create`) and replacing a file or symlink in the way. `None`: it does not
+/// exist (and `create` was false).
+fn open_dirs(root: &Root, dirs: &[CString], create: bool) -> Result<Option<OwnedFd>, GitError> {
+    let mut dir = rustix::io::dup(&root.fd).map_err(|e| io_err("dup", e))?;
+    for name in dirs {
+        let next = match rustix::fs::openat(&dir, name, DIR_FLAGS, Mode::empty()) {
+            Ok(fd) => fd,
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) if !create => return Ok(None),
+            Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => make_dir(root, dir.as_fd(), name)?,
+            Err(e) => return Err(io_err("cannot open a workspace directory", e)),
+        };
+        dir = next;
+    }
+    Ok(Some(dir))
+}
+
+/// Replaces whatever is at `name` (a file or a symlink, never followed) by a new
+/// directory owned like the root.
+fn make_dir(root: &Root, parent: BorrowedFd<'_>, name: &CString) -> Result<OwnedFd, GitError> {
+    crate::tree::remove_at(parent, name).map_err(|e| io_err("cannot clear a path", e))?;
+    rustix::fs::mkdirat(parent, name, Mode::from_raw_mode(0o755))
+        .map_err(|e| io_err("cannot create a workspace directory", e))?;
+    own(root, parent, name);
+    rustix::fs::openat(parent, name, DIR_FLAGS, Mode::empty())
+        .map_err(|e| io_err("cannot open a new workspace directory", e))
+}
+
+/// Gives `name` (never followed) the root's owner; failures leave it as the worker's.
+fn own(root: &Root, dir: BorrowedFd<'_>, name: &CString) {
+    let (u, g) = (Uid::from_raw(root.uid), Gid::from_raw(root.gid));
+    let _ = rustix::fs::chownat(dir, name, Some(u), Some(g), AtFlags::SYMLINK_NOFOLLOW);
+}
+
+/// Removes the file at `path`, then each parent directory it leaves empty.
+fn remove_file(root: &Root, path: &[u8]) -> Result<(), GitError> {
+    let parts = components(path)?;
+    let (leaf, dirs) = parts.split_last().expect("a path has a component");
+    let Some(dir) = open_dirs(root, dirs, false)? else {
+        return Ok(());
+    };
+    crate::tree::remove_at(dir.as_fd(), leaf).map_err(|e| io_err("cannot remove a file", e))?;
+    for depth in (0..dirs.len()).rev() {
+        let Some(parent) = open_dirs(root, &dirs[..depth], false)? else {
+            break;
+        };
+        match rustix::fs::unlinkat(&parent, &dirs[depth], AtFlags::REMOVEDIR) {
+            Ok(()) => {}
+            Err(_) => break,
+        }
+    }
+    Ok(())
+}
+
+/// Writes the blob `id` at `path` as a file of `mode` (or a symlink for 0o120000).
+fn write_entry(
+    root: &Root,
+    store: &Repository,
+    path: &[u8],
+    id: Oid,
+    mode: u32,
+) -> Result<(), GitError> {
+    if mode == 0o160000 {
+        return Ok(()); // a gitlink names another repository's commit: nothing to write
+    }
+    let parts = components(path)?;
+    let (leaf, dirs) = parts.split_last().expect("a path has a component");
+    let dir = open_dirs(root, dirs, true)?.expect("created");
+    let blob = store.find_blob(id).map_err(local)?;
+    let perm = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
+    if mode != 0o120000 && overwrite(dir.as_fd(), leaf, blob.content(), perm)? {
+        return Ok(());
+    }
+    crate::tree::remove_at(dir.as_fd(), leaf).map_err(|e| io_err("cannot clear a file", e))?;
+    if mode == 0o120000 {
+        let target = CString::new(blob.content())
+            .map_err(|_| GitError::Other("a symlink target holds a NUL".into()))?;
+        rustix::fs::symlinkat(&target, &dir, leaf)
+            .map_err(|e| io_err("cannot create a symlink", e))?;
+    } else {
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW;
+        let fd = rustix::fs::openat(
+            &dir,
+            leaf,
+            flags | OFlags::CLOEXEC,
+            Mode::from_raw_mode(perm),
+        )
+        .map_err(|e| io_err("cannot create a file", e))?;
+        let mut file = std::fs::File::from(fd);
+        file.write_all(blob.content())
+            .map_err(|e| io_err("cannot write a file", e))?;
+        // The umask may have cut the mode.
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(perm))
+            .map_err(|e| io_err("cannot set a file's mode", e))?;
+    }
+    own(root, dir.as_fd(), leaf);
+    Ok(())
+}
+
+/// Rewrites `name` in place when it is a regular file with one link (checked on the
+/// descriptor opened without following a link, non-blocking so a FIFO cannot stall
+/// it): the common case of a file changed since the point. `false`: anything else is
+/// there (or nothing), to be replaced.
+fn overwrite(
+    dir: BorrowedFd<'_>,
+    name: &CString,
+    bytes: &[u8],
+    perm: u32,
+) -> Result<bool, GitError> {
+    let flags = OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let Ok(fd) = rustix::fs::openat(dir, name, flags, Mode::empty()) else {
+        return Ok(false);
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(|e| io_err("cannot stat a file", e))?;
+    let regular =
+        rustix::fs::FileType::from_raw_mode(stat.st_mode) == rustix::fs::FileType::RegularFile;
+    if !regular || stat.st_nlink != 1 {
+        return Ok(false);
+    }
+    rustix::fs::ftruncate(&fd, 0).map_err(|e| io_err("cannot truncate a file", e))?;
+    let mut file = std::fs::File::from(fd);
+    file.write_all(bytes)
+        .map_err(|e| io_err("cannot write a file", e))?;
+    if stat.st_mode & 0o777 != perm {
+        rustix::fs::fchmod(&file, Mode::from_raw_mode(perm))
+            .map_err(|e| io_err("cannot set a file's mode", e))?;
+    }
+    Ok(true)
+}
+
+/// Points the workspace's branch (or a detached HEAD) at `head`, HEAD at the branch,
+/// and its index at HEAD's tree; the commit is copied into the workspace first. When
+/// HEAD is already on that branch at that commit nothing is written (the index keeps
+/// its stat data, so the next status need not hash every file).
+fn set_head(
+    paths: &HistoryPaths<'_>,
+    store: &Repository,
+    head: Oid,
+    branch: Option<&str>,
+) -> Result<(), GitError> {
+    let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
+    let current = ws.head().ok().and_then(|h| h.target());
+    let current_branch = crate::trusted::head_ref_name(&ws).ok();
+    let wanted_branch = branch.map_or_else(|| "HEAD".to_string(), str::to_string);
+    if current == Some(head) && current_branch.as_deref() == Some(wanted_branch.as_str()) {
+        // HEAD and branch are already there: the agent's index is left as it is.
+        return Ok(());
+    }
+    copy_closure(store, &ws.odb().map_err(local)?, head)?;
+    crate::trusted::check_ref_writable(&ws, "HEAD")?;
+    match branch {
+        Some(b) => {
+            crate::trusted::check_ref_writable(&ws, b)?;
+            ws.reference(b, head, true, "grove: rewind")
+                .map_err(local)?;
+            ws.set_head(b).map_err(local)?;
+        }
+        None => ws.set_head_detached(head).map_err(local)?,
+    }
+    let tree = ws.find_commit(head).and_then(|c| c.tree()).map_err(local)?;
+    let mut index = ws.index().map_err(local)?;
+    index.read_tree(&tree).map_err(local)?;
+    index.write().map_err(local)?;
+    Ok(())
+}

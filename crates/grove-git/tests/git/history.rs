@@ -1,0 +1,206 @@
+//! Workspace history through the port (ADR 28): points, counts, diffs and rewinds, the
+//! agent's index left alone, and the cost of a point after a one-file change.
+
+use std::path::Path;
+use std::time::Instant;
+
+use grove_core::history::{HistoryPaths, HistoryPort};
+use grove_core::ports::GitPort;
+use grove_git::Git2Adapter;
+use uuid::Uuid;
+
+use crate::support::{git, Fixture};
+
+fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a> {
+    HistoryPaths {
+        store_dir: store,
+        workspace_dir: ws,
+        cache_dir: cache,
+    }
+}
+
+#[test]
+fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
+    let fx = Fixture::new();
+    let cache = fx.cache();
+    let ws = fx.path("ws");
+    let git2 = Git2Adapter::new();
+    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("agent/edits-c1")))
+        .unwrap();
+    let store = fx.path("history/u/ws");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let first = git2.snapshot(&p, id, None).unwrap();
+    assert_eq!(first.changes.added, 3, "README, .gitignore, src/lib.rs");
+    assert_eq!(first.branch.as_deref(), Some("refs/heads/agent/edits-c1"));
+    let index_before = std::fs::read(ws.join(".git/index")).unwrap();
+
+    std::fs::write(ws.join("README.md"), "changed\n").unwrap();
+    std::fs::write(ws.join("new.txt"), "new\n").unwrap();
+    std::fs::write(ws.join("debug.log"), "ignored\n").unwrap();
+    std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
+    let second = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    assert_eq!(
+        (
+            second.changes.added,
+            second.changes.modified,
+            second.changes.deleted
+        ),
+        (1, 1, 1),
+        "the ignored file is not in the point"
+    );
+    assert_eq!(std::fs::read(ws.join(".git/index")).unwrap(), index_before);
+    let diff = git2
+        .history_diff(&p, &first.id, &second.id, 1 << 20)
+        .unwrap();
+    assert_eq!(diff.files.len(), 3);
+    assert!(diff.patch.contains("+changed"), "{}", diff.patch);
+
+    let report = git2.rewind(&p, &second.id, &first.id, None).unwrap();
+    assert_eq!((report.files_written, report.files_removed), (2, 1));
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README.md")).unwrap(),
+        "hello again\n"
+    );
+    assert!(ws.join("src/lib.rs").is_file());
+    assert!(!ws.join("new.txt").exists());
+    assert!(
+        ws.join("debug.log").exists(),
+        "ignored files are left as they are"
+    );
+    assert_eq!(
+        git(&ws, &["status", "--porcelain"]),
+        "",
+        "clean at HEAD again"
+    );
+    let store_mode =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&store).unwrap().permissions());
+    assert_eq!(store_mode & 0o777, 0o700);
+    // A file of the point replaced by a link to a host file, and a hard link to one:
+    // the rewind replaces both and writes nothing through them.
+    let host = fx.path("host.txt");
+    std::fs::write(&host, "host\n").unwrap();
+    std::fs::remove_file(ws.join("README.md")).unwrap();
+    std::os::unix::fs::symlink(&host, ws.join("README.md")).unwrap();
+    std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
+    std::fs::hard_link(&host, ws.join("src/lib.rs")).unwrap();
+    let planted = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    git2.rewind(&p, &planted.id, &first.id, None).unwrap();
+    assert_eq!(std::fs::read_to_string(&host).unwrap(), "host\n");
+    assert!(std::fs::symlink_metadata(ws.join("README.md"))
+        .unwrap()
+        .is_file());
+    assert_eq!(
+        std::fs::read_to_string(ws.join("src/lib.rs")).unwrap(),
+        "pub fn f() {}\n"
+    );
+    // A point of another store is unknown here.
+    let other = fx.path("history/u/other");
+    assert!(git2
+        .history_diff(&paths(&other, &ws, &cache), &first.id, &first.id, 10)
+        .is_err());
+}
+
+#[test]
+fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
+    let fx = Fixture::new();
+    let cache = fx.cache();
+    let ws = fx.path("ws");
+    let git2 = Git2Adapter::new();
+    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
+        .unwrap();
+    for d in 0..50 {
+        let dir = ws.join(format!("d{d}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        for f in 0..100 {
+            std::fs::write(dir.join(format!("f{f}.txt")), format!("{d} {f}\n")).unwrap();
+        }
+    }
+    let store = fx.path("history/u/ws");
+    let p = paths(&store, &ws, &cache);
+    let t = Instant::now();
+    let first = git2.snapshot(&p, Uuid::nil(), None).unwrap();
+    let cold = t.elapsed();
+    assert_eq!(first.changes.added, 5003);
+    let mut times = Vec::new();
+    let mut last = first.id.clone();
+    for i in 0..5 {
+        std::fs::write(ws.join("d7/f7.txt"), format!("change {i}\n")).unwrap();
+        let t = Instant::now();
+        let s = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
+        times.push(t.elapsed());
+        assert_eq!(s.changes.modified, 1);
+        last = s.id;
+    }
+    times.sort();
+    eprintln!(
+        "history point on 5,003 files: first {cold:?}, after a one-file change p50 {:?}",
+        times[2]
+    );
+
+    // A rewind of a change to 100 files.
+    for f in 0..100 {
+        std::fs::write(ws.join(format!("d3/f{f}.txt")), "changed\n").unwrap();
+    }
+    let changed = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
+    assert_eq!(changed.changes.modified, 100);
+    let t = Instant::now();
+    let report = git2.rewind(&p, &changed.id, &last, None).unwrap();
+    let took = t.elapsed();
+    assert_eq!(report.files_written, 100);
+    assert_eq!(
+        std::fs::read_to_string(ws.join("d3/f5.txt")).unwrap(),
+        "3 5\n"
+    );
+    eprintln!("history rewind of 100 files in 5,003: {took:?}");
+}
+
+#[test]
+fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
+    let fx = Fixture::new();
+    let cache = fx.cache();
+    let ws = fx.path("ws");
+    let git2 = Git2Adapter::new();
+    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
+        .unwrap();
+    let fifo = std::ffi::CString::new(ws.join("pipe").as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
+    let _sock = std::os::unix::net::UnixListener::bind(ws.join("sock")).unwrap();
+    std::fs::write(ws.join("plain.txt"), "x\n").unwrap();
+    let store = fx.path("history/u/ws");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
+    std::thread::spawn(move || {
+        let r = Git2Adapter::new().snapshot(&paths(&s, &w, &c), Uuid::nil(), None);
+        let _ = tx.send(r);
+    });
+    let snap = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("the point did not stall on the FIFO")
+        .unwrap();
+    assert_eq!(
+        snap.changes.added, 4,
+        "three tracked files and plain.txt, no FIFO or socket"
+    );
+}
+
+#[test]
+fn the_first_point_of_a_checkout_starts_from_its_index_and_records_its_tree() {
+    let fx = Fixture::new();
+    let cache = fx.cache();
+    let ws = fx.path("ws");
+    let git2 = Git2Adapter::new();
+    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
+        .unwrap();
+    let store = fx.path("history/u/ws");
+    let p = paths(&store, &ws, &cache);
+    let first = git2.first_snapshot(&p, Uuid::nil()).unwrap();
+    assert_eq!(first.changes.added, 3);
+    assert!(!first.dirty);
+    assert_eq!(first.head, fx.main);
+    std::fs::write(ws.join("README.md"), "edited\n").unwrap();
+    let next = git2.snapshot(&p, Uuid::nil(), Some(&first.id)).unwrap();
+    assert_eq!((next.changes.modified, next.changes.added), (1, 0));
+    assert!(next.dirty);
+}
