@@ -112,16 +112,12 @@ async fn an_inline_read_waits_for_a_running_write_to_finish() {
         })
     };
     // Once the exec runs (holding the workspace's exclusive lock), a read of the file it
-    // is about to write must wait for it rather than miss it.
+    // is about to write must wait for it rather than miss it. Its `exec.started` is
+    // committed under that lock (the ledger says `running` from the claim on, before
+    // the handler has the lock).
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let running: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM grove.commands WHERE kind = 'exec' AND status = 'running'",
-        )
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-        if running == 1 {
+        if env.count_events("exec.started").await == 1 {
             break;
         }
         assert!(std::time::Instant::now() < deadline, "the exec never ran");

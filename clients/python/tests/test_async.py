@@ -79,7 +79,11 @@ async def test_streams_are_async_iterators(grove: Grove, repo_url: str) -> None:
                     break
         await task
         every = [e async for e in c.iter_events(ws, page_size=3)]
-        assert every[-1].event_type in ("workspace.file_written", "workspace.dirty_changed")
+        assert every[-1].event_type in (
+            "workspace.file_written",
+            "workspace.dirty_changed",
+            "workspace.snapshot_taken",
+        )
 
 
 async def test_concurrent_calls_share_one_client(grove: Grove, repo_url: str) -> None:

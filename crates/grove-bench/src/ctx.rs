@@ -299,19 +299,6 @@ impl Ctx {
         Ok(())
     }
 
-    /// A kind-write exec on the local runtime (the dirty check runs after it).
-    pub(crate) async fn exec_write(&self, ws: Uuid, argv: &[&str]) -> Result<()> {
-        let mut cmd = self.exec_cmd(ws, "local", argv);
-        if let Command::Exec(e) = &mut cmd {
-            e.kind = Some(ExecKind::Write);
-        }
-        match self.client.submit(&cmd).await? {
-            CommandResult::Exec(o) if o.exit_code == 0 => Ok(()),
-            CommandResult::Exec(o) => bail!("exec exited {}: {}", o.exit_code, o.stderr),
-            other => bail!("exec returned {other:?}"),
-        }
-    }
-
     fn exec_cmd(&self, ws: Uuid, runtime: &str, argv: &[&str]) -> Command {
         Command::Exec(Exec {
             workspace_id: ws,

@@ -699,9 +699,7 @@ class Tools:
 
     def history_file(self, workspace_id: str, point: str, path: str) -> m.FileOutput:
         """A file as it was at a point."""
-        out: m.FileOutput = self._call(
-            workspace_id, "history_file", {"point": point, "path": path}
-        )
+        out: m.FileOutput = self._call(workspace_id, "history_file", {"point": point, "path": path})
         return out
 
     def checkpoint(self, workspace_id: str, name: str) -> m.PointOutput:
@@ -721,9 +719,7 @@ class Tools:
 
     def fork(self, workspace_id: str, point: str, scope: str) -> m.ForkedOutput:
         """A new workspace at a point, under a new conversation or task id."""
-        out: m.ForkedOutput = self._call(
-            workspace_id, "fork", {"point": point, "scope": scope}
-        )
+        out: m.ForkedOutput = self._call(workspace_id, "fork", {"point": point, "scope": scope})
         return out
 
 
