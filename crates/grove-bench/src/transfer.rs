@@ -15,6 +15,7 @@ use grove_gitserver::{GitServer, Options};
 use serde_json::json;
 
 use crate::ctx::{ms, run_cmd, Ctx};
+use crate::fixture::git;
 use crate::stats::{latency, round};
 use crate::Out;
 
@@ -94,8 +95,8 @@ impl Remote {
         let file = work.join("grove-bench-moved.txt");
         for i in 0..n {
             std::fs::write(&file, format!("{i} {:?}\n", Instant::now()))?;
-            git_in(work, &["add", "grove-bench-moved.txt"])?;
-            git_in(
+            git(work, &["add", "grove-bench-moved.txt"])?;
+            git(
                 work,
                 &[
                     "-c",
@@ -109,27 +110,15 @@ impl Remote {
                 ],
             )?;
         }
-        git_in(work, &["push", "-q", "origin", "HEAD"])
+        git(work, &["push", "-q", "origin", "HEAD"])
     }
 }
 
+/// `git ARGS PATHS` in the current directory (`fixture::git` runs in a given one).
 fn git_sync(args: &[&str], paths: &[&Path]) -> Result<()> {
     let out = std::process::Command::new("git")
         .args(args)
         .args(paths)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "git {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Ok(())
-}
-
-fn git_in(dir: &Path, args: &[&str]) -> Result<()> {
-    let out = std::process::Command::new("git")
-        .current_dir(dir)
-        .args(args)
         .output()?;
     anyhow::ensure!(
         out.status.success(),
