@@ -4,23 +4,21 @@ and headless Chromium driven over WebDriver (the distribution's chromium-driver)
 
 from __future__ import annotations
 
-import json
 import os
 import secrets
 import shutil
-import subprocess
-import tempfile
+import sys
 import urllib.error
-import urllib.parse
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-GROVE = Path(os.environ.get("GROVE_BIN", ROOT / "target" / "debug" / "grove"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pysupport"))
+
+from grove_serve import ROOT, post, serve  # noqa: E402
+
 SHOTS = ROOT / "target" / "console-screenshots"
 ALICE = "alice-token-" + secrets.token_hex(8)
 BOB = "bob-token-" + secrets.token_hex(8)
@@ -33,13 +31,7 @@ class Grove:
     workspace: str
 
     def api(self, path: str, token: str, body: dict) -> dict:
-        req = urllib.request.Request(
-            self.base + path,
-            data=json.dumps(body).encode(),
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(req, timeout=120) as resp:
-            return json.load(resp)
+        return post(self.base, path, token, body)
 
     def fail_a_command(self, token: str) -> int:
         """A tool command that fails on the worker (no such file); returns the status."""
@@ -54,69 +46,18 @@ class Grove:
         return self.api(f"/v1/workspaces/{self.workspace}/exec", token, {"argv": argv})
 
 
-def _database(base_url: str) -> tuple[str, str]:
-    name = "grove_console_" + secrets.token_hex(4)
-    subprocess.run(["psql", base_url, "-qc", f"CREATE DATABASE {name}"], check=True)
-    parts = urllib.parse.urlsplit(base_url)
-    return name, urllib.parse.urlunsplit(parts._replace(path="/" + name))
-
-
-def _fixture_repo(root: Path) -> str:
-    repo = root / "repos" / "fixture"
-    repo.mkdir(parents=True)
-    (repo / "README.md").write_text("hello\n")
-    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@example.com"]
-    subprocess.run(["git", "init", "-q", "-b", "main", str(repo)], check=True)
-    subprocess.run(git + ["add", "."], check=True)
-    subprocess.run(git + ["commit", "-qm", "init"], check=True)
-    return f"file://{repo}"
-
-
 @pytest.fixture(scope="session")
 def grove() -> Iterator[Grove]:
-    base_url = os.environ.get("GROVE_TEST_DATABASE_URL")
-    if not base_url:
-        if os.environ.get("GROVE_TEST_REQUIRE_DB") == "1":
-            pytest.fail("GROVE_TEST_REQUIRE_DB=1 but GROVE_TEST_DATABASE_URL is unset")
-        pytest.skip("GROVE_TEST_DATABASE_URL is unset: no Postgres to run grove against")
-    if not GROVE.exists():
-        pytest.fail(f"{GROVE} does not exist: build it with `cargo build -p grove-cli`")
-    tmp = Path(tempfile.mkdtemp(prefix="grove-console-"))
-    name, url = _database(base_url)
-    repo_url = _fixture_repo(tmp)
-    env = {
-        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-        "DATABASE_URL": url,
-        "GROVE_HOME": str(tmp / "home"),
-        "GROVE_LOCAL_REPO_ROOTS": str(tmp / "repos"),
-        "GROVE_API_TOKENS": f"{ALICE}=alice,{BOB}=bob,{OPS}=ops:operator",
-        # Sweeps every few seconds: the disk chart draws the water marks of the last one.
-        "GROVE_EVICT_SCHEDULE": "*/3 * * * * *",
-        "GROVE_LOG": "warn",
-    }
-    server = subprocess.Popen(
-        [str(GROVE), "serve", "--bind", "127.0.0.1:0"],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=open(tmp / "serve.log", "w"),
-        text=True,
-    )
-    try:
-        assert server.stdout is not None
-        first = server.stdout.readline().strip()
-        assert first.startswith("grove: listening on "), first
-        base = first.removeprefix("grove: listening on ")
-        g = Grove(base, "")
+    tokens = f"{ALICE}=alice,{BOB}=bob,{OPS}=ops:operator"
+    # Sweeps every few seconds: the disk chart draws the water marks of the last one.
+    with serve("console", tokens, "*/3 * * * * *") as s:
+        g = Grove(s.base, "")
         session = g.api("/v1/sessions", ALICE, {
-            "project_id": "web", "repo_name": "o/fixture", "repo_url": repo_url,
+            "project_id": "web", "repo_name": "o/fixture", "repo_url": s.repo_url,
             "base_ref": "main", "mode": "edit", "conversation_id": "console-browser",
         })
         g.workspace = session["workspace"]["id"]
         yield g
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-        subprocess.run(["psql", base_url, "-qc", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"])
 
 
 def _chromium() -> tuple[str, str]:

@@ -804,6 +804,30 @@ async fn worker_rss(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     Ok(())
 }
 
+/// Inserts `n` valid events of ids no projection row has, half `workspace.acquired`
+/// and half `repo_cache.used`, the `g`-th (from 1) recorded `g * spread_secs` seconds
+/// ago.
+pub(crate) async fn insert_filler_events(
+    pool: &PgPool,
+    n: i64,
+    spread_secs: i64,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
+         SELECT CASE WHEN g % 2 = 0 THEN 'workspace:' ELSE 'repo_cache:' END || u::text, 1,
+                CASE WHEN g % 2 = 0 THEN 'workspace.acquired' ELSE 'repo_cache.used' END, 1,
+                CASE WHEN g % 2 = 0 THEN jsonb_build_object('workspace_id', u) ELSE jsonb_build_object('repo_cache_id', u) END,
+                jsonb_build_object('command_id', u, 'correlation', '{}'::jsonb, 'worker_id', 'grove-bench', 'node', 'bench'),
+                u, now() - make_interval(secs => g * $2)
+         FROM (SELECT g, gen_random_uuid() AS u FROM generate_series(1, $1) g) s",
+    )
+    .bind(n)
+    .bind(spread_secs)
+    .execute(pool)
+    .await?;
+    Ok(())
+}
+
 /// `fold_all` and `verify` over a log of `replay_events` events vs streaming the same
 /// rows from Postgres without decoding or folding them.
 async fn replay(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
@@ -811,19 +835,9 @@ async fn replay(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let t = Instant::now();
     // Valid payloads of ids no projection row has: each event is decoded and applied
     // (a lookup that changes nothing), so verify still finds the live tables equal.
-    sqlx::query(
-        "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
-         SELECT CASE WHEN g % 2 = 0 THEN 'workspace:' ELSE 'repo_cache:' END || u::text, 1,
-                CASE WHEN g % 2 = 0 THEN 'workspace.acquired' ELSE 'repo_cache.used' END, 1,
-                CASE WHEN g % 2 = 0 THEN jsonb_build_object('workspace_id', u) ELSE jsonb_build_object('repo_cache_id', u) END,
-                jsonb_build_object('command_id', u, 'correlation', '{}'::jsonb, 'worker_id', 'grove-bench', 'node', 'bench'),
-                u, now()
-         FROM (SELECT g, gen_random_uuid() AS u FROM generate_series(1, $1) g) s",
-    )
-    .bind(n)
-    .execute(&ctx.pool)
-    .await
-    .context("inserting the replay log")?;
+    insert_filler_events(&ctx.pool, n, 0)
+        .await
+        .context("inserting the replay log")?;
     sqlx::query("ANALYZE grove.events")
         .execute(&ctx.pool)
         .await?;

@@ -175,18 +175,8 @@ async fn top_up_events(ctx: &Ctx) -> Result<()> {
     if missing <= 0 {
         return Ok(());
     }
-    sqlx::query(
-        "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
-         SELECT CASE WHEN g % 2 = 0 THEN 'workspace:' ELSE 'repo_cache:' END || u::text, 1,
-                CASE WHEN g % 2 = 0 THEN 'workspace.acquired' ELSE 'repo_cache.used' END, 1,
-                CASE WHEN g % 2 = 0 THEN jsonb_build_object('workspace_id', u) ELSE jsonb_build_object('repo_cache_id', u) END,
-                jsonb_build_object('command_id', u, 'correlation', '{}'::jsonb, 'worker_id', 'grove-bench', 'node', 'bench'),
-                u, now() - make_interval(secs => g)
-         FROM (SELECT g, gen_random_uuid() AS u FROM generate_series(1, $1) g) s",
-    )
-    .bind(missing)
-    .execute(&ctx.pool)
-    .await
-    .context("topping up the event log")?;
+    crate::cases::insert_filler_events(&ctx.pool, missing, 1)
+        .await
+        .context("topping up the event log")?;
     Ok(())
 }

@@ -33,18 +33,7 @@ pub async fn serve(
     let addr: SocketAddr = bind
         .parse()
         .map_err(|_| invalid(format!("--bind {bind:?}: expected IP:PORT")))?;
-    let (tokens, dev_token) = match Tokens::from_env().map_err(|e| invalid(e.to_string()))? {
-        Some(tokens) => (tokens, None),
-        None if addr.ip().is_loopback() => {
-            let (tokens, token) = Tokens::dev("dev");
-            (tokens, Some(token))
-        }
-        None => {
-            return Err(invalid(
-                "no API tokens configured: set GROVE_API_TOKENS or GROVE_API_TOKENS_FILE (a dev token is made only on a loopback address)",
-            ))
-        }
-    };
+    let (tokens, dev_token) = api_tokens(addr)?;
     // The worker migrates as it starts; a server without one migrates itself.
     let worker = match concurrency {
         Some(concurrency) => Some(build_worker(node.clone(), concurrency).await?),
@@ -89,25 +78,13 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(addr)
         .await
         .with_context(|| format!("binding {addr}"))?;
-    let local = listener.local_addr()?;
-    // One write, so a reader that takes the first line and closes the pipe cannot fail
-    // a later line's write.
-    let mut banner = format!("grove: listening on http://{local}\n");
-    if let Some(token) = &dev_token {
-        banner.push_str(&format!("grove: dev token (user dev, operator): {token}\n"));
-    }
-    if let Some(bind) = &metrics_bind {
-        let addr = metrics_listener(bind, state.pool.clone()).await?;
-        banner.push_str(&format!("grove: metrics on http://{addr}/metrics\n"));
-    }
-    banner.push_str(&format!(
-        "grove: MCP endpoint: http://{local}/v1/workspaces/<workspace id>/mcp (bearer token)\n"
-    ));
-    {
-        let mut out = std::io::stdout().lock();
-        out.write_all(banner.as_bytes())?;
-        out.flush()?;
-    }
+    announce(
+        listener.local_addr()?,
+        dev_token.as_deref(),
+        metrics_bind.as_deref(),
+        &state.pool,
+    )
+    .await?;
     let until_stopped = |mut rx: watch::Receiver<bool>| async move {
         let _ = rx.wait_for(|s| *s).await;
     };
@@ -141,6 +118,48 @@ pub async fn serve(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The configured API tokens; without any, on a loopback address, a random operator
+/// token for user `dev` (returned too, to be shown); on any other address an error.
+fn api_tokens(addr: SocketAddr) -> Result<(Tokens, Option<String>)> {
+    match Tokens::from_env().map_err(|e| invalid(e.to_string()))? {
+        Some(tokens) => Ok((tokens, None)),
+        None if addr.ip().is_loopback() => {
+            let (tokens, token) = Tokens::dev("dev");
+            Ok((tokens, Some(token)))
+        }
+        None => Err(invalid(
+            "no API tokens configured: set GROVE_API_TOKENS or GROVE_API_TOKENS_FILE (a dev token is made only on a loopback address)",
+        )),
+    }
+}
+
+/// Starts the `--metrics-bind` listener, if asked for, and prints the startup lines:
+/// the address, the dev token, the metrics address and the MCP endpoint. One write, so
+/// a reader that takes the first line and closes the pipe cannot fail a later line's
+/// write.
+async fn announce(
+    local: SocketAddr,
+    dev_token: Option<&str>,
+    metrics_bind: Option<&str>,
+    pool: &sqlx::PgPool,
+) -> Result<()> {
+    let mut banner = format!("grove: listening on http://{local}\n");
+    if let Some(token) = dev_token {
+        banner.push_str(&format!("grove: dev token (user dev, operator): {token}\n"));
+    }
+    if let Some(bind) = metrics_bind {
+        let addr = metrics_listener(bind, pool.clone()).await?;
+        banner.push_str(&format!("grove: metrics on http://{addr}/metrics\n"));
+    }
+    banner.push_str(&format!(
+        "grove: MCP endpoint: http://{local}/v1/workspaces/<workspace id>/mcp (bearer token)\n"
+    ));
+    let mut out = std::io::stdout().lock();
+    out.write_all(banner.as_bytes())?;
+    out.flush()?;
+    Ok(())
 }
 
 /// Serves `/metrics` without a token on `bind` (`--metrics-bind`) in the background, for

@@ -19,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool, Row};
 use uuid::Uuid;
 
+use crate::trace_context::TARGET;
 use crate::{store, StoreError};
 
 /// The notification channel a command's outcome is announced on (payload: command_id).
@@ -555,25 +556,11 @@ pub async fn finish_on(
 /// `fences` still holds its lease (`store::check_fences`), else [`StoreError::Fenced`]
 /// and nothing is written.
 #[allow(clippy::too_many_arguments)]
+#[tracing::instrument(
+    target = TARGET, name = "grove.commit", level = "trace", skip_all,
+    fields(command_id = %job.command_id, events = events.len())
+)]
 pub async fn finish_fenced(
-    conn: &mut PgConnection,
-    job: &ClaimedJob,
-    worker_id: &str,
-    outcome: &Result<CommandResult, CommandError>,
-    events: &[Event],
-    metadata: &Metadata,
-    at: DateTime<Utc>,
-    fences: &[crate::locks::Fence],
-) -> Result<bool, StoreError> {
-    use tracing::Instrument;
-    let span = tracing::trace_span!(target: crate::trace_context::TARGET, "grove.commit", command_id = %job.command_id, events = events.len());
-    commit_outcome(conn, job, worker_id, outcome, events, metadata, at, fences)
-        .instrument(span)
-        .await
-}
-
-#[allow(clippy::too_many_arguments)]
-async fn commit_outcome(
     conn: &mut PgConnection,
     job: &ClaimedJob,
     worker_id: &str,

@@ -15,6 +15,7 @@ use sqlx::postgres::PgListener;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
 
+use crate::trace_context::TARGET;
 use crate::{queue, rows, StoreError};
 
 /// Why a submitted command did not produce a result.
@@ -154,23 +155,14 @@ pub async fn enqueue(
 /// One pool checkout for the routing read and the enqueue. Without a token or a relay
 /// the enqueue is a single call of `grove.enqueue`, atomic on its own, so it needs no
 /// explicit transaction (two round trips fewer).
+///
+/// Runs in a `grove.enqueue` span; with traces exported, the span's context goes on the
+/// ledger row in the enqueue's transaction.
+#[tracing::instrument(
+    target = TARGET, name = "grove.enqueue", level = "trace", skip_all,
+    fields(command_id = %command_id, kind = command.kind())
+)]
 pub async fn enqueue_with(
-    pool: &PgPool,
-    command: &Command,
-    command_id: Uuid,
-    token: Option<&str>,
-    relay_output: bool,
-) -> Result<bool, SubmitError> {
-    use tracing::Instrument;
-    let span = tracing::trace_span!(target: crate::trace_context::TARGET, "grove.enqueue", command_id = %command_id, kind = command.kind());
-    enqueue_traced(pool, command, command_id, token, relay_output)
-        .instrument(span)
-        .await
-}
-
-/// [`enqueue_with`] inside its span; with traces exported, the span's context goes on
-/// the ledger row in the enqueue's transaction.
-async fn enqueue_traced(
     pool: &PgPool,
     command: &Command,
     command_id: Uuid,

@@ -1,7 +1,7 @@
 //! Workspace history through the port (ADR 28): points, counts, diffs and rewinds, the
 //! agent's index left alone, and the cost of a point after a one-file change.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use grove_core::history::{HistoryPaths, HistoryPort};
@@ -19,15 +19,44 @@ fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a>
     }
 }
 
+/// A checkout of the fixture's `main` on `branch` at `<root>/ws`, its cache, and where
+/// its history store goes (not made yet).
+struct Checkout {
+    fx: Fixture,
+    cache: PathBuf,
+    ws: PathBuf,
+    store: PathBuf,
+    git2: Git2Adapter,
+}
+
+impl Checkout {
+    fn new(branch: &str) -> Self {
+        let fx = Fixture::new();
+        let cache = fx.cache();
+        let ws = fx.path("ws");
+        let git2 = Git2Adapter::new();
+        git2.create_checkout(&fx.request(&cache, &ws, "main", Some(branch)))
+            .unwrap();
+        let store = fx.path("history/u/ws");
+        Self {
+            fx,
+            cache,
+            ws,
+            store,
+            git2,
+        }
+    }
+}
+
 #[test]
 fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
-    let fx = Fixture::new();
-    let cache = fx.cache();
-    let ws = fx.path("ws");
-    let git2 = Git2Adapter::new();
-    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("agent/edits-c1")))
-        .unwrap();
-    let store = fx.path("history/u/ws");
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("agent/edits-c1");
     let p = paths(&store, &ws, &cache);
     let id = Uuid::nil();
     let first = git2.snapshot(&p, id, None).unwrap();
@@ -103,12 +132,13 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
 
 #[test]
 fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
-    let fx = Fixture::new();
-    let cache = fx.cache();
-    let ws = fx.path("ws");
-    let git2 = Git2Adapter::new();
-    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
-        .unwrap();
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
     for d in 0..50 {
         let dir = ws.join(format!("d{d}"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -116,7 +146,6 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
             std::fs::write(dir.join(format!("f{f}.txt")), format!("{d} {f}\n")).unwrap();
         }
     }
-    let store = fx.path("history/u/ws");
     let p = paths(&store, &ws, &cache);
     let t = Instant::now();
     let first = git2.snapshot(&p, Uuid::nil(), None).unwrap();
@@ -157,18 +186,18 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
 
 #[test]
 fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
-    let fx = Fixture::new();
-    let cache = fx.cache();
-    let ws = fx.path("ws");
-    let git2 = Git2Adapter::new();
-    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
-        .unwrap();
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2: _,
+    } = Checkout::new("b");
     let fifo = std::ffi::CString::new(ws.join("pipe").as_os_str().as_encoded_bytes()).unwrap();
     // SAFETY: a valid NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o644) }, 0);
     let _sock = std::os::unix::net::UnixListener::bind(ws.join("sock")).unwrap();
     std::fs::write(ws.join("plain.txt"), "x\n").unwrap();
-    let store = fx.path("history/u/ws");
     let (tx, rx) = std::sync::mpsc::channel();
     let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
     std::thread::spawn(move || {
@@ -187,13 +216,13 @@ fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
 
 #[test]
 fn the_first_point_of_a_checkout_starts_from_its_index_and_records_its_tree() {
-    let fx = Fixture::new();
-    let cache = fx.cache();
-    let ws = fx.path("ws");
-    let git2 = Git2Adapter::new();
-    git2.create_checkout(&fx.request(&cache, &ws, "main", Some("b")))
-        .unwrap();
-    let store = fx.path("history/u/ws");
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
     let p = paths(&store, &ws, &cache);
     let first = git2.first_snapshot(&p, Uuid::nil()).unwrap();
     assert_eq!(first.changes.added, 3);
