@@ -14,6 +14,7 @@
 //! the workspace are copied into the store, so a rewind finds them even after the
 //! workspace dropped them.
 
+mod beneath;
 mod rewind;
 
 use std::path::Path;
@@ -174,6 +175,7 @@ fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitErr
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
+    let root = beneath::open_root(paths.workspace_dir)?;
     let mut changed = false;
     for delta in diff.deltas() {
         let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
@@ -183,7 +185,12 @@ fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitErr
             Delta::Deleted => index.remove_path(path).map_err(local)?,
             // A nested repository shows as a directory: not part of the point.
             _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
-            _ => index.add_path(path).map_err(local)?,
+            // Read through descriptors, never by path: see `beneath`.
+            _ => {
+                if beneath::add(store, &mut index, &root, path)? == beneath::Added::Skipped {
+                    let _ = index.remove_path(path);
+                }
+            }
         }
         changed = true;
     }

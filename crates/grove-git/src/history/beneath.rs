@@ -1,0 +1,220 @@
+//! Adding a working-tree file to the store's index without trusting the path: each
+//! directory on the way is opened with `O_NOFOLLOW` relative to the one before, from
+//! the workspace root, and the file itself is read from a descriptor (a symlink is
+//! stored as a link from `readlinkat`). A process left running in the sandbox that
+//! swaps a directory for a symlink between the tree walk and the read therefore makes
+//! the add fail or skip, never read a file outside the workspace into the store.
+
+use std::ffi::OsStr;
+use std::io::Read;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Component, Path};
+
+use git2::{Index, IndexEntry, IndexTime, Repository};
+use grove_core::error::GitError;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+const FILE_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::NONBLOCK)
+    .union(OFlags::CLOEXEC);
+
+/// The workspace root, opened once per point.
+pub(super) fn open_root(dir: &Path) -> Result<OwnedFd, GitError> {
+    rustix::fs::open(dir, DIR_FLAGS, Mode::empty())
+        .map_err(|e| GitError::Other(format!("cannot open the workspace: {e}")))
+}
+
+/// What [`add`] did with a path.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Added {
+    /// A regular file or a symlink, now in the index.
+    Entry,
+    /// Nothing there a point keeps (gone, a directory, a FIFO, a socket, a device, or a
+    /// path through a symlink): the index keeps no entry for it.
+    Skipped,
+}
+
+/// Adds `path` (relative to `root`) to `index`, its content written to `store`.
+pub(super) fn add(
+    store: &Repository,
+    index: &mut Index,
+    root: &OwnedFd,
+    path: &Path,
+) -> Result<Added, GitError> {
+    let Some((parent, name)) = open_parent(root, path)? else {
+        return Ok(Added::Skipped);
+    };
+    let Ok(stat) = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
+        return Ok(Added::Skipped);
+    };
+    let (bytes, mode) = match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Symlink => match rustix::fs::readlinkat(&parent, name, Vec::new()) {
+            Ok(target) => (target.into_bytes(), 0o120000),
+            Err(_) => return Ok(Added::Skipped),
+        },
+        FileType::RegularFile => match read_regular(&parent, name)? {
+            Some((bytes, executable)) => (bytes, if executable { 0o100755 } else { 0o100644 }),
+            None => return Ok(Added::Skipped),
+        },
+        _ => return Ok(Added::Skipped),
+    };
+    let id = store.blob(&bytes).map_err(super::local)?;
+    let time = |secs: i64, nanos: i64| IndexTime::new(secs as i32, nanos as u32);
+    let entry = IndexEntry {
+        ctime: time(stat.st_ctime, stat.st_ctime_nsec as i64),
+        mtime: time(stat.st_mtime, stat.st_mtime_nsec as i64),
+        dev: stat.st_dev as u32,
+        ino: stat.st_ino as u32,
+        mode,
+        uid: stat.st_uid,
+        gid: stat.st_gid,
+        file_size: bytes.len() as u32,
+        id,
+        flags: 0,
+        flags_extended: 0,
+        path: path.as_os_str().as_bytes().to_vec(),
+    };
+    index.add(&entry).map_err(super::local)?;
+    Ok(Added::Entry)
+}
+
+/// The directory holding `path`'s last component, reached without following a link,
+/// and that component; `None` when a component is missing, not a directory, a link,
+/// or not a plain name.
+fn open_parent<'p>(
+    root: &OwnedFd,
+    path: &'p Path,
+) -> Result<Option<(OwnedFd, &'p OsStr)>, GitError> {
+    let mut names = Vec::new();
+    for c in path.components() {
+        match c {
+            Component::Normal(n) if n.as_bytes() != b".git" => names.push(n),
+            _ => return Ok(None),
+        }
+    }
+    let Some(last) = names.pop() else {
+        return Ok(None);
+    };
+    let mut dir = rustix::io::dup(root).map_err(|e| GitError::Other(format!("dup: {e}")))?;
+    for name in names {
+        match rustix::fs::openat(dir.as_fd(), name, DIR_FLAGS, Mode::empty()) {
+            Ok(next) => dir = next,
+            Err(_) => return Ok(None),
+        }
+    }
+    Ok(Some((dir, last)))
+}
+
+/// The bytes of the regular file `name` in `dir` and whether it is executable; `None`
+/// when it is no longer a regular file by the time it is open.
+fn read_regular(dir: &OwnedFd, name: &OsStr) -> Result<Option<(Vec<u8>, bool)>, GitError> {
+    let Ok(fd) = rustix::fs::openat(dir.as_fd(), name, FILE_FLAGS, Mode::empty()) else {
+        return Ok(None);
+    };
+    let stat = rustix::fs::fstat(&fd).map_err(|e| GitError::Other(format!("fstat: {e}")))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Ok(None);
+    }
+    let mut bytes = Vec::with_capacity(stat.st_size.max(0) as usize);
+    std::fs::File::from(fd)
+        .read_to_end(&mut bytes)
+        .map_err(|e| GitError::Other(format!("reading a workspace file: {e}")))?;
+    Ok(Some((bytes, stat.st_mode & 0o111 != 0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Fixture {
+        _dir: tempfile::TempDir,
+        work: std::path::PathBuf,
+        host: std::path::PathBuf,
+        store: Repository,
+    }
+
+    /// A workspace root, a host directory outside it with a secret, and a bare store.
+    fn fixture() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let (work, host) = (dir.path().join("work"), dir.path().join("host"));
+        std::fs::create_dir_all(&work).unwrap();
+        std::fs::create_dir_all(&host).unwrap();
+        std::fs::write(host.join("secret"), b"host secret\n").unwrap();
+        let store = Repository::init_bare(dir.path().join("store")).unwrap();
+        Fixture {
+            _dir: dir,
+            work,
+            host,
+            store,
+        }
+    }
+
+    fn secret_blob_in(store: &Repository) -> bool {
+        let id = git2::Oid::hash_object(git2::ObjectType::Blob, b"host secret\n").unwrap();
+        store.find_blob(id).is_ok()
+    }
+
+    #[test]
+    fn a_path_through_a_symlinked_directory_is_skipped_and_nothing_of_the_host_is_stored() {
+        let f = fixture();
+        // What a running process does between the walk and the read: the directory the
+        // walk saw becomes a link to a host directory with a file of the same name.
+        std::os::unix::fs::symlink(&f.host, f.work.join("dir")).unwrap();
+        let root = open_root(&f.work).unwrap();
+        let mut index = Index::new().unwrap();
+        let added = add(&f.store, &mut index, &root, Path::new("dir/secret")).unwrap();
+        assert_eq!(added, Added::Skipped);
+        assert!(index.get_path(Path::new("dir/secret"), 0).is_none());
+        assert!(
+            !secret_blob_in(&f.store),
+            "the host file was read into the store"
+        );
+    }
+
+    #[test]
+    fn files_and_links_are_added_from_descriptors_and_odd_entries_skipped() {
+        let f = fixture();
+        std::fs::create_dir_all(f.work.join("src")).unwrap();
+        std::fs::write(f.work.join("src/lib.rs"), b"fn a() {}\n").unwrap();
+        std::os::unix::fs::symlink(f.host.join("secret"), f.work.join("link")).unwrap();
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            f.work.join("fifo"),
+            FileType::Fifo,
+            Mode::from_raw_mode(0o600),
+            0,
+        )
+        .unwrap();
+        let root = open_root(&f.work).unwrap();
+        let mut index = Index::new().unwrap();
+        let add_one =
+            |index: &mut Index, p: &str| add(&f.store, index, &root, Path::new(p)).unwrap();
+        assert_eq!(add_one(&mut index, "src/lib.rs"), Added::Entry);
+        assert_eq!(add_one(&mut index, "link"), Added::Entry);
+        // A FIFO is neither read (it would block) nor kept.
+        assert_eq!(add_one(&mut index, "fifo"), Added::Skipped);
+        assert_eq!(add_one(&mut index, "../host/secret"), Added::Skipped);
+        assert_eq!(add_one(&mut index, ".git/config"), Added::Skipped);
+
+        let file = index.get_path(Path::new("src/lib.rs"), 0).unwrap();
+        assert_eq!(file.mode, 0o100644);
+        assert_eq!(
+            f.store.find_blob(file.id).unwrap().content(),
+            b"fn a() {}\n"
+        );
+        let link = index.get_path(Path::new("link"), 0).unwrap();
+        assert_eq!(link.mode, 0o120000);
+        let target = f.host.join("secret");
+        assert_eq!(
+            f.store.find_blob(link.id).unwrap().content(),
+            target.as_os_str().as_bytes()
+        );
+        assert!(!secret_blob_in(&f.store), "a link's target was read");
+    }
+}
