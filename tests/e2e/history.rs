@@ -764,3 +764,77 @@ async fn a_restore_continues_the_timeline_kept_through_eviction_and_rewinds_befo
     let verify = env.grove(&["replay", "--verify"]).await;
     assert!(verify.status.success(), "{:?}", text(&verify));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_the_budget() {
+    let mut env = env_or_skip!(
+        "a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_the_budget"
+    );
+    env.spawn_worker_env(&[("GROVE_HISTORY_IGNORED_BUDGET_BYTES", "1000")])
+        .await;
+    let url = env.fixture_repo(
+        "fixture",
+        &[("README.md", "# fixture\n"), (".gitignore", "build/\n*.log\n")],
+    );
+    let mut args = acquire_args(&url, "edit", &["--conversation", "c1"]);
+    args.push("--history-ignored");
+    let ws = env.grove_json(&args).await;
+    assert_eq!(ws["history_ignored"], true, "{ws}");
+    let id = ws["id"].as_str().unwrap().to_string();
+    let plain = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c2"]))
+        .await;
+    let plain_id = plain["id"].as_str().unwrap().to_string();
+    assert_eq!(plain["history_ignored"], false);
+
+    // Build output within the budget, a link out, and a log over it.
+    let script = "mkdir -p build && printf 'object code\\n' > build/out.o \
+                  && ln -s /etc/passwd build/passwd && head -c 5000 /dev/zero > big.log";
+    for ws_id in [&id, &plain_id] {
+        run_step(&env, ws_id, &Step::Exec(script)).await;
+    }
+    let h = history(&env, &id, &["list"]).await;
+    let p = &h["points"][1];
+    assert_eq!(p["changes"]["added"], 2, "build/out.o and build/passwd: {p}");
+    assert_eq!(p["ignored_omitted"], 1, "big.log: {p}");
+    let out = history(&env, &id, &["show", "1", "build/out.o"]).await;
+    assert_eq!(out["content"], "object code\n");
+    let link = history(&env, &id, &["show", "1", "build/passwd"]).await;
+    assert_eq!(link["content"], "/etc/passwd", "a link, not the host file");
+    let (code, _) = history_fails(&env, &id, &["show", "1", "big.log"]).await;
+    assert_eq!(code, 3);
+    let omitted: Vec<i64> = sqlx::query_scalar(
+        "SELECT (payload->>'ignored_omitted')::bigint FROM grove.events
+         WHERE event_type = 'workspace.snapshot_taken' AND payload ? 'ignored_omitted'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(omitted, [1], "the event says what was left out");
+    let ph = history(&env, &plain_id, &["list"]).await;
+    assert_eq!(ph["points"][1]["changes"]["added"], 0, "ignored files excluded by default");
+    assert_eq!(ph["points"][1]["ignored_omitted"], 0);
+    let dirty: bool =
+        sqlx::query_scalar("SELECT dirty FROM grove.sandbox_workspaces WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(!dirty, "ignored files never make a workspace dirty");
+
+    // Gone, then back by undo.
+    let dir = PathBuf::from(ws["local_path"].as_str().unwrap());
+    run_step(&env, &id, &Step::Exec("rm -rf build")).await;
+    assert!(!dir.join("build").exists());
+    history(&env, &id, &["undo"]).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("build/out.o")).unwrap(),
+        "object code\n"
+    );
+    assert_eq!(
+        std::fs::read_link(dir.join("build/passwd")).unwrap(),
+        PathBuf::from("/etc/passwd")
+    );
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", text(&verify));
+}
