@@ -82,12 +82,12 @@ class Workspace:
     capabilities: Capabilities
     created_at: datetime
     updated_at: datetime
+    history_ignored: bool
     branch_name: str | None = None
     conversation_id: str | None = None
     task_id: str | None = None
     pinned_until: datetime | None = None
     evicted_at: datetime | None = None
-    history_ignored: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
