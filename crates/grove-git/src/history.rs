@@ -338,30 +338,42 @@ pub(crate) fn file_at(
     Ok(Some(blob.content().to_vec()))
 }
 
-/// Copies every point of the store `from` into `to`: a new store by a partial sibling
+/// Gives `to` every point of the store `from`: a new store by a partial sibling
 /// renamed into place, or, when `to` exists (a fork's own, made with its checkout), its
 /// objects and point refs added to it (what `to` has is kept, its private index too, so
-/// its next point hashes only what changed since its checkout).
+/// its next point hashes only what changed since its checkout). Objects are never
+/// rewritten once written (a new version is a new file renamed into place), so they
+/// are hard links to the source's where the filesystem allows: a fork of a long
+/// history costs a link per object file, and outlives its source's store.
 pub(crate) fn copy_store(from: &Path, to: &Path) -> Result<(), GitError> {
     use crate::fsutil::{partial_sibling, PartialDir};
     let io = |e: std::io::Error| map_io("cannot copy the history store", &e);
     if std::fs::symlink_metadata(to).is_ok() {
-        for sub in ["objects", "refs"] {
-            merge_dir(&from.join(sub), &to.join(sub)).map_err(io)?;
-        }
+        merge_dir(&from.join("objects"), &to.join("objects"), Share::Link).map_err(io)?;
+        merge_dir(&from.join("refs"), &to.join("refs"), Share::Copy).map_err(io)?;
         return Ok(());
     }
     if let Some(parent) = to.parent() {
         private_dir(parent)?;
     }
     let partial = PartialDir::new(partial_sibling(to).map_err(io)?);
-    merge_dir(from, partial.path()).map_err(io)?;
+    merge_dir(from, partial.path(), Share::Copy).map_err(io)?;
     partial.commit_to(to).map_err(io)
 }
 
+/// How [`merge_dir`] puts a file in place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// A copy (files a store rewrites: its index, config, refs).
+    Copy,
+    /// A hard link, or a copy where linking fails (another filesystem).
+    Link,
+}
+
 /// Copies a directory grove wrote (a store: plain files and directories only) into
-/// `to`, creating what is missing and keeping files `to` already has.
-fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+/// `to`, creating what is missing and keeping files `to` already has; a store's
+/// `objects` directory is always shared by links.
+fn merge_dir(from: &Path, to: &Path, share: Share) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(to) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -372,9 +384,17 @@ fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
         let kind = entry.file_type()?;
         let target = to.join(entry.file_name());
         if kind.is_dir() {
-            merge_dir(&entry.path(), &target)?;
+            let share = if entry.file_name() == "objects" {
+                Share::Link
+            } else {
+                share
+            };
+            merge_dir(&entry.path(), &target, share)?;
         } else if kind.is_file() && std::fs::symlink_metadata(&target).is_err() {
-            std::fs::copy(entry.path(), &target)?;
+            let linked = share == Share::Link && std::fs::hard_link(entry.path(), &target).is_ok();
+            if !linked {
+                std::fs::copy(entry.path(), &target)?;
+            }
         }
     }
     Ok(())
@@ -401,4 +421,68 @@ pub(crate) fn prune(store_dir: &Path, keep: &[String]) -> Result<usize, GitError
         dropped += 1;
     }
     Ok(dropped)
+}
+
+/// The store's loose objects as `git gc --auto` estimates them: the entries of one of
+/// the 256 fan-out directories, times 256 (a directory listing, no walk).
+pub(crate) fn loose_estimate(store_dir: &Path) -> usize {
+    std::fs::read_dir(store_dir.join("objects").join("17"))
+        .map(|d| d.count() * 256)
+        .unwrap_or(0)
+}
+
+/// Packs the store's loose objects (its own: the cache's are never in it) into one
+/// pack, each stored whole or as a delta against another, then removes them. Points
+/// and their numbers are unchanged; an object is readable throughout (from its loose
+/// file, then from the pack). Returns how many objects were packed.
+pub(crate) fn pack(store_dir: &Path) -> Result<usize, GitError> {
+    let objects = store_dir.join("objects");
+    let store = open_existing(store_dir)?;
+    let loose = loose_objects(&objects)
+        .map_err(|e| map_io("cannot list the history store's objects", &e))?;
+    if loose.is_empty() {
+        return Ok(0);
+    }
+    let mut builder = store.packbuilder().map_err(local)?;
+    for (id, _) in &loose {
+        builder.insert_object(*id, None).map_err(local)?;
+    }
+    // Written to a temporary name and renamed into place: the pack and its index
+    // exist whole before any loose file goes.
+    builder.write(&objects.join("pack"), 0).map_err(local)?;
+    for (_, path) in &loose {
+        std::fs::remove_file(path)
+            .map_err(|e| map_io("cannot remove a packed loose object", &e))?;
+    }
+    Ok(loose.len())
+}
+
+/// Every loose object of an `objects` directory (`xx/<38 hex>`) and its file.
+fn loose_objects(objects: &Path) -> std::io::Result<Vec<(Oid, std::path::PathBuf)>> {
+    let mut out = Vec::new();
+    for dir in std::fs::read_dir(objects)? {
+        let dir = dir?;
+        let prefix = dir.file_name();
+        let Some(prefix) = prefix.to_str().filter(|p| is_hex(p, 2)) else {
+            continue;
+        };
+        if !dir.file_type()?.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(dir.path())? {
+            let file = file?;
+            let name = file.file_name();
+            let Some(rest) = name.to_str().filter(|n| is_hex(n, 38)) else {
+                continue; // a temporary file of a write in progress
+            };
+            if let Ok(id) = Oid::from_str(&format!("{prefix}{rest}")) {
+                out.push((id, file.path()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
 }
