@@ -6,6 +6,7 @@
 
 use std::ffi::CString;
 use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use std::ffi::OsStr;
@@ -61,26 +62,8 @@ pub(crate) fn rewind(
         gid: stat.st_gid,
     };
     let mut index = Written::open(paths)?;
-    let (mut files_written, mut files_removed) = (0, 0);
     let diff = tree_diff(&store, Some(now_c.tree_id()), to_c.tree_id())?;
-    for delta in diff.deltas() {
-        let old = delta.old_file().path_bytes().map(<[u8]>::to_vec);
-        if matches!(delta.status(), Delta::Deleted | Delta::Typechange) {
-            if let Some(path) = &old {
-                remove_file(&root, path)?;
-                index.removed(path);
-                files_removed += 1;
-            }
-        }
-        if delta.status() != Delta::Deleted {
-            let new = delta.new_file();
-            let path = new.path_bytes().unwrap_or_default();
-            let mode = u32::from(new.mode());
-            let stat = write_entry(&root, &store, path, new.id(), mode)?;
-            index.written(path, new.id(), mode, stat);
-            files_written += 1;
-        }
-    }
+    let (files_written, files_removed) = apply(&root, &store, &diff, &mut index)?;
     let (head, own_branch) = point_head(&to_c);
     let branch = branch.map(str::to_string).or(own_branch);
     set_head(paths, &store, head, branch.as_deref())?;
@@ -95,6 +78,35 @@ pub(crate) fn rewind(
         files_removed,
         point,
     })
+}
+
+/// Writes and removes what `diff` (from the state now to the target) names, noting each
+/// in `index`; returns the files written and removed.
+fn apply(
+    root: &Root,
+    store: &Repository,
+    diff: &git2::Diff<'_>,
+    index: &mut Written,
+) -> Result<(u32, u32), GitError> {
+    let (mut written, mut removed) = (0, 0);
+    for delta in diff.deltas() {
+        if matches!(delta.status(), Delta::Deleted | Delta::Typechange) {
+            if let Some(path) = delta.old_file().path_bytes() {
+                remove_file(root, path)?;
+                index.removed(path);
+                removed += 1;
+            }
+        }
+        if delta.status() != Delta::Deleted {
+            let new = delta.new_file();
+            let path = new.path_bytes().unwrap_or_default();
+            let mode = u32::from(new.mode());
+            let stat = write_entry(root, store, path, new.id(), mode)?;
+            index.written(path, new.id(), mode, stat);
+            written += 1;
+        }
+    }
+    Ok((written, removed))
 }
 
 /// The store's private index as a rewind leaves it: the entries it wrote take the stat
@@ -329,10 +341,13 @@ fn overwrite(
     if !regular || stat.st_nlink != 1 {
         return Ok(false);
     }
-    rustix::fs::ftruncate(&fd, 0).map_err(|e| io_err("cannot truncate a file", e))?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(bytes)
+    // Written over the old bytes, then cut to length: a truncation to zero first would
+    // make ext4 (auto_da_alloc) flush the file to disk when it is closed.
+    let file = std::fs::File::from(fd);
+    file.write_all_at(bytes, 0)
         .map_err(|e| io_err("cannot write a file", e))?;
+    rustix::fs::ftruncate(&file, bytes.len() as u64)
+        .map_err(|e| io_err("cannot truncate a file", e))?;
     if stat.st_mode & 0o777 != perm {
         rustix::fs::fchmod(&file, Mode::from_raw_mode(perm))
             .map_err(|e| io_err("cannot set a file's mode", e))?;
