@@ -15,13 +15,13 @@ use std::path::Path;
 
 use git2::{Delta, Index, IndexEntry, IndexTime, Oid, Repository, Signature};
 use grove_core::error::GitError;
-use grove_core::history::{HistoryPaths, RewindReport, Snapshot};
+use grove_core::history::{FileCounts, HistoryPaths, RewindReport, Snapshot};
 use rustix::fs::{AtFlags, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
 use uuid::Uuid;
 
 use super::{
-    counts, local, open_store, point_commit, point_head, tree_diff, BRANCH_LINE, INDEX_FILE,
+    local, open_store, point_commit, point_head, tree_diff, BRANCH_LINE, INDEX_FILE,
     POINTS,
 };
 use crate::errors::map_io;
@@ -68,7 +68,10 @@ pub(crate) fn rewind(
     let branch = branch.map(str::to_string).or(own_branch);
     set_head(paths, &store, head, branch.as_deref())?;
     let point = match index.tree_if(&store, to_c.tree_id()) {
-        Some(tree) => after_point(&store, workspace_id, now_c.tree_id(), tree, head, branch)?,
+        Some(tree) => {
+            let changes = counts_of(&diff);
+            after_point(&store, workspace_id, tree, changes, head, branch)?
+        }
         // What was written is not all the point holds (a gitlink, an entry the index
         // could not take): the point after is taken by a walk, as any other.
         None => super::snapshot(paths, workspace_id, Some(now))?,
@@ -107,6 +110,20 @@ fn apply(
         }
     }
     Ok((written, removed))
+}
+
+/// The files `diff` adds, modifies and deletes, counted as [`super::snapshot`] counts
+/// them.
+fn counts_of(diff: &git2::Diff<'_>) -> FileCounts {
+    let mut out = FileCounts::default();
+    for delta in diff.deltas() {
+        match delta.status() {
+            Delta::Added => out.added += 1,
+            Delta::Deleted => out.deleted += 1,
+            _ => out.modified += 1,
+        }
+    }
+    out
 }
 
 /// The store's private index as a rewind leaves it: the entries it wrote take the stat
@@ -168,13 +185,13 @@ impl Written {
     }
 }
 
-/// The point of the state a rewind left: `tree` (what it wrote over `before`), HEAD
-/// at `head` on `branch`, as [`super::snapshot`] records one.
+/// The point of the state a rewind left: `tree` (`changes` from the state before),
+/// HEAD at `head` on `branch`, as [`super::snapshot`] records one.
 fn after_point(
     store: &Repository,
     workspace_id: Uuid,
-    before: Oid,
     tree: Oid,
+    changes: FileCounts,
     head: Oid,
     branch: Option<String>,
 ) -> Result<Snapshot, GitError> {
@@ -195,7 +212,7 @@ fn after_point(
         id: id.to_string(),
         head: head.to_string(),
         branch,
-        changes: counts(store, Some(before), tree)?,
+        changes,
         dirty: tree != head_commit.tree_id(),
     })
 }
