@@ -15,6 +15,7 @@
 //! workspace dropped them.
 
 mod beneath;
+mod pack;
 mod rewind;
 
 use std::path::Path;
@@ -27,6 +28,7 @@ use uuid::Uuid;
 use crate::errors::{map_git2, map_io, Phase};
 use crate::saved::{add_alternate, copy_closure, private_dir};
 
+pub(crate) use pack::{loose_estimate, merge_packed_refs, pack};
 pub(crate) use rewind::rewind;
 
 /// The store's private index file (stat data of the last point's files).
@@ -351,6 +353,7 @@ pub(crate) fn copy_store(from: &Path, to: &Path) -> Result<(), GitError> {
     if std::fs::symlink_metadata(to).is_ok() {
         merge_dir(&from.join("objects"), &to.join("objects"), Share::Link).map_err(io)?;
         merge_dir(&from.join("refs"), &to.join("refs"), Share::Copy).map_err(io)?;
+        merge_packed_refs(from, to).map_err(io)?;
         return Ok(());
     }
     if let Some(parent) = to.parent() {
@@ -421,68 +424,4 @@ pub(crate) fn prune(store_dir: &Path, keep: &[String]) -> Result<usize, GitError
         dropped += 1;
     }
     Ok(dropped)
-}
-
-/// The store's loose objects as `git gc --auto` estimates them: the entries of one of
-/// the 256 fan-out directories, times 256 (a directory listing, no walk).
-pub(crate) fn loose_estimate(store_dir: &Path) -> usize {
-    std::fs::read_dir(store_dir.join("objects").join("17"))
-        .map(|d| d.count() * 256)
-        .unwrap_or(0)
-}
-
-/// Packs the store's loose objects (its own: the cache's are never in it) into one
-/// pack, each stored whole or as a delta against another, then removes them. Points
-/// and their numbers are unchanged; an object is readable throughout (from its loose
-/// file, then from the pack). Returns how many objects were packed.
-pub(crate) fn pack(store_dir: &Path) -> Result<usize, GitError> {
-    let objects = store_dir.join("objects");
-    let store = open_existing(store_dir)?;
-    let loose = loose_objects(&objects)
-        .map_err(|e| map_io("cannot list the history store's objects", &e))?;
-    if loose.is_empty() {
-        return Ok(0);
-    }
-    let mut builder = store.packbuilder().map_err(local)?;
-    for (id, _) in &loose {
-        builder.insert_object(*id, None).map_err(local)?;
-    }
-    // Written to a temporary name and renamed into place: the pack and its index
-    // exist whole before any loose file goes.
-    builder.write(&objects.join("pack"), 0).map_err(local)?;
-    for (_, path) in &loose {
-        std::fs::remove_file(path)
-            .map_err(|e| map_io("cannot remove a packed loose object", &e))?;
-    }
-    Ok(loose.len())
-}
-
-/// Every loose object of an `objects` directory (`xx/<38 hex>`) and its file.
-fn loose_objects(objects: &Path) -> std::io::Result<Vec<(Oid, std::path::PathBuf)>> {
-    let mut out = Vec::new();
-    for dir in std::fs::read_dir(objects)? {
-        let dir = dir?;
-        let prefix = dir.file_name();
-        let Some(prefix) = prefix.to_str().filter(|p| is_hex(p, 2)) else {
-            continue;
-        };
-        if !dir.file_type()?.is_dir() {
-            continue;
-        }
-        for file in std::fs::read_dir(dir.path())? {
-            let file = file?;
-            let name = file.file_name();
-            let Some(rest) = name.to_str().filter(|n| is_hex(n, 38)) else {
-                continue; // a temporary file of a write in progress
-            };
-            if let Ok(id) = Oid::from_str(&format!("{prefix}{rest}")) {
-                out.push((id, file.path()));
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn is_hex(s: &str, len: usize) -> bool {
-    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
 }

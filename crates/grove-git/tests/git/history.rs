@@ -376,6 +376,16 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     assert_eq!(git2.pack_history(&store).unwrap(), before);
     assert_eq!(loose(&store), 0);
     assert_eq!(git2.history_loose_objects(&store), 0);
+    let ref_files = std::fs::read_dir(store.join("refs/points")).unwrap().count();
+    assert_eq!(ref_files, 0, "the point refs are in packed-refs");
+    // A store made from a packed one, then given its points again, reads them all.
+    let other = store.with_file_name("other");
+    git2.copy_history(&store, &other).unwrap();
+    git2.copy_history(&store, &other).unwrap();
+    let op = paths(&other, &ws, &cache);
+    let last = &points.last().unwrap().id;
+    let diff = git2.history_diff(&op, &points[0].id, last, 1 << 20).unwrap();
+    assert_eq!(diff.files.len(), 1);
     for (i, pair) in points.windows(2).enumerate().skip(1) {
         let diff = git2
             .history_diff(&p, &pair[0].id, &pair[1].id, 1 << 20)
