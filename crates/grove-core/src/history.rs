@@ -167,11 +167,14 @@ pub struct TreeDiff {
     pub truncated: bool,
 }
 
-/// What a rewind changed in the workspace.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What a rewind changed in the workspace, and the point of the state it left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RewindReport {
     pub files_written: u32,
     pub files_removed: u32,
+    /// The point after the rewind (counts against the point it started from), made
+    /// from the files it wrote: no second walk of the tree.
+    pub point: Snapshot,
 }
 
 /// Where one workspace's history lives and what it borrows.
@@ -222,24 +225,33 @@ pub trait HistoryPort: Send + Sync {
         path: &str,
     ) -> Result<Option<Vec<u8>>, GitError>;
     /// Puts the workspace's files, HEAD and branch back to snapshot `to`, given that it
-    /// is now at snapshot `now` (taken just before). Writes relative to the workspace
-    /// root and never follows a link in it. `branch` (a full `refs/heads/...` name)
-    /// puts HEAD on that branch instead of the point's own (a fork's new branch).
+    /// is now at snapshot `now` (taken just before), and records the point after it.
+    /// Writes relative to the workspace root and never follows a link in it. `branch`
+    /// (a full `refs/heads/...` name) puts HEAD on that branch instead of the point's
+    /// own (a fork's new branch).
     fn rewind(
         &self,
         paths: &HistoryPaths<'_>,
+        workspace_id: Uuid,
         now: &str,
         to: &str,
         branch: Option<&str>,
     ) -> Result<RewindReport, GitError>;
-    /// Copies every point of the store `from` into `to` (created when absent; an
-    /// existing store keeps what it has, its private index included).
+    /// Gives the store `to` every point of the store `from` (created when absent; an
+    /// existing store keeps what it has, its private index included). Objects are
+    /// hard links where the filesystem allows (they never change), refs copies.
     fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError>;
     /// Drops the points not in `keep` from the store (their objects may stay until a
     /// repack). Returns how many were dropped.
     fn prune_history(&self, store_dir: &Path, keep: &[String]) -> Result<usize, GitError>;
     /// Deletes a store (absent is Ok).
     fn discard_history(&self, store_dir: &Path) -> Result<(), GitError>;
+    /// The store's loose objects, estimated from one fan-out directory as
+    /// `git gc --auto` does (0: none, or no store).
+    fn history_loose_objects(&self, store_dir: &Path) -> usize;
+    /// Packs the store's loose objects into one pack (deltas between versions of a
+    /// file or tree) and removes them; points are unchanged. Returns how many.
+    fn pack_history(&self, store_dir: &Path) -> Result<usize, GitError>;
 }
 
 /// Where a workspace's timeline starts: its own creation, or a point of its source.

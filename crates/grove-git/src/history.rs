@@ -16,6 +16,7 @@
 
 mod beneath;
 mod ignored;
+mod pack;
 mod rewind;
 
 use std::os::unix::ffi::OsStrExt;
@@ -31,6 +32,7 @@ use uuid::Uuid;
 use crate::errors::{map_git2, map_io, Phase};
 use crate::saved::{add_alternate, copy_closure, private_dir};
 
+pub(crate) use pack::{loose_estimate, merge_packed_refs, pack};
 pub(crate) use rewind::rewind;
 
 /// The store's private index file (stat data of the last point's files).
@@ -386,30 +388,43 @@ pub(crate) fn file_at(
     Ok(Some(blob.content().to_vec()))
 }
 
-/// Copies every point of the store `from` into `to`: a new store by a partial sibling
+/// Gives `to` every point of the store `from`: a new store by a partial sibling
 /// renamed into place, or, when `to` exists (a fork's own, made with its checkout), its
 /// objects and point refs added to it (what `to` has is kept, its private index too, so
-/// its next point hashes only what changed since its checkout).
+/// its next point hashes only what changed since its checkout). Objects are never
+/// rewritten once written (a new version is a new file renamed into place), so they
+/// are hard links to the source's where the filesystem allows: a fork of a long
+/// history costs a link per object file, and outlives its source's store.
 pub(crate) fn copy_store(from: &Path, to: &Path) -> Result<(), GitError> {
     use crate::fsutil::{partial_sibling, PartialDir};
     let io = |e: std::io::Error| map_io("cannot copy the history store", &e);
     if std::fs::symlink_metadata(to).is_ok() {
-        for sub in ["objects", "refs"] {
-            merge_dir(&from.join(sub), &to.join(sub)).map_err(io)?;
-        }
+        merge_dir(&from.join("objects"), &to.join("objects"), Share::Link).map_err(io)?;
+        merge_dir(&from.join("refs"), &to.join("refs"), Share::Copy).map_err(io)?;
+        merge_packed_refs(from, to).map_err(io)?;
         return Ok(());
     }
     if let Some(parent) = to.parent() {
         private_dir(parent)?;
     }
     let partial = PartialDir::new(partial_sibling(to).map_err(io)?);
-    merge_dir(from, partial.path()).map_err(io)?;
+    merge_dir(from, partial.path(), Share::Copy).map_err(io)?;
     partial.commit_to(to).map_err(io)
 }
 
+/// How [`merge_dir`] puts a file in place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// A copy (files a store rewrites: its index, config, refs).
+    Copy,
+    /// A hard link, or a copy where linking fails (another filesystem).
+    Link,
+}
+
 /// Copies a directory grove wrote (a store: plain files and directories only) into
-/// `to`, creating what is missing and keeping files `to` already has.
-fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+/// `to`, creating what is missing and keeping files `to` already has; a store's
+/// `objects` directory is always shared by links.
+fn merge_dir(from: &Path, to: &Path, share: Share) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(to) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -420,9 +435,17 @@ fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
         let kind = entry.file_type()?;
         let target = to.join(entry.file_name());
         if kind.is_dir() {
-            merge_dir(&entry.path(), &target)?;
+            let share = if entry.file_name() == "objects" {
+                Share::Link
+            } else {
+                share
+            };
+            merge_dir(&entry.path(), &target, share)?;
         } else if kind.is_file() && std::fs::symlink_metadata(&target).is_err() {
-            std::fs::copy(entry.path(), &target)?;
+            let linked = share == Share::Link && std::fs::hard_link(entry.path(), &target).is_ok();
+            if !linked {
+                std::fs::copy(entry.path(), &target)?;
+            }
         }
     }
     Ok(())

@@ -28,6 +28,9 @@ use crate::context::{blocking, correlation_of, now, store_error, Handled, JobCon
 const MAX_FORK_DEPTH: usize = 32;
 /// How long a rewind waits for a running command before it is refused.
 const REWIND_WAIT: Duration = Duration::from_millis(200);
+/// Loose objects (estimated) at which the sweep packs a history store: about 200
+/// points' worth.
+const PACK_AT_LOOSE: usize = 1024;
 /// Largest patch a `history_diff` returns.
 const MAX_DIFF_BYTES: usize = super::tools::MAX_DIFF_BYTES;
 
@@ -64,16 +67,14 @@ impl JobContext {
 
     /// Retention (ADR 28), a step of the eviction sweep: each workspace of this node
     /// whose timeline has points the policy drops, and whose command lock is free, gets
-    /// them dropped from its store and a `workspace.history_pruned` committed. Busy
-    /// workspaces and failures are left for the next sweep (logged).
+    /// them dropped from its store and a `workspace.history_pruned` committed; a store
+    /// holding many loose objects gets them packed. Busy workspaces and failures are
+    /// left for the next sweep (logged).
     pub(crate) async fn prune_histories(
         &self,
         command_id: Uuid,
         at: chrono::DateTime<chrono::Utc>,
     ) {
-        if self.config.history_keep_days == 0 {
-            return;
-        }
         let workspaces = {
             let Ok(mut conn) = self.conn().await else {
                 return;
@@ -87,10 +88,32 @@ impl JobContext {
             }
         };
         for ws in workspaces.iter().filter(|w| w.state.has_files()) {
-            if let Err(e) = self.prune_history_of(ws, command_id, at).await {
-                tracing::info!(workspace = %ws.id, error = %e, "history retention: skipped");
+            if self.config.history_keep_days > 0 {
+                if let Err(e) = self.prune_history_of(ws, command_id, at).await {
+                    tracing::info!(workspace = %ws.id, error = %e, "history retention: skipped");
+                }
+            }
+            if let Err(e) = self.pack_history_of(ws).await {
+                tracing::info!(workspace = %ws.id, error = %e, "history packing: skipped");
             }
         }
+    }
+
+    /// Packs the store's loose objects once there are [`PACK_AT_LOOSE`] of them (a
+    /// point leaves a few small files each; a pack keeps them as deltas in one).
+    async fn pack_history_of(&self, ws: &WorkspaceRow) -> Result<(), CommandError> {
+        let git = self.git.clone();
+        let store = self.history_dir(ws);
+        let probe = store.clone();
+        if blocking(move || Ok(git.history_loose_objects(&probe))).await? < PACK_AT_LOOSE {
+            return Ok(());
+        }
+        let (_, lock) = self.lock_for_history(ws.id, false, REWIND_WAIT).await?;
+        let git = self.git.clone();
+        let packed = blocking(move || git.pack_history(&store)).await;
+        lock.release().await.ok();
+        tracing::info!(workspace = %ws.id, objects = packed?, "history store packed");
+        Ok(())
     }
 
     async fn prune_history_of(

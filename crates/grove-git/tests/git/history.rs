@@ -87,7 +87,7 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     assert_eq!(diff.files.len(), 3);
     assert!(diff.patch.contains("+changed"), "{}", diff.patch);
 
-    let report = git2.rewind(&p, &second.id, &first.id, None).unwrap();
+    let report = git2.rewind(&p, id, &second.id, &first.id, None).unwrap();
     assert_eq!((report.files_written, report.files_removed), (2, 1));
     assert_eq!(
         std::fs::read_to_string(ws.join("README.md")).unwrap(),
@@ -118,7 +118,7 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     let planted = git2
         .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
         .unwrap();
-    git2.rewind(&p, &planted.id, &first.id, None).unwrap();
+    git2.rewind(&p, id, &planted.id, &first.id, None).unwrap();
     assert_eq!(std::fs::read_to_string(&host).unwrap(), "host\n");
     assert!(std::fs::symlink_metadata(ws.join("README.md"))
         .unwrap()
@@ -184,7 +184,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
         .unwrap();
     assert_eq!(changed.changes.modified, 100);
     let t = Instant::now();
-    let report = git2.rewind(&p, &changed.id, &last, None).unwrap();
+    let report = git2
+        .rewind(&p, Uuid::nil(), &changed.id, &last, None)
+        .unwrap();
     let took = t.elapsed();
     assert_eq!(report.files_written, 100);
     assert_eq!(
@@ -249,4 +251,195 @@ fn the_first_point_of_a_checkout_starts_from_its_index_and_records_its_tree() {
         .unwrap();
     assert_eq!((next.changes.modified, next.changes.added), (1, 0));
     assert!(next.dirty);
+}
+
+#[test]
+fn a_rewind_records_the_point_a_walk_of_the_tree_would_and_head_goes_back() {
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let first = git2.first_snapshot(&p, id).unwrap();
+    std::fs::write(ws.join("README.md"), "changed\n").unwrap();
+    std::fs::create_dir_all(ws.join("new/deep")).unwrap();
+    std::fs::write(ws.join("new/deep/file.txt"), "new\n").unwrap();
+    git(&ws, &["add", "-A"]);
+    git(
+        &ws,
+        &[
+            "-c",
+            "user.name=a",
+            "-c",
+            "user.email=a@b.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "agent",
+        ],
+    );
+    std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_ne!(
+        second.head, first.head,
+        "the agent's commit is the point's HEAD"
+    );
+
+    let report = git2.rewind(&p, id, &second.id, &first.id, None).unwrap();
+    let point = &report.point;
+    assert_eq!((report.files_written, report.files_removed), (2, 1));
+    assert_eq!(
+        (
+            point.changes.added,
+            point.changes.modified,
+            point.changes.deleted
+        ),
+        (1, 1, 1),
+        "counted against the point the rewind started from"
+    );
+    assert_eq!(point.head, fx.main);
+    assert_eq!(point.branch.as_deref(), Some("refs/heads/b"));
+    assert!(!point.dirty);
+    assert_eq!(git(&ws, &["rev-parse", "HEAD"]), fx.main);
+    assert!(!ws.join("new").exists(), "emptied directories go too");
+    // A point taken by a walk now finds nothing changed: the rewind's point is the
+    // state on disk, and the private index it left describes it.
+    let walked = git2
+        .snapshot(&p, id, Some(&point.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(walked.changes, Default::default());
+    assert!(git2
+        .history_diff(&p, &first.id, &point.id, 1 << 20)
+        .unwrap()
+        .files
+        .is_empty());
+    // A file written by the rewind and changed afterwards is seen by the next point.
+    std::fs::write(ws.join("README.md"), "after\n").unwrap();
+    let next = git2
+        .snapshot(&p, id, Some(&walked.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(next.changes.modified, 1);
+}
+
+#[test]
+fn a_forks_store_links_the_sources_objects_and_keeps_its_points_after_the_source_goes() {
+    use std::os::unix::fs::MetadataExt;
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let first = git2.first_snapshot(&p, id).unwrap();
+    std::fs::write(ws.join("README.md"), "source change\n").unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+
+    let fork_ws = fx.path("fork");
+    git2.create_checkout(&fx.request(&cache, &fork_ws, "main", Some("f")))
+        .unwrap();
+    let fork_store = fx.path("history/u/fork");
+    let fp = paths(&fork_store, &fork_ws, &cache);
+    let fork_first = git2.first_snapshot(&fp, id).unwrap();
+    git2.copy_history(&store, &fork_store).unwrap();
+    let a = &second.id;
+    let object = |root: &Path| root.join("objects").join(&a[..2]).join(&a[2..]);
+    assert_eq!(
+        std::fs::metadata(object(&store)).unwrap().ino(),
+        std::fs::metadata(object(&fork_store)).unwrap().ino(),
+        "an object is linked, not copied"
+    );
+    let mode = std::fs::metadata(&fork_store).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o700);
+
+    let report = git2
+        .rewind(&fp, id, &fork_first.id, &second.id, Some("refs/heads/f"))
+        .unwrap();
+    assert!(report.point.dirty);
+    assert_eq!(
+        std::fs::read_to_string(fork_ws.join("README.md")).unwrap(),
+        "source change\n"
+    );
+    assert_eq!(git(&fork_ws, &["symbolic-ref", "HEAD"]), "refs/heads/f");
+    git2.discard_history(&store).unwrap();
+    let diff = git2
+        .history_diff(&fp, &first.id, &second.id, 1 << 20)
+        .unwrap();
+    assert_eq!(diff.files.len(), 1, "the source's points outlive its store");
+}
+
+#[test]
+fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let mut points = vec![git2.first_snapshot(&p, id).unwrap()];
+    for i in 0..20 {
+        std::fs::write(ws.join("README.md"), format!("hello\nedit {i}\n")).unwrap();
+        let last = points.last().unwrap().id.clone();
+        points.push(
+            git2.snapshot(&p, id, Some(&last), IgnoredFiles::Excluded)
+                .unwrap(),
+        );
+    }
+    let loose = |s: &Path| {
+        std::fs::read_dir(s.join("objects"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().len() == 2)
+            .map(|e| std::fs::read_dir(e.path()).unwrap().count())
+            .sum::<usize>()
+    };
+    let before = loose(&store);
+    assert!(before >= 40, "a blob, a tree and a commit per point");
+    assert_eq!(git2.pack_history(&store).unwrap(), before);
+    assert_eq!(loose(&store), 0);
+    assert_eq!(git2.history_loose_objects(&store), 0);
+    let ref_files = std::fs::read_dir(store.join("refs/points"))
+        .unwrap()
+        .count();
+    assert_eq!(ref_files, 0, "the point refs are in packed-refs");
+    // A store made from a packed one, then given its points again, reads them all.
+    let other = store.with_file_name("other");
+    git2.copy_history(&store, &other).unwrap();
+    git2.copy_history(&store, &other).unwrap();
+    let op = paths(&other, &ws, &cache);
+    let last = &points.last().unwrap().id;
+    let diff = git2
+        .history_diff(&op, &points[0].id, last, 1 << 20)
+        .unwrap();
+    assert_eq!(diff.files.len(), 1);
+    for (i, pair) in points.windows(2).enumerate().skip(1) {
+        let diff = git2
+            .history_diff(&p, &pair[0].id, &pair[1].id, 1 << 20)
+            .unwrap();
+        assert!(diff.patch.contains(&format!("+edit {i}")), "{}", diff.patch);
+    }
+    // The store takes points after packing, and a rewind reads from the pack.
+    std::fs::write(ws.join("README.md"), "after\n").unwrap();
+    let last = points.last().unwrap().id.clone();
+    let after = git2
+        .snapshot(&p, id, Some(&last), IgnoredFiles::Excluded)
+        .unwrap();
+    git2.rewind(&p, id, &after.id, &points[3].id, None).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README.md")).unwrap(),
+        "hello\nedit 2\n"
+    );
 }

@@ -69,7 +69,9 @@ fn ignored_files_are_kept_within_the_budget_in_path_order_and_counted_beyond_it(
 
     // A rewind to the point before any of them removes the one the point kept and
     // leaves those no point holds.
-    c.git2.rewind(&p, &fourth.id, &first.id, None).unwrap();
+    c.git2
+        .rewind(&p, Uuid::nil(), &fourth.id, &first.id, None)
+        .unwrap();
     assert!(!c.ws.join("a.log").exists());
     assert!(c.ws.join("b.log").exists() && c.ws.join("deep/c.log").exists());
     // Excluded again (the default): the ignored files leave the point.
