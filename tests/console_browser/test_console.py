@@ -1,6 +1,7 @@
 """The operator console in a real browser (headless Chromium over WebDriver) against a
 real `grove serve`: sign-in, Fleet, a workspace's timeline with kept output, live
-follow without a reload, tenancy, escaping, and no console errors on any page.
+follow without a reload, tenancy, escaping, a step's diff and a rewind through its
+confirmation page, and no console errors on any page.
 Screenshots of each page go to target/console-screenshots/."""
 
 from __future__ import annotations
@@ -113,4 +114,48 @@ def test_workspaces_and_events_pages_render_for_an_operator(grove: Grove, browse
     assert " 0 differences" in browser.find_element(By.ID, "verify-result").text
     assert "exec.finished" in browser.find_element(By.ID, "events").text
     shot(browser, "events")
+    assert console_errors(browser) == []
+
+
+def test_an_operator_opens_a_steps_diff_and_rewinds_after_confirming(grove: Grove, browser) -> None:
+    grove.exec(ALICE, ["sh", "-c", "echo '<b>first</b>' > notes.txt"])
+    grove.exec(ALICE, ["sh", "-c", "echo second >> notes.txt"])
+    sign_in(browser, grove, OPS)
+    page = f"{grove.base}/ui/workspaces/{grove.workspace}"
+    browser.get(page)
+    numbers = [
+        int(p.get_attribute("id").removeprefix("point-"))
+        for p in browser.find_elements(By.CSS_SELECTOR, "#timeline .point")
+    ]
+    last = max(numbers)
+    before = last - 1
+    assert before in numbers, numbers
+
+    # The last step's diff: its file and its added line.
+    browser.find_element(By.CSS_SELECTOR, f"#point-{last} a.diff-link").click()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "patch")))
+    assert "notes.txt" in browser.find_element(By.ID, "diff-files").text
+    assert "+second" in browser.find_element(By.ID, "patch").text
+    shot(browser, "diff")
+
+    # Rewind to the step before it: a confirmation first, then the new point.
+    browser.get(page)
+    browser.find_element(By.ID, f"rewind-{before}").click()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "confirm-rewind")))
+    assert f"to point {before}" in browser.find_element(By.TAG_NAME, "h1").text
+    content = grove.api(f"/v1/workspaces/{grove.workspace}/tools/read_file", ALICE,
+                        {"path": "notes.txt"})["content"]
+    assert content == "<b>first</b>\nsecond\n", "asking changed nothing"
+    browser.find_element(By.ID, "confirm-rewind").click()
+    WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "new-point")))
+    new = int(browser.find_element(By.ID, "new-point").text)
+    assert new > last
+    browser.find_element(By.ID, "back").click()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, f"point-{new}")))
+    item = browser.find_element(By.ID, f"point-{new}").find_element(By.XPATH, "..")
+    assert f"rewound to point {before}" in item.text, item.text
+    assert "asked for by ops from the console" in item.text, item.text
+    content = grove.api(f"/v1/workspaces/{grove.workspace}/tools/read_file", ALICE,
+                        {"path": "notes.txt"})["content"]
+    assert content == "<b>first</b>\n"
     assert console_errors(browser) == []

@@ -48,7 +48,7 @@ async fn read(server: &Server, ws: &str, path: &str) -> String {
     body["content"].as_str().unwrap().to_owned()
 }
 
-async fn count(env: &grove_e2e::TestEnv, sql: &str) -> i64 {
+async fn count(env: &grove_e2e::TestEnv, sql: &'static str) -> i64 {
     sqlx::query_scalar::<_, i64>(sql)
         .fetch_one(&env.pool)
         .await
@@ -78,7 +78,10 @@ async fn each_step_shows_its_point_and_its_diff_escaped_and_bounded_to_its_owner
     let (status, html) = page(&server, &format!("/ui/workspaces/{ws}"), Some(ALICE)).await;
     assert_eq!(status, StatusCode::OK);
     for n in 0..3 {
-        assert!(html.contains(&format!("id=\"point-{n}\"")), "point {n}: {html}");
+        assert!(
+            html.contains(&format!("id=\"point-{n}\"")),
+            "point {n}: {html}"
+        );
         assert!(
             html.contains(&format!("/ui/workspaces/{ws}/points/{n}/diff")),
             "diff link {n}"
@@ -102,14 +105,20 @@ async fn each_step_shows_its_point_and_its_diff_escaped_and_bounded_to_its_owner
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{diff}");
-    assert!(diff.contains("What changed from point 0 to point 1: 1 file."), "{diff}");
+    assert!(
+        diff.contains("What changed from point 0 to point 1: 1 file."),
+        "{diff}"
+    );
     assert!(
         diff.contains("&lt;img src=x onerror=alert(1)&gt;.txt"),
         "{diff}"
     );
     assert!(diff.contains("+&lt;script&gt;alert("), "{diff}");
     assert!(!diff.contains("<img src=x"), "no markup from a file name");
-    assert!(!diff.contains("<script>alert"), "no markup from a file's content");
+    assert!(
+        !diff.contains("<script>alert"),
+        "no markup from a file's content"
+    );
     assert!(!diff.contains("id=\"diff-cut\""), "a small diff is whole");
 
     // Point 2's diff is larger than the page shows: cut, and it says so.
@@ -120,7 +129,10 @@ async fn each_step_shows_its_point_and_its_diff_escaped_and_bounded_to_its_owner
     )
     .await;
     assert_eq!(status, StatusCode::OK);
-    assert!(diff.contains("<td class=\"modified\">modified</td><td class=\"mono path\">README.md</td>"), "{diff}");
+    assert!(
+        diff.contains("<td class=\"modified\">modified</td><td class=\"mono path\">README.md</td>"),
+        "{diff}"
+    );
     assert!(diff.contains("+more"), "{diff}");
     assert!(diff.contains("id=\"diff-cut\""), "cut, and said so");
     assert!(!diff.contains("line 3999 of a big file"), "past the cut");
@@ -146,7 +158,11 @@ async fn each_step_shows_its_point_and_its_diff_escaped_and_bounded_to_its_owner
     .await;
     assert_eq!(status, StatusCode::NOT_FOUND);
     assert!(unknown.contains("not_found"), "{unknown}");
-    let tools = count(&env, "SELECT count(*) FROM grove.commands WHERE kind = 'tool'").await;
+    let tools = count(
+        &env,
+        "SELECT count(*) FROM grove.commands WHERE kind = 'tool'",
+    )
+    .await;
     let missing = uuid::Uuid::now_v7();
     for path in [
         format!("/ui/workspaces/{ws}/points/1/diff"),
@@ -160,10 +176,17 @@ async fn each_step_shows_its_point_and_its_diff_escaped_and_bounded_to_its_owner
         };
         let (status, body) = page(&server, &path, Some(token)).await;
         assert_eq!(status, StatusCode::NOT_FOUND, "{path}");
-        assert!(!body.contains("onerror"), "{path}: nothing of the workspace");
+        assert!(
+            !body.contains("onerror"),
+            "{path}: nothing of the workspace"
+        );
     }
     assert_eq!(
-        count(&env, "SELECT count(*) FROM grove.commands WHERE kind = 'tool'").await,
+        count(
+            &env,
+            "SELECT count(*) FROM grove.commands WHERE kind = 'tool'"
+        )
+        .await,
         tools,
         "a refused diff submits no command"
     );
@@ -185,9 +208,14 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     let rewind = format!("/ui/workspaces/{ws}/points/1/rewind");
     let rewind_confirm = format!("{rewind}/confirm");
     let fork_confirm = format!("/ui/workspaces/{ws}/points/1/fork/confirm");
-    let snapshots = "SELECT count(*) FROM grove.events WHERE event_type = 'workspace.snapshot_taken'";
+    let snapshots =
+        "SELECT count(*) FROM grove.events WHERE event_type = 'workspace.snapshot_taken'";
     let before = (
-        count(&env, "SELECT count(*) FROM grove.commands WHERE kind = 'tool'").await,
+        count(
+            &env,
+            "SELECT count(*) FROM grove.commands WHERE kind = 'tool'",
+        )
+        .await,
         count(&env, snapshots).await,
         count(&env, "SELECT count(*) FROM grove.sandbox_workspaces").await,
     );
@@ -203,11 +231,19 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
         for path in [&rewind, &rewind_confirm, &fork_confirm] {
             let body = format!("{body}&scope=forged-fork");
             let resp = post_form(&server, path, Some(token), &body, *origin).await;
-            assert_eq!(resp.status(), StatusCode::FORBIDDEN, "{path} {body} {origin:?}");
+            assert_eq!(
+                resp.status(),
+                StatusCode::FORBIDDEN,
+                "{path} {body} {origin:?}"
+            );
         }
     }
     let after = (
-        count(&env, "SELECT count(*) FROM grove.commands WHERE kind = 'tool'").await,
+        count(
+            &env,
+            "SELECT count(*) FROM grove.commands WHERE kind = 'tool'",
+        )
+        .await,
         count(&env, snapshots).await,
         count(&env, "SELECT count(*) FROM grove.sandbox_workspaces").await,
     );
@@ -218,12 +254,26 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     let resp = post_form(&server, &rewind, Some(OPS), &format!("csrf={ops}"), None).await;
     assert_eq!(resp.status(), StatusCode::OK);
     let ask = resp.text().await.unwrap();
-    assert!(ask.contains("Rewind workspace") && ask.contains(&rewind_confirm), "{ask}");
+    assert!(
+        ask.contains("Rewind workspace") && ask.contains(&rewind_confirm),
+        "{ask}"
+    );
     assert!(ask.contains("id=\"confirm-rewind\""), "{ask}");
-    assert_eq!(read(&server, &ws, "f.txt").await, "v2\n", "asking changed nothing");
+    assert_eq!(
+        read(&server, &ws, "f.txt").await,
+        "v2\n",
+        "asking changed nothing"
+    );
 
     // Step 2 rewinds, as ops: the new point is shown and the files are back.
-    let resp = post_form(&server, &rewind_confirm, Some(OPS), &format!("csrf={ops}"), None).await;
+    let resp = post_form(
+        &server,
+        &rewind_confirm,
+        Some(OPS),
+        &format!("csrf={ops}"),
+        None,
+    )
+    .await;
     assert_eq!(resp.status(), StatusCode::OK);
     let done = resp.text().await.unwrap();
     assert!(done.contains("id=\"new-point\">3<"), "{done}");
@@ -240,7 +290,10 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     );
     let (_, timeline) = page(&server, &format!("/ui/workspaces/{ws}"), Some(ALICE)).await;
     assert!(timeline.contains("rewound to point 1"), "{timeline}");
-    assert!(timeline.contains("asked for by ops from the console"), "{timeline}");
+    assert!(
+        timeline.contains("asked for by ops from the console"),
+        "{timeline}"
+    );
 
     // Typed errors: an unknown point (404), a command running (409); nothing changes.
     let resp = post_form(
@@ -269,14 +322,28 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     let started = "SELECT count(*) FROM grove.events WHERE event_type = 'exec.started'";
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
     while count(&env, started).await < 3 {
-        assert!(std::time::Instant::now() < deadline, "the sleep never started");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the sleep never started"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(100)).await;
     }
-    let resp = post_form(&server, &rewind_confirm, Some(OPS), &format!("csrf={ops}"), None).await;
+    let resp = post_form(
+        &server,
+        &rewind_confirm,
+        Some(OPS),
+        &format!("csrf={ops}"),
+        None,
+    )
+    .await;
     assert_eq!(resp.status(), StatusCode::CONFLICT);
     assert!(resp.text().await.unwrap().contains("conflict: "), "typed");
     assert_eq!(running.await.unwrap(), StatusCode::OK);
-    assert_eq!(read(&server, &ws, "f.txt").await, "v3\n", "the refused rewind did nothing");
+    assert_eq!(
+        read(&server, &ws, "f.txt").await,
+        "v3\n",
+        "the refused rewind did nothing"
+    );
 
     // Fork at point 1 under a new scope: asked, confirmed, and a workspace of alice's
     // with point 1's files; the source keeps its own. A scope that exists is a 409.
@@ -315,10 +382,17 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
         .await;
     assert_eq!(status, StatusCode::OK, "the fork is alice's: {fork}");
     assert_eq!(read(&server, &fork_id, "f.txt").await, "v1\n");
-    assert_eq!(read(&server, &ws, "f.txt").await, "v3\n", "the source is unchanged");
+    assert_eq!(
+        read(&server, &ws, "f.txt").await,
+        "v3\n",
+        "the source is unchanged"
+    );
     let (status, fork_page) = page(&server, &format!("/ui/workspaces/{fork_id}"), Some(OPS)).await;
     assert_eq!(status, StatusCode::OK);
-    assert!(fork_page.contains(&format!("forked from workspace {ws} at point 1")), "{fork_page}");
+    assert!(
+        fork_page.contains(&format!("forked from workspace {ws} at point 1")),
+        "{fork_page}"
+    );
     let again = post_form(&server, &fork_confirm, Some(OPS), &form, None).await;
     assert_eq!(again.status(), StatusCode::CONFLICT);
 }
