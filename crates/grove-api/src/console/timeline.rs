@@ -61,6 +61,8 @@ pub struct PointTag {
     pub deleted: u32,
     /// Dropped by the retention policy: no diff, rewind or fork from it.
     pub pruned: bool,
+    /// Where the workspace's history starts: no earlier point to diff against.
+    pub first: bool,
 }
 
 /// The numbers of a workspace's own points, from its history events (all of them,
@@ -269,6 +271,7 @@ fn point_item(
         modified: changes.modified,
         deleted: changes.deleted,
         pruned: !points.is_live(number),
+        first: points.previous(number).is_none(),
     };
     let own_item = matches!(
         operation,
