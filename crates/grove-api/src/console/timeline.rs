@@ -47,7 +47,8 @@ pub struct Item {
     /// The transaction of its (last) event: a point joins the step of its transaction.
     #[serde(skip)]
     tx: i64,
-    /// A change a point can belong to (a command, a file write, a commit, the creation).
+    /// A change a point can belong to (a command, a file write, a commit, a merge-back, a
+    /// restore, the creation).
     #[serde(skip)]
     step: bool,
 }
@@ -59,6 +60,8 @@ pub struct PointTag {
     pub added: u32,
     pub modified: u32,
     pub deleted: u32,
+    /// Ignored files the point left out over the workspace's budget.
+    pub ignored_omitted: u32,
     /// Dropped by the retention policy: no diff, rewind or fork from it.
     pub pruned: bool,
     /// Where the workspace's history starts: no earlier point to diff against.
@@ -195,8 +198,14 @@ pub fn items(events: &[RecordedEvent], cx: &Context<'_>) -> Vec<Item> {
         };
         match &e.event {
             Event::WorkspaceSnapshotTaken {
-                operation, changes, ..
-            } => point_item(&mut out, e, operation, changes, cx.points, base),
+                operation,
+                changes,
+                ignored_omitted,
+                ..
+            } => {
+                let counts = (*changes, *ignored_omitted);
+                point_item(&mut out, e, operation, counts, cx.points, base)
+            }
             Event::ExecStarted { exec_id, argv, .. } => {
                 exec_at.insert(*exec_id, out.len());
                 out.push(Item {
@@ -258,7 +267,7 @@ fn point_item(
     out: &mut Vec<Item>,
     e: &RecordedEvent,
     operation: &Operation,
-    changes: &FileCounts,
+    (changes, ignored_omitted): (FileCounts, u32),
     points: &Points,
     base: Item,
 ) {
@@ -270,6 +279,7 @@ fn point_item(
         added: changes.added,
         modified: changes.modified,
         deleted: changes.deleted,
+        ignored_omitted,
         pruned: !points.is_live(number),
         first: points.previous(number).is_none(),
     };
@@ -308,6 +318,12 @@ fn point_title(operation: &Operation, points: &Points) -> String {
             Some(n) => format!("rewound to point {n}"),
             None => format!("rewound to snapshot {}", short(to)),
         },
+        Operation::MergeBack {
+            task_workspace_id,
+            commits,
+            ..
+        } => format!("after merging back task {task_workspace_id} ({commits} commits)"),
+        Operation::Restore => "after a restore".into(),
     }
 }
 
@@ -436,6 +452,8 @@ fn describe(event: &Event, base: Item) -> Item {
         Event::WorkspaceCreated { .. }
             | Event::WorkspaceFileWritten { .. }
             | Event::WorkspaceCommitted { .. }
+            | Event::WorkspaceMergedBack { .. }
+            | Event::WorkspaceRestored { .. }
     );
     let source = match event {
         Event::WorkspaceForked {
@@ -569,6 +587,7 @@ mod tests {
                 modified: 0,
                 deleted: 0,
             },
+            ignored_omitted: 0,
         }
     }
 
