@@ -208,7 +208,8 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     let ops = csrf(OPS);
     let rewind = format!("/ui/workspaces/{ws}/points/1/rewind");
     let rewind_confirm = format!("{rewind}/confirm");
-    let fork_confirm = format!("/ui/workspaces/{ws}/points/1/fork/confirm");
+    let fork = format!("/ui/workspaces/{ws}/points/1/fork");
+    let fork_confirm = format!("{fork}/confirm");
     let snapshots =
         "SELECT count(*) FROM grove.events WHERE event_type = 'workspace.snapshot_taken'";
     let before = (
@@ -229,7 +230,7 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
         (OPS, format!("csrf={ops}"), Some("https://evil.example")),
     ];
     for (token, body, origin) in &refused {
-        for path in [&rewind, &rewind_confirm, &fork_confirm] {
+        for path in [&rewind, &rewind_confirm, &fork, &fork_confirm] {
             let body = format!("{body}&scope=forged-fork");
             let resp = post_form(&server, path, Some(token), &body, *origin).await;
             assert_eq!(
@@ -350,7 +351,7 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     // with point 1's files; the source keeps its own. A scope that exists is a 409.
     let bad = post_form(
         &server,
-        &format!("/ui/workspaces/{ws}/points/1/fork"),
+        &fork,
         Some(OPS),
         &format!("csrf={ops}&scope=..%2Fescape"),
         None,
@@ -359,7 +360,7 @@ async fn an_operator_rewinds_and_forks_after_confirming_and_users_and_forged_for
     assert_eq!(bad.status(), StatusCode::BAD_REQUEST);
     let resp = post_form(
         &server,
-        &format!("/ui/workspaces/{ws}/points/1/fork"),
+        &fork,
         Some(OPS),
         &format!("csrf={ops}&scope=second-attempt"),
         None,
