@@ -16,6 +16,7 @@ use axum::http::HeaderMap;
 use axum::response::Html;
 use axum::Form;
 use grove_core::commands::{Command, CommandResult};
+use grove_core::history::ChangedFile;
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
 use grove_postgres::console_actions;
 use minijinja::context;
@@ -125,11 +126,69 @@ async fn run_tool(
     };
     match result {
         CommandResult::Tool(output) => Ok(output),
-        _ => Err(ApiError::from(grove_core::error::CommandError::new(
-            grove_core::error::ErrorKind::Internal,
-            "unexpected result for a history tool",
-        ))
-        .into()),
+        _ => Err(unexpected("a history tool")),
+    }
+}
+
+/// A command answered with a result of another kind (a bug): 500 `internal`.
+fn unexpected(what: &str) -> ConsoleError {
+    ApiError::from(grove_core::error::CommandError::new(
+        grove_core::error::ErrorKind::Internal,
+        format!("unexpected result for {what}"),
+    ))
+    .into()
+}
+
+/// A step's diff as the page shows it: bounded.
+#[derive(Serialize, Default)]
+struct DiffView {
+    /// The first [`SHOWN_FILES`] changed files.
+    files: Vec<ChangedFile>,
+    files_total: usize,
+    /// The first [`SHOWN_DIFF_BYTES`] of the patch, a line each.
+    lines: Vec<PatchLine>,
+    patch_bytes: usize,
+    /// Cut here, at [`SHOWN_DIFF_BYTES`].
+    cut_here: bool,
+    /// Cut by the tool, at its own limit.
+    cut_by_tool: bool,
+}
+
+impl DiffView {
+    fn of(mut files: Vec<ChangedFile>, patch: &str, truncated: bool) -> Self {
+        let files_total = files.len();
+        files.truncate(SHOWN_FILES);
+        let (shown, cut_here) = cut(patch, SHOWN_DIFF_BYTES);
+        DiffView {
+            files,
+            files_total,
+            lines: patch_lines(shown),
+            patch_bytes: patch.len(),
+            cut_here,
+            cut_by_tool: truncated,
+        }
+    }
+}
+
+/// The `history_diff` tool from point `from` to point `to`.
+async fn diff_between(
+    state: &AppState,
+    id: Uuid,
+    from: u64,
+    to: u64,
+) -> Result<DiffView, ConsoleError> {
+    let op = ToolOp::HistoryDiff {
+        since: from.to_string(),
+        until: Some(to.to_string()),
+    };
+    match run_tool(state, id, op, None).await? {
+        ToolOutput::HistoryDiff {
+            files,
+            patch,
+            truncated,
+            ..
+        } => Ok(DiffView::of(files, &patch, truncated)),
+        _ => Err(unexpected("history_diff")),
     }
 }
 
@@ -146,44 +205,15 @@ pub async fn point_diff(
     let points = points_of(&state, id).await?;
     let previous = points.previous(n);
     let diff = match previous {
-        Some(p) => {
-            let op = ToolOp::HistoryDiff {
-                since: p.to_string(),
-                until: Some(n.to_string()),
-            };
-            match run_tool(&state, id, op, None).await? {
-                ToolOutput::HistoryDiff {
-                    files,
-                    patch,
-                    truncated,
-                    ..
-                } => Some((files, patch, truncated)),
-                _ => return Err(ConsoleError::BadRequest("unexpected diff result".into())),
-            }
-        }
-        None => None,
-    };
-    let (files, lines, patch_bytes, cut_here, cut_by_tool, files_total) = match &diff {
-        Some((files, patch, truncated)) => {
-            let (shown, was_cut) = cut(patch, SHOWN_DIFF_BYTES);
-            (
-                &files[..files.len().min(SHOWN_FILES)],
-                patch_lines(shown),
-                patch.len(),
-                was_cut,
-                *truncated,
-                files.len(),
-            )
-        }
-        None => (&[][..], Vec::new(), 0, false, false, 0),
+        Some(p) => diff_between(&state, id, p, n).await?,
+        None => DiffView::default(),
     };
     page(
         &viewer,
         "point_diff.html",
         context! {
             nav => "workspaces", ws => v(&ws), number => n, previous,
-            live => points.is_live(n), files => v(&files), files_total,
-            lines => v(&lines), patch_bytes, cut_here, cut_by_tool,
+            live => points.is_live(n), diff => v(&diff),
             shown_bytes => SHOWN_DIFF_BYTES, shown_files => SHOWN_FILES,
         },
     )
