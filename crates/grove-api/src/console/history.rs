@@ -356,6 +356,39 @@ mod tests {
     }
 
     #[test]
+    fn a_diff_view_lists_a_bounded_number_of_files_and_counts_them_all() {
+        let files: Vec<ChangedFile> = (0..SHOWN_FILES + 5)
+            .map(|i| ChangedFile {
+                path: format!("f{i}"),
+                status: "added".into(),
+            })
+            .collect();
+        let view = DiffView::of(files, "+x\n", true);
+        assert_eq!(view.files.len(), SHOWN_FILES);
+        assert_eq!(view.files_total, SHOWN_FILES + 5);
+        assert!(view.cut_by_tool && !view.cut_here);
+    }
+
+    #[test]
+    fn a_commands_typed_error_keeps_its_kind_and_status() {
+        use grove_core::error::{CommandError, ErrorKind};
+        let page =
+            |kind, msg: &str| ConsoleError::from(ApiError::from(CommandError::new(kind, msg)));
+        let busy = page(
+            ErrorKind::Conflict,
+            "workspace w is running another command",
+        );
+        assert_eq!(busy.status(), axum::http::StatusCode::CONFLICT);
+        assert_eq!(
+            busy.to_string(),
+            "conflict: workspace w is running another command"
+        );
+        let unknown = page(ErrorKind::NotFound, "point \"9\" is not in the history");
+        assert_eq!(unknown.status(), axum::http::StatusCode::NOT_FOUND);
+        assert!(unknown.to_string().starts_with("not_found: "));
+    }
+
+    #[test]
     fn a_point_in_a_path_is_a_plain_number() {
         assert_eq!(parse_point("12").ok(), Some(12));
         for bad in ["", "-1", "1a", "99999999999999999999999", "abc"] {
