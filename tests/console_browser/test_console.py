@@ -162,6 +162,10 @@ def test_an_operator_opens_a_steps_diff_and_rewinds_after_confirming(grove: Grov
     )
     assert f"rewound to point {before}" in item, item
     assert "asked for by ops from the console" in item, item
+    browser.execute_script(
+        "document.getElementById(arguments[0]).scrollIntoView({block: 'end'});", f"point-{new}"
+    )
+    shot(browser, "history")
     content = grove.api(f"/v1/workspaces/{grove.workspace}/tools/read_file", ALICE,
                         {"path": "notes.txt"})["content"]
     assert content == "<b>first</b>\n"
