@@ -97,7 +97,9 @@ impl Points {
                 }
                 Event::WorkspaceSnapshotTaken { snapshot, .. } => {
                     p.by_position.insert(e.position, next);
-                    p.by_snapshot.entry(snapshot.clone()).or_insert(next);
+                    // Two points may share a snapshot id: the latest names it, as
+                    // `PointRef::find` resolves it.
+                    p.by_snapshot.insert(snapshot.clone(), next);
                     p.live.insert(next);
                     snapshot_of.insert(next, snapshot.clone());
                     next += 1;
