@@ -44,6 +44,18 @@ const POINTS: &str = "refs/points/";
 /// The branch line of a point's message (absent: HEAD was detached).
 const BRANCH_LINE: &str = "branch: ";
 
+/// A point's commit message: the workspace, HEAD's branch, and a fresh id of the point
+/// itself, so two points of identical states (same tree, HEAD and second) are still two
+/// commits and a point id names one step of the timeline.
+pub(crate) fn point_message(workspace_id: Uuid, branch: Option<&str>) -> String {
+    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
+    if let Some(b) = branch {
+        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
+    }
+    message.push_str(&format!("point: {}\n", Uuid::now_v7()));
+    message
+}
+
 pub(crate) fn local(e: git2::Error) -> GitError {
     map_git2(&e, Phase::Local, None)
 }
@@ -139,10 +151,7 @@ pub(crate) fn snapshot(
     let head_commit = store.find_commit(head).map_err(local)?;
     let built = work_tree(&store, paths, &head_commit.tree().map_err(local)?, ignored)?;
     let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
-    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
-    if let Some(b) = &branch {
-        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
-    }
+    let message = point_message(workspace_id, branch.as_deref());
     let tree_obj = store.find_tree(built.tree).map_err(local)?;
     let id = store
         .commit(None, &sig, &sig, &message, &tree_obj, &[&head_commit])

@@ -21,7 +21,7 @@ use rustix::io::Errno;
 use uuid::Uuid;
 
 use super::{
-    local, open_store, point_commit, point_head, tree_diff, BRANCH_LINE, INDEX_FILE, POINTS,
+    local, open_store, point_commit, point_head, point_message, tree_diff, INDEX_FILE, POINTS,
 };
 use crate::errors::map_io;
 use crate::saved::copy_closure;
@@ -198,10 +198,7 @@ fn after_point(
     branch: Option<String>,
 ) -> Result<Snapshot, GitError> {
     let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
-    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
-    if let Some(b) = &branch {
-        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
-    }
+    let message = point_message(workspace_id, branch.as_deref());
     let head_commit = store.find_commit(head).map_err(local)?;
     let tree_obj = store.find_tree(tree).map_err(local)?;
     let id = store
