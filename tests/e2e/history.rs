@@ -774,7 +774,10 @@ async fn a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_th
         .await;
     let url = env.fixture_repo(
         "fixture",
-        &[("README.md", "# fixture\n"), (".gitignore", "build/\n*.log\n")],
+        &[
+            ("README.md", "# fixture\n"),
+            (".gitignore", "build/\n*.log\n"),
+        ],
     );
     let mut args = acquire_args(&url, "edit", &["--conversation", "c1"]);
     args.push("--history-ignored");
@@ -795,7 +798,10 @@ async fn a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_th
     }
     let h = history(&env, &id, &["list"]).await;
     let p = &h["points"][1];
-    assert_eq!(p["changes"]["added"], 2, "build/out.o and build/passwd: {p}");
+    assert_eq!(
+        p["changes"]["added"], 2,
+        "build/out.o and build/passwd: {p}"
+    );
     assert_eq!(p["ignored_omitted"], 1, "big.log: {p}");
     let out = history(&env, &id, &["show", "1", "build/out.o"]).await;
     assert_eq!(out["content"], "object code\n");
@@ -812,7 +818,10 @@ async fn a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_th
     .unwrap();
     assert_eq!(omitted, [1], "the event says what was left out");
     let ph = history(&env, &plain_id, &["list"]).await;
-    assert_eq!(ph["points"][1]["changes"]["added"], 0, "ignored files excluded by default");
+    assert_eq!(
+        ph["points"][1]["changes"]["added"], 0,
+        "ignored files excluded by default"
+    );
     assert_eq!(ph["points"][1]["ignored_omitted"], 0);
     let dirty: bool =
         sqlx::query_scalar("SELECT dirty FROM grove.sandbox_workspaces WHERE id = $1::uuid")

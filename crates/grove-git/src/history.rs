@@ -16,6 +16,7 @@
 
 mod beneath;
 mod ignored;
+mod repack;
 mod rewind;
 
 use std::os::unix::ffi::OsStrExt;
@@ -428,8 +429,22 @@ fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Drops every point ref not in `keep`; returns how many were dropped.
-pub(crate) fn prune(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
+/// Drops every point ref not in `keep` and, when any were, compacts the store (the
+/// objects only they held deleted, the rest packed; a failure there is logged, the
+/// refs stay dropped); returns how many were dropped.
+pub(crate) fn prune(paths: &HistoryPaths<'_>, keep: &[String]) -> Result<usize, GitError> {
+    let dropped = drop_points(paths.store_dir, keep)?;
+    if dropped > 0 {
+        match repack::compact(paths.store_dir, paths.cache_dir) {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("no git binary: a pruned history store is not repacked"),
+            Err(e) => tracing::warn!(error = %e, "a pruned history store was not repacked"),
+        }
+    }
+    Ok(dropped)
+}
+
+fn drop_points(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
     let store = open_existing(store_dir)?;
     let mut dropped = 0;
     let names: Vec<String> = store
