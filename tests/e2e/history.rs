@@ -748,7 +748,10 @@ async fn a_restore_continues_the_timeline_kept_through_eviction_and_rewinds_befo
             .unwrap();
     assert_eq!(state, "evicted");
     assert!(!dir.exists(), "the files are gone");
-    assert!(store_of(&env, &id).is_dir(), "eviction keeps the history store");
+    assert!(
+        store_of(&env, &id).is_dir(),
+        "eviction keeps the history store"
+    );
 
     let restored = env.grove_json(&["workspace", "restore", &id]).await;
     assert_eq!(restored["state"], "ready", "{restored}");
