@@ -7,10 +7,16 @@
 //! command lock and with the same path rules as the queued handler. Every other call,
 //! and every read of a workspace on another node or in a remote provider, goes through
 //! the queue as before.
+//!
+//! Writes and execs (ADR 31): a file write tool or an exec of a workspace on the
+//! receiving process's node also runs in that process ([`InlineWrites`]), with its
+//! ledger row, the workspace's exclusive lock and fencing as the queued handler takes
+//! them, in the fewest flushed commits that keep the queue's guarantees.
 
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
+use crate::commands::{Command, CommandResult};
 use crate::error::CommandError;
 use crate::model::WorkspaceRow;
 use crate::placement::Placement;
@@ -29,6 +35,47 @@ pub trait InlineReads: Send + Sync {
         workspace_id: Uuid,
         op: &'a ToolOp,
     ) -> BoxFuture<'a, Result<ToolOutput, CommandError>>;
+}
+
+/// Runs write tools and execs of one node's workspaces in the calling process (ADR 31).
+pub trait InlineWrites: Send + Sync {
+    /// Runs `command` (one that [`runs_inline`] accepts) under `command_id`: its ledger
+    /// row, the workspace's exclusive command lock (the row re-read under it), the
+    /// effect, and its events and outcome. `Ok(None)` when the command id is already in
+    /// the ledger (a retry, or the same command on the queue path): nothing ran, and the
+    /// caller waits for that command's recorded outcome as a queue caller does.
+    fn run<'a>(
+        &'a self,
+        command_id: Uuid,
+        command: &'a Command,
+    ) -> BoxFuture<'a, Result<Option<CommandResult>, CommandError>>;
+}
+
+/// Whether `op` is a file write tool that runs inline (ADR 31): `create`,
+/// `str_replace`, `insert`, `write_file`. Git and history tools keep the queue.
+pub fn is_inline_write(op: &ToolOp) -> bool {
+    matches!(
+        op,
+        ToolOp::Create { .. }
+            | ToolOp::StrReplace { .. }
+            | ToolOp::Insert { .. }
+            | ToolOp::WriteFile { .. }
+    )
+}
+
+/// Whether `command` on `ws` may run inline in a process serving `node`: a file write
+/// tool or an exec, of a writable-or-not workspace whose files are on that node.
+/// Anything else (another node's or a remote provider's workspace, an evicted one,
+/// every other command) takes the queue.
+pub fn runs_inline(node: &str, ws: &WorkspaceRow, command: &Command) -> bool {
+    let local = ws.state.has_files()
+        && matches!(Placement::of_node(&ws.node), Placement::Node(n) if n == node);
+    local
+        && match command {
+            Command::Tool(t) => t.workspace_id == ws.id && is_inline_write(&t.op),
+            Command::Exec(e) => e.workspace_id == ws.id,
+            _ => false,
+        }
 }
 
 /// Whether `op` on `ws` may be answered inline by a process serving `node`: a read,
