@@ -148,11 +148,7 @@ impl AppState {
         writes: Option<Arc<dyn grove_core::inline::InlineWrites>>,
         concurrency: usize,
     ) -> Self {
-        self.inline = Some(Arc::new(tools::InlineHost::new(
-            reads,
-            writes,
-            concurrency,
-        )));
+        self.inline = Some(Arc::new(tools::InlineHost::new(reads, writes, concurrency)));
         self
     }
 

@@ -135,10 +135,7 @@ pub async fn call_tool(
             _ => Err(unexpected("tool")),
         };
     }
-    match state
-        .submit(&command, command_id, token.as_deref())
-        .await?
-    {
+    match state.submit(&command, command_id, token.as_deref()).await? {
         CommandResult::Tool(output) => Ok(Json(output)),
         _ => Err(ApiError::Command(CommandError::new(
             ErrorKind::Internal,

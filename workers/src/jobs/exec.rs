@@ -23,9 +23,7 @@ use grove_postgres::queue::{self, ClaimedJob};
 use grove_postgres::{rows, store};
 use uuid::Uuid;
 
-use crate::context::{
-    correlation_of, internal, now, store_error, Handled, InFlight, JobContext,
-};
+use crate::context::{correlation_of, internal, now, store_error, Handled, InFlight, JobContext};
 
 /// An exec decided and locked, before its start is recorded.
 struct Prepared {
