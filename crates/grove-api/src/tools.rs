@@ -179,13 +179,16 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
 /// Tools answered in this process: read tools (ADR 24) and, with the worker's writes
-/// port, file write tools and execs (ADR 31), at most as many at once as the worker
-/// runs jobs, so they cannot starve the queue of threads and connections. Shared by
+/// port, file write tools and execs (ADR 31), at most as many reads and as many writes
+/// at once as the worker runs jobs, so they cannot starve the queue of threads and
+/// connections. Shared by
 /// the tool and exec routes and MCP over HTTP.
 pub struct InlineHost {
     reads: Arc<dyn InlineReads>,
     writes: Option<Arc<dyn InlineWrites>>,
     permits: Semaphore,
+    /// Writes and execs have permits of their own: long execs never hold up reads.
+    write_permits: Semaphore,
 }
 
 impl InlineHost {
@@ -198,6 +201,7 @@ impl InlineHost {
             reads,
             writes,
             permits: Semaphore::new(concurrency.max(1)),
+            write_permits: Semaphore::new(concurrency.max(1)),
         }
     }
 
@@ -210,7 +214,7 @@ impl InlineHost {
             return Ok(None);
         };
         let _permit = self
-            .permits
+            .write_permits
             .acquire()
             .await
             .map_err(|_| CommandError::new(ErrorKind::Unavailable, "stopping"))?;

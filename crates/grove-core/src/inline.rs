@@ -64,8 +64,8 @@ pub fn is_inline_write(op: &ToolOp) -> bool {
 }
 
 /// Whether `command` on `ws` may run inline in a process serving `node`: a file write
-/// tool or an exec, of a writable-or-not workspace whose files are on that node.
-/// Anything else (another node's or a remote provider's workspace, an evicted one,
+/// tool or an exec of a workspace whose files are on that node (a read-only workspace's
+/// refusal is then the inline handler's, as the queued one's would be). Anything else (another node's or a remote provider's workspace, an evicted one,
 /// every other command) takes the queue.
 pub fn runs_inline(node: &str, ws: &WorkspaceRow, command: &Command) -> bool {
     let local = ws.state.has_files()
@@ -92,6 +92,74 @@ mod tests {
     use super::*;
     use crate::decide::fixtures::row;
     use crate::model::WorkspaceMode;
+    use crate::tools::ToolRequest;
+
+    #[test]
+    fn only_file_writes_and_execs_of_this_nodes_workspaces_run_inline() {
+        let ws = |node: &str, state: &str| row(WorkspaceMode::Edit, node, state);
+        let here = ws("n1", "ready");
+        let tool = |op: ToolOp| {
+            Command::Tool(ToolRequest {
+                workspace_id: here.id,
+                op,
+            })
+        };
+        let write = tool(ToolOp::WriteFile {
+            path: "a".into(),
+            content: "b".into(),
+        });
+        let edit = tool(ToolOp::StrReplace {
+            path: "a".into(),
+            old_str: "b".into(),
+            new_str: "c".into(),
+        });
+        let commit = tool(ToolOp::GitCommit {
+            message: "m".into(),
+            paths: vec![],
+            author_name: None,
+            author_email: None,
+        });
+        let undo = tool(ToolOp::Undo);
+        let read = tool(ToolOp::GitStatus);
+        let exec = Command::Exec(crate::commands::Exec {
+            workspace_id: here.id,
+            runtime: "local".into(),
+            argv: vec!["true".into()],
+            env: Default::default(),
+            cwd: None,
+            stdin: None,
+            timeout_ms: None,
+            max_output_bytes: None,
+            kind: None,
+            network: None,
+            keep_output: true,
+        });
+        assert!(runs_inline("n1", &here, &write));
+        assert!(runs_inline("n1", &here, &edit));
+        assert!(runs_inline("n1", &here, &exec));
+        for (command, why) in [(&commit, "git tool"), (&undo, "history"), (&read, "read")] {
+            assert!(!runs_inline("n1", &here, command), "{why}");
+        }
+        for (node, ws_node, state) in [
+            ("n1", "n2", "ready"),
+            ("n1", "n1", "evicted"),
+            ("daytona", "daytona", "ready"),
+        ] {
+            let other = ws(ws_node, state);
+            assert!(
+                !runs_inline(node, &other, &write),
+                "{node} {ws_node} {state}"
+            );
+            assert!(
+                !runs_inline(node, &other, &exec),
+                "{node} {ws_node} {state}"
+            );
+        }
+        // A command naming another workspace than the row checked never runs inline.
+        let mut elsewhere = ws("n1", "ready");
+        elsewhere.id = Uuid::from_u128(8);
+        assert!(!runs_inline("n1", &elsewhere, &write));
+    }
 
     #[test]
     fn only_reads_of_ready_workspaces_on_this_node_answer_inline() {

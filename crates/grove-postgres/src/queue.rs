@@ -718,6 +718,16 @@ pub async fn start_inline(
     }))
 }
 
+/// Whether `command_id` is in the ledger (whatever its state).
+pub async fn is_known(conn: &mut PgConnection, command_id: Uuid) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM grove.commands WHERE command_id = $1)")
+            .bind(command_id)
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
 /// The outcome of a command started by [`start_inline`] in the same open transaction,
 /// with its events, fenced by `fences`; the caller commits (one flushed commit for the
 /// whole command). Returns whether the outcome was recorded.

@@ -7,7 +7,8 @@
 //! events before the command runs, and its outcome after: two flushed commits. An edit
 //! that may not run twice (`create`, `str_replace`, `insert`) commits the row before the
 //! edit and its outcome after: two. `write_file`, which may run again, commits the row,
-//! its events and its outcome together after the write: one. Every command runs in a
+//! its events and its outcome together after the write: one (a read of the ledger
+//! before the write answers a known command id without writing). Every command runs in a
 //! task of its own, so a caller that goes away does not stop it half-way.
 
 use std::sync::Arc;
@@ -18,7 +19,7 @@ use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Metadata};
 use grove_core::inline::{is_inline_write, InlineWrites};
 use grove_core::model::WorkspaceRow;
-use grove_core::tools::{ToolOutput, ToolRequest};
+use grove_core::tools::ToolRequest;
 use grove_postgres::locks::AdvisoryLock;
 use grove_postgres::queue::{self, ClaimedJob};
 use uuid::Uuid;
@@ -228,11 +229,13 @@ fn check_tool_target(
     Ok(())
 }
 
-/// An idempotent write (`write_file`) in one transaction on the lock's connection: the
-/// ledger row and job, the write, the events and the outcome, one commit. Until that
-/// commit nothing is recorded: a process that dies before it leaves at most the file
-/// written, which a retry writes again. A failed write records nothing (as a refused
-/// route), so a retry runs again.
+/// An idempotent write (`write_file`), its ledger row, job, events and outcome in one
+/// commit after the write: nothing is recorded before, so a process that dies leaves at
+/// most the file written, which a retry writes again; no transaction is open while the
+/// file is written and its point taken. A command id already known is answered from the
+/// ledger without writing; one that a queued duplicate took while this write ran (it
+/// waits for this lock) is answered from its outcome too, the file written by both.
+/// A failed write records nothing (as a refused route), so a retry runs again.
 async fn write_once(
     deps: &JobContext,
     command_id: Uuid,
@@ -241,52 +244,94 @@ async fn write_once(
     ws: WorkspaceRow,
     mut lock: AdvisoryLock,
 ) -> Result<Option<CommandResult>, CommandError> {
-    let fences = [lock.fence()];
-    let done = write_in_transaction(deps, command_id, command, req, &ws, &mut lock, &fences).await;
-    match done {
-        Ok(Some(output)) => {
-            lock.release_announcing(command_id).await.ok();
-            Ok(Some(CommandResult::Tool(output)))
-        }
-        other => {
+    let known = queue::is_known(lock.conn(), command_id).await;
+    if !matches!(known, Ok(false)) {
+        lock.release().await.ok();
+        return known.map(|_| None).map_err(store_error);
+    }
+    let output = match deps.run_tool(&ws, &req.op, None).await {
+        Ok(output) => output,
+        Err(e) => {
             lock.release().await.ok();
-            other.map(|_| None)
+            return Err(e);
+        }
+    };
+    let mut events = tool_events(ws.id, &req.op, &output);
+    events.extend(deps.after_tool(&ws, &req.op).await);
+    let written = Written {
+        command_id,
+        command,
+        md: inline_metadata(deps, command_id, correlation_of(&ws)),
+        outcome: Ok(CommandResult::Tool(output)),
+        events,
+    };
+    let mut tries = 0;
+    let recorded = loop {
+        tries += 1;
+        match record_write(deps, &written, &mut lock).await {
+            // Another append to the workspace's stream took its next version first (as
+            // for the queue's outcome, up to three tries).
+            Err(grove_postgres::StoreError::Conflict(_)) if tries < 3 => continue,
+            other => break other,
+        }
+    };
+    match recorded {
+        Ok(true) => {
+            lock.release_announcing(command_id).await.ok();
+            Ok(Some(written.outcome?))
+        }
+        Ok(false) => {
+            lock.release().await.ok();
+            Ok(None)
+        }
+        Err(e) => {
+            lock.release().await.ok();
+            Err(store_error(e))
         }
     }
 }
 
-/// [`write_once`]'s transaction: `None` when the command id is already known.
-async fn write_in_transaction(
-    deps: &JobContext,
+/// A finished `write_file`, to record.
+struct Written<'a> {
     command_id: Uuid,
-    command: &Command,
-    req: &ToolRequest,
-    ws: &WorkspaceRow,
+    command: &'a Command,
+    md: Metadata,
+    outcome: Result<CommandResult, CommandError>,
+    events: Vec<grove_core::events::Event>,
+}
+
+/// [`write_once`]'s one commit, on the lock's connection, fenced by the lock: false
+/// (nothing written) when the command id was taken meanwhile.
+async fn record_write(
+    deps: &JobContext,
+    w: &Written<'_>,
     lock: &mut AdvisoryLock,
-    fences: &[grove_postgres::locks::Fence],
-) -> Result<Option<ToolOutput>, CommandError> {
-    let db = |e: sqlx::Error| store_error(e.into());
+) -> Result<bool, grove_postgres::StoreError> {
+    let fences = [lock.fence()];
     let queue_name = queue::node_queue(&deps.config.node);
     let worker = &deps.config.worker_id;
-    let mut tx = sqlx::Connection::begin(lock.conn()).await.map_err(db)?;
-    let Some(job) = queue::start_inline(&mut tx, command_id, command, &queue_name, worker)
-        .await
-        .map_err(store_error)?
+    let mut tx = sqlx::Connection::begin(lock.conn()).await?;
+    let Some(job) =
+        queue::start_inline(&mut tx, w.command_id, w.command, &queue_name, worker).await?
     else {
-        return Ok(None);
+        return Ok(false);
     };
-    let output = deps.run_tool(ws, &req.op, None).await?;
-    let mut events = tool_events(ws.id, &req.op, &output);
-    events.extend(deps.after_tool(ws, &req.op).await);
-    let md = inline_metadata(deps, command_id, correlation_of(ws));
-    let outcome = Ok(CommandResult::Tool(output.clone()));
-    let recorded =
-        queue::finish_in_transaction(&mut tx, &job, worker, &outcome, &events, &md, now(), fences)
-            .await
-            .map_err(store_error)?;
+    let recorded = queue::finish_in_transaction(
+        &mut tx,
+        &job,
+        worker,
+        &w.outcome,
+        &w.events,
+        &w.md,
+        now(),
+        &fences,
+    )
+    .await?;
     if !recorded {
-        return Err(internal("an inline write's own ledger row was not running"));
+        return Err(grove_postgres::StoreError::Corrupt(
+            "an inline write's own ledger row was not running".into(),
+        ));
     }
-    tx.commit().await.map_err(db)?;
-    Ok(Some(output))
+    tx.commit().await?;
+    Ok(true)
 }
