@@ -732,6 +732,10 @@ pub async fn is_known(conn: &mut PgConnection, command_id: Uuid) -> Result<bool,
 /// with its events, fenced by `fences`; the caller commits (one flushed commit for the
 /// whole command). Returns whether the outcome was recorded.
 #[allow(clippy::too_many_arguments)]
+#[tracing::instrument(
+    target = TARGET, name = "grove.commit", level = "trace", skip_all,
+    fields(command_id = %job.command_id, events = events.len())
+)]
 pub async fn finish_in_transaction(
     tx: &mut PgConnection,
     job: &ClaimedJob,

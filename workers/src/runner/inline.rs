@@ -8,7 +8,8 @@
 //! that may not run twice (`create`, `str_replace`, `insert`) commits the row before the
 //! edit and its outcome after: two. `write_file`, which may run again, commits the row,
 //! its events and its outcome together after the write: one (a read of the ledger
-//! before the write answers a known command id without writing). Every command runs in a
+//! before the write answers a known command id without writing). The command's trace
+//! span, `grove.inline`, is a child of the request's (ADR 30). Every command runs in a
 //! task of its own, so a caller that goes away does not stop it half-way.
 
 use std::sync::Arc;
@@ -22,6 +23,8 @@ use grove_core::model::WorkspaceRow;
 use grove_core::tools::ToolRequest;
 use grove_postgres::locks::AdvisoryLock;
 use grove_postgres::queue::{self, ClaimedJob};
+use grove_postgres::trace_context::TARGET;
+use tracing::Instrument;
 use uuid::Uuid;
 
 use super::metadata;
@@ -46,7 +49,10 @@ impl InlineWriter {
         command: Command,
     ) -> Result<Option<CommandResult>, CommandError> {
         let deps = self.deps.clone();
-        tokio::spawn(async move { run(&deps, command_id, &command).await })
+        // The request's trace goes on into the task: its locks and commits nest here.
+        let span = tracing::trace_span!(target: TARGET, "grove.inline", command_id = %command_id, kind = command.kind());
+        let task = async move { run(&deps, command_id, &command).await };
+        tokio::spawn(task.instrument(span))
             .await
             .map_err(|e| internal(format!("an inline command's task failed: {e}")))?
     }
