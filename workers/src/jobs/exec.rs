@@ -41,6 +41,8 @@ struct Prepared {
 
 /// How an inline exec (ADR 31) began: started (its ledger row, job and start events in
 /// one commit, then run), or not run at all because its command id was already known.
+// Made once per inline exec and matched at once: boxing the outcome would buy nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum InlineExec {
     /// The command id is already in the ledger: nothing ran, the lock is released.
     Known,
