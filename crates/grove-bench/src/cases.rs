@@ -56,10 +56,18 @@ pub async fn run_all(ctx: &mut Ctx, out: &mut Out, wants: &dyn Fn(&str) -> bool)
     case!("http_exec", crate::http::http_exec(ctx, out));
     case!("console_pages", crate::console::console_pages(ctx, out));
     case!("history_exec", crate::history::history_exec(ctx, out));
+    case!(
+        "history_exec_50k",
+        crate::history::history_exec_50k(ctx, out)
+    );
     case!("history_fork", crate::history::history_fork(ctx, out));
     case!(
         "history_rewind_100",
         crate::history::history_rewind_100(ctx, out)
+    );
+    case!(
+        "history_storage_1000",
+        crate::history::history_storage_1000(ctx, out)
     );
     if let Err(e) = crate::transfer::transfer_cases(ctx, out, wants).await {
         out.emit(skipped("cache_first_http", format!("failed: {e:#}")));
@@ -568,6 +576,7 @@ async fn fake_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<Uuid>> {
                 .into_owned(),
             capabilities: Capabilities::from_mode(WorkspaceMode::Analysis),
             size_bytes: 0,
+            history_ignored: false,
         });
     }
     let md = Metadata {

@@ -232,22 +232,34 @@ impl Ctx {
         }
     }
 
-    fn acquire_cmd(&self, conversation: &str) -> Command {
+    fn acquire_cmd(&self, conversation: &str, repo: &str, url: &str) -> Command {
         Command::AcquireWorkspace(AcquireWorkspace {
             user_id: "u1".into(),
             project_id: "p1".into(),
-            repo_name: REPO.into(),
-            repo_url: self.url.clone(),
+            repo_name: repo.into(),
+            repo_url: url.into(),
             base_ref: "main".into(),
             mode: WorkspaceMode::Edit,
             conversation_id: Some(conversation.into()),
             task_id: None,
             runtime: None,
+            history_ignored: false,
         })
     }
 
     pub(crate) async fn acquire(&self, conversation: &str) -> Result<WorkspaceRow> {
-        match self.client.submit(&self.acquire_cmd(conversation)).await? {
+        self.acquire_of(conversation, REPO, &self.url).await
+    }
+
+    /// An edit workspace of the repository `repo` at `url` (not the main fixture's).
+    pub(crate) async fn acquire_of(
+        &self,
+        conversation: &str,
+        repo: &str,
+        url: &str,
+    ) -> Result<WorkspaceRow> {
+        let cmd = self.acquire_cmd(conversation, repo, url);
+        match self.client.submit(&cmd).await? {
             CommandResult::Workspace(row) => Ok(row),
             other => bail!("acquire returned {other:?}"),
         }

@@ -97,6 +97,11 @@ fn blob(rng: &mut Rng, path: &str, rev: usize) -> Vec<u8> {
     out
 }
 
+/// The path of the generated repository's file number `i`.
+pub fn path_of(i: usize) -> String {
+    format!("src/d{:03}/m{:02}/file{i:05}.rs", i / 100, (i / 10) % 10)
+}
+
 /// Writes a bare repository with `files` files on `main` and `commits` commits (the
 /// first adds every file; each later one rewrites three of them) by piping a stream
 /// into `git fast-import`. Returns its path.
@@ -118,7 +123,6 @@ pub fn generate_repo(dir: &Path, files: usize, commits: usize) -> Result<PathBuf
         .context("spawning git fast-import")?;
     let mut w = std::io::BufWriter::with_capacity(1 << 20, child.stdin.take().unwrap());
     let mut rng = Rng(0x9e3779b97f4a7c15);
-    let path_of = |i: usize| format!("src/d{:03}/m{:02}/file{i:05}.rs", i / 100, (i / 10) % 10);
     let commits = commits.max(1);
     for c in 0..commits {
         let when = 1_700_000_000 + c as u64 * 60;

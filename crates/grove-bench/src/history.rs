@@ -1,18 +1,21 @@
 //! Workspace history (ADR 28) on the 5,000-file fixture: a mutating exec with history
-//! on next to the same exec with history off (`history_exec`), `fork` at a point next to
-//! `workspace_create` (`history_fork`), and a rewind of a change to 100 files next to
-//! writing those files directly (`history_rewind_100`).
+//! on next to the same exec with history off (`history_exec`, and `history_exec_50k` on
+//! a 50,000-file tree), `fork` at a point next to `workspace_create` (`history_fork`), a
+//! rewind of a change to 100 files next to writing those files directly
+//! (`history_rewind_100`), and the store's size after 1,000 one-file changes next to
+//! the changed bytes (`history_storage_1000`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::{bail, Result};
-use grove_core::commands::{Command, CommandResult};
+use grove_core::commands::{Command, CommandResult, EvictSweep};
+use grove_core::sweep::SweepTrigger;
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
-use serde_json::json;
+use serde_json::{json, Map, Value};
 use uuid::Uuid;
 
-use crate::ctx::{ms, Ctx};
+use crate::ctx::{ms, Ctx, NODE};
 use crate::stats::{latency, pct, round};
 use crate::Out;
 
@@ -52,18 +55,17 @@ fn append(i: usize) -> String {
     format!("echo {i} >> bench-history.txt")
 }
 
-pub async fn history_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
-    let ws = ctx.acquire("hist-exec").await?;
-    let n = ctx.args.n.max(10);
+/// Blocks of `n / 2` appends with history off, then on (the worker restarts between
+/// them), twice over: the samples (ms) with history on and off.
+async fn exec_blocks(ctx: &mut Ctx, ws: Uuid, n: usize) -> Result<(Vec<f64>, Vec<f64>)> {
     let (mut on, mut off) = (vec![], vec![]);
-    // Blocks of each setting (the worker restarts between them), twice over.
     for round_no in 0..2 {
         for history in [false, true] {
             ctx.restart_worker(history).await?;
-            ctx.exec_write(ws.id, &["sh", "-c", &append(0)]).await?; // warm-up
+            ctx.exec_write(ws, &["sh", "-c", &append(0)]).await?; // warm-up
             for i in 0..n / 2 {
                 let t = Instant::now();
-                ctx.exec_write(ws.id, &["sh", "-c", &append(round_no * n + i)])
+                ctx.exec_write(ws, &["sh", "-c", &append(round_no * n + i)])
                     .await?;
                 if history {
                     on.push(ms(t))
@@ -73,14 +75,164 @@ pub async fn history_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
             }
         }
     }
-    let mut row = latency("history_exec", &on, &off);
+    Ok((on, off))
+}
+
+/// The row of an exec with history on next to the same exec with it off.
+fn exec_row(name: &str, on: &[f64], off: &[f64]) -> Map<String, Value> {
+    let mut row = latency(name, on, off);
     row.insert("floor_is".into(), json!("the same exec, history off"));
-    row.insert(
-        "added_p50_ms".into(),
-        round(pct(&on, 50.0) - pct(&off, 50.0)),
-    );
+    row.insert("added_p50_ms".into(), round(pct(on, 50.0) - pct(off, 50.0)));
+    row
+}
+
+pub async fn history_exec(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let ws = ctx.acquire("hist-exec").await?;
+    let n = ctx.args.n.max(10);
+    let (on, off) = exec_blocks(ctx, ws.id, n).await?;
+    out.emit(exec_row("history_exec", &on, &off));
+    Ok(())
+}
+
+/// Files in the tree of `history_exec_50k`.
+const BIG_FILES: usize = 50_000;
+
+/// `history_exec` on a tree of 50,000 files (a repository and cache of its own): with
+/// history on a point's walk answers `dirty`, with it off `git status` does.
+pub async fn history_exec_50k(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    let dir = ctx.dir.join("big");
+    std::fs::create_dir_all(&dir)?;
+    let t = Instant::now();
+    let upstream = crate::fixture::generate_repo(&dir, BIG_FILES, 1)?;
+    let generate_s = ms(t) / 1000.0;
+    let url = format!("file://{}", upstream.display());
+    ctx.restart_worker(true).await?;
+    let t = Instant::now();
+    let ws = ctx.acquire_of("hist-exec-50k", "bench/big", &url).await?;
+    let create_s = ms(t) / 1000.0;
+    let n = ctx.args.n.clamp(10, 20);
+    let (on, off) = exec_blocks(ctx, ws.id, n).await?;
+    let mut row = exec_row("history_exec_50k", &on, &off);
+    row.insert("files".into(), json!(BIG_FILES));
+    row.insert("generate_s".into(), round(generate_s));
+    row.insert("create_s".into(), round(create_s));
     out.emit(row);
     Ok(())
+}
+
+/// Execs of `history_storage_1000`.
+const STORAGE_EXECS: usize = 1000;
+
+/// 1,000 execs each appending a line to a different file of the fixture, with history
+/// on; the store's bytes on disk after them (loose, then packed by an eviction sweep)
+/// next to the sum of the changed files' sizes (the bytes a point must newly hold).
+pub async fn history_storage_1000(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
+    ctx.restart_worker(true).await?;
+    let ws = ctx.acquire("hist-storage").await?;
+    let dir = PathBuf::from(&ws.local_path);
+    let store = store_of(&ctx.home, ws.id)?;
+    let before = disk_bytes(&store)?;
+    let files = ctx.args.files.max(1);
+    let (mut changed, mut execs) = (0u64, vec![]);
+    for i in 0..STORAGE_EXECS {
+        // A stride prime to the file count: each exec a file no earlier one changed.
+        let path = crate::fixture::path_of((i * 7919) % files);
+        let t = Instant::now();
+        let cmd = format!("echo 'edit {i}' >> {path}");
+        ctx.exec_write(ws.id, &["sh", "-c", &cmd]).await?;
+        execs.push(ms(t));
+        changed += std::fs::metadata(dir.join(&path))?.len();
+    }
+    let loose = disk_bytes(&store)?;
+    let t = Instant::now();
+    sweep(ctx).await?;
+    let sweep_ms = ms(t);
+    let packed = disk_bytes(&store)?;
+    let grown = |b: Bytes| (b.allocated - before.allocated) as f64;
+    let mut row = Map::new();
+    row.insert("name".into(), json!("history_storage_1000"));
+    row.insert("n".into(), json!(STORAGE_EXECS));
+    row.insert("grove_p50_ms".into(), round(pct(&execs, 50.0)));
+    row.insert("grove_p99_ms".into(), round(pct(&execs, 99.0)));
+    row.insert("ratio".into(), round(grown(packed) / changed as f64));
+    row.insert(
+        "floor_is".into(),
+        json!("the bytes of the changed files (each file's size after its exec)"),
+    );
+    row.insert("changed_bytes".into(), json!(changed));
+    row.insert(
+        "store_loose_bytes".into(),
+        json!(loose.allocated - before.allocated),
+    );
+    row.insert(
+        "store_loose_apparent".into(),
+        json!(loose.apparent - before.apparent),
+    );
+    row.insert("ratio_loose".into(), round(grown(loose) / changed as f64));
+    row.insert(
+        "store_packed_bytes".into(),
+        json!(packed.allocated - before.allocated),
+    );
+    row.insert(
+        "store_packed_apparent".into(),
+        json!(packed.apparent - before.apparent),
+    );
+    row.insert("sweep_ms".into(), round(sweep_ms));
+    out.emit(row);
+    Ok(())
+}
+
+/// A manual eviction sweep of the node (it packs history stores with many loose
+/// objects).
+async fn sweep(ctx: &Ctx) -> Result<()> {
+    let cmd = Command::EvictSweep(EvictSweep {
+        node: NODE.into(),
+        tick: None,
+        now: None,
+        trigger: SweepTrigger::Manual,
+    });
+    match ctx.submit(&cmd).await? {
+        CommandResult::Sweep(_) => Ok(()),
+        other => bail!("evict_sweep returned {other:?}"),
+    }
+}
+
+/// The history store of workspace `id` under `$GROVE_HOME/history/<user>/`.
+fn store_of(home: &Path, id: Uuid) -> Result<PathBuf> {
+    for user in std::fs::read_dir(home.join("history"))? {
+        let candidate = user?.path().join(id.to_string());
+        if candidate.is_dir() {
+            return Ok(candidate);
+        }
+    }
+    bail!("no history store for workspace {id}")
+}
+
+/// A tree's size: blocks allocated (what `du` reports) and the files' lengths.
+#[derive(Clone, Copy)]
+struct Bytes {
+    allocated: u64,
+    apparent: u64,
+}
+
+fn disk_bytes(dir: &Path) -> Result<Bytes> {
+    use std::os::unix::fs::MetadataExt;
+    let mut total = Bytes {
+        allocated: 0,
+        apparent: 0,
+    };
+    for entry in std::fs::read_dir(dir)? {
+        let entry = entry?;
+        let meta = entry.metadata()?;
+        if meta.is_dir() {
+            let sub = disk_bytes(&entry.path())?;
+            total.allocated += sub.allocated;
+            total.apparent += sub.apparent;
+        }
+        total.allocated += meta.blocks() * 512;
+        total.apparent += meta.len();
+    }
+    Ok(total)
 }
 
 pub async fn history_fork(ctx: &mut Ctx, out: &mut Out) -> Result<()> {

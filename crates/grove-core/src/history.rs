@@ -42,6 +42,15 @@ pub enum Operation {
     BeforeRewind,
     /// The workspace was rewound to the point `to` (a snapshot id).
     Rewind { to: String },
+    /// A task workspace's commits were merged back into this one (`commits`: how many
+    /// were brought in).
+    MergeBack {
+        task_workspace_id: Uuid,
+        commits: u32,
+        fast_forward: bool,
+    },
+    /// The evicted workspace was checked out again from its repo cache and saved work.
+    Restore,
 }
 
 /// Files changed since the previous point.
@@ -65,6 +74,22 @@ pub struct Snapshot {
     /// The working tree differs from HEAD's tree (untracked files included, ignored
     /// ones not): the workspace's `dirty`, from the same walk.
     pub dirty: bool,
+    /// Ignored files left out of the point because they did not fit the budget
+    /// (always 0 when ignored files are excluded).
+    pub ignored_omitted: u32,
+}
+
+/// Which ignored files (matched by the workspace's `.gitignore` files and not in HEAD's
+/// tree) a point keeps: a per-workspace choice made when it is acquired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IgnoredFiles {
+    /// None (the default): a point holds tracked and untracked files only.
+    #[default]
+    Excluded,
+    /// Those that fit in `budget_bytes` per point, taken in path order (a file that
+    /// does not fit is left out and the next ones are tried); a file over the budget
+    /// is never read past it.
+    Included { budget_bytes: u64 },
 }
 
 /// One point of a workspace's timeline, as `history` lists it.
@@ -84,6 +109,10 @@ pub struct Point {
     pub head: String,
     pub branch: Option<String>,
     pub changes: FileCounts,
+    /// Ignored files the point left out over its budget (workspaces that keep ignored
+    /// files only).
+    #[serde(default)]
+    pub ignored_omitted: u32,
 }
 
 /// How a caller names a point: its number in the timeline or its snapshot id.
@@ -138,11 +167,14 @@ pub struct TreeDiff {
     pub truncated: bool,
 }
 
-/// What a rewind changed in the workspace.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// What a rewind changed in the workspace, and the point of the state it left.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RewindReport {
     pub files_written: u32,
     pub files_removed: u32,
+    /// The point after the rewind (counts against the point it started from), made
+    /// from the files it wrote: no second walk of the tree.
+    pub point: Snapshot,
 }
 
 /// Where one workspace's history lives and what it borrows.
@@ -158,15 +190,16 @@ pub struct HistoryPaths<'a> {
 
 /// The history operations of the git adapter. Calls are blocking.
 pub trait HistoryPort: Send + Sync {
-    /// Records the workspace's working tree (tracked and untracked files, not ignored
-    /// ones), HEAD and branch as a point of the store; counts are against `previous`
-    /// (none: against an empty tree). The workspace's index, refs and objects are not
-    /// touched.
+    /// Records the workspace's working tree (tracked and untracked files, and the
+    /// ignored ones `ignored` lets in), HEAD and branch as a point of the store; counts
+    /// are against `previous` (none: against an empty tree). The workspace's index,
+    /// refs and objects are not touched.
     fn snapshot(
         &self,
         paths: &HistoryPaths<'_>,
         workspace_id: Uuid,
         previous: Option<&str>,
+        ignored: IgnoredFiles,
     ) -> Result<Snapshot, GitError>;
     /// The first point of a checkout grove has just made (nothing has run in it): the
     /// store's private index starts as a copy of the checkout's own, whose stat data
@@ -192,24 +225,34 @@ pub trait HistoryPort: Send + Sync {
         path: &str,
     ) -> Result<Option<Vec<u8>>, GitError>;
     /// Puts the workspace's files, HEAD and branch back to snapshot `to`, given that it
-    /// is now at snapshot `now` (taken just before). Writes relative to the workspace
-    /// root and never follows a link in it. `branch` (a full `refs/heads/...` name)
-    /// puts HEAD on that branch instead of the point's own (a fork's new branch).
+    /// is now at snapshot `now` (taken just before), and records the point after it.
+    /// Writes relative to the workspace root and never follows a link in it. `branch`
+    /// (a full `refs/heads/...` name) puts HEAD on that branch instead of the point's
+    /// own (a fork's new branch).
     fn rewind(
         &self,
         paths: &HistoryPaths<'_>,
+        workspace_id: Uuid,
         now: &str,
         to: &str,
         branch: Option<&str>,
     ) -> Result<RewindReport, GitError>;
-    /// Copies every point of the store `from` into `to` (created when absent; an
-    /// existing store keeps what it has, its private index included).
+    /// Gives the store `to` every point of the store `from` (created when absent; an
+    /// existing store keeps what it has, its private index included). Objects are
+    /// hard links where the filesystem allows (they never change), refs copies.
     fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError>;
-    /// Drops the points not in `keep` from the store (their objects may stay until a
-    /// repack). Returns how many were dropped.
-    fn prune_history(&self, store_dir: &Path, keep: &[String]) -> Result<usize, GitError>;
+    /// Drops the points not in `keep` from the store, then deletes the objects only they
+    /// held and packs the rest (the cache's objects stay out of the store). Returns how
+    /// many were dropped.
+    fn prune_history(&self, paths: &HistoryPaths<'_>, keep: &[String]) -> Result<usize, GitError>;
     /// Deletes a store (absent is Ok).
     fn discard_history(&self, store_dir: &Path) -> Result<(), GitError>;
+    /// The store's loose objects, estimated from one fan-out directory as
+    /// `git gc --auto` does (0: none, or no store).
+    fn history_loose_objects(&self, store_dir: &Path) -> usize;
+    /// Packs the store's loose objects into one pack (deltas between versions of a
+    /// file or tree) and removes them; points are unchanged. Returns how many.
+    fn pack_history(&self, store_dir: &Path) -> Result<usize, GitError>;
 }
 
 /// Where a workspace's timeline starts: its own creation, or a point of its source.
@@ -240,9 +283,11 @@ pub fn origin(events: &[RecordedEvent]) -> Origin {
         .unwrap_or(Origin::Created)
 }
 
-/// Folds a workspace's history events (`workspace.snapshot_taken`,
+/// Folds a workspace's history events (`workspace.snapshot_taken`, `workspace.forked`,
 /// `workspace.history_pruned`, oldest first) onto `inherited` (its source's points up
-/// to the fork, or none). Numbers are stable: a pruned point keeps its number's place.
+/// to the fork, or none). Numbers are stable: a pruned point keeps its number's place,
+/// and a fork's own points follow the number its `workspace.forked` names even when the
+/// source later pruned that point.
 pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEvent]) -> Vec<Point> {
     let mut next = inherited.last().map_or(0, |p| p.number + 1);
     let mut points = inherited;
@@ -254,6 +299,7 @@ pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEve
                 branch,
                 operation,
                 changes,
+                ignored_omitted,
                 ..
             } => {
                 points.push(Point {
@@ -266,9 +312,11 @@ pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEve
                     head: head.clone(),
                     branch: branch.clone(),
                     changes: *changes,
+                    ignored_omitted: *ignored_omitted,
                 });
                 next += 1;
             }
+            Event::WorkspaceForked { number, .. } => next = number + 1,
             Event::WorkspaceHistoryPruned { dropped, .. } => {
                 points.retain(|p| !dropped.contains(&p.snapshot));
             }
@@ -373,6 +421,7 @@ mod tests {
             branch: None,
             operation: Operation::Created,
             changes: FileCounts::default(),
+            ignored_omitted: 0,
         }
     }
 
@@ -424,6 +473,41 @@ mod tests {
     }
 
     #[test]
+    fn a_forks_numbers_stay_when_its_source_later_prunes_the_point_it_forked_at() {
+        let (src, fork) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut src_events: Vec<_> = (0..3)
+            .map(|i| recorded(i, taken(src, &format!("s{i}"))))
+            .collect();
+        src_events.push(recorded(
+            20,
+            Event::WorkspaceHistoryPruned {
+                workspace_id: src,
+                dropped: vec!["s1".into()],
+            },
+        ));
+        let fork_events = vec![
+            recorded(
+                10,
+                Event::WorkspaceForked {
+                    workspace_id: fork,
+                    source_workspace_id: src,
+                    snapshot: "s1".into(),
+                    number: 1,
+                },
+            ),
+            recorded(11, taken(fork, "f0")),
+        ];
+        let inherited: Vec<Point> = timeline(src, Vec::new(), &src_events)
+            .into_iter()
+            .filter(|p| p.number <= 1)
+            .collect();
+        assert_eq!(inherited.len(), 1, "the source dropped its point 1");
+        let t = timeline(fork, inherited, &fork_events);
+        let seen: Vec<(u64, &str)> = t.iter().map(|p| (p.number, p.snapshot.as_str())).collect();
+        assert_eq!(seen, [(0, "s0"), (2, "f0")]);
+    }
+
+    #[test]
     fn retention_thins_old_points_to_one_a_day_and_keeps_recent_inherited_and_latest() {
         let ws = Uuid::from_u128(1);
         let day =
@@ -438,6 +522,7 @@ mod tests {
             head: "h".into(),
             branch: None,
             changes: FileCounts::default(),
+            ignored_omitted: 0,
         };
         let source = Uuid::from_u128(9);
         let points = vec![

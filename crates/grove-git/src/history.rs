@@ -15,18 +15,25 @@
 //! workspace dropped them.
 
 mod beneath;
+mod ignored;
+mod pack;
+mod repack;
 mod rewind;
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use git2::{Delta, DiffFormat, DiffOptions, Index, ObjectType, Oid, Repository, Signature};
 use grove_core::error::GitError;
-use grove_core::history::{ChangedFile, FileCounts, HistoryPaths, Snapshot, TreeDiff};
+use grove_core::history::{
+    ChangedFile, FileCounts, HistoryPaths, IgnoredFiles, Snapshot, TreeDiff,
+};
 use uuid::Uuid;
 
 use crate::errors::{map_git2, map_io, Phase};
 use crate::saved::{add_alternate, copy_closure, private_dir};
 
+pub(crate) use pack::{loose_estimate, merge_packed_refs, pack};
 pub(crate) use rewind::rewind;
 
 /// The store's private index file (stat data of the last point's files).
@@ -37,6 +44,18 @@ const ATTRIBUTES: &str = "* -text -filter -ident -working-tree-encoding\n";
 const POINTS: &str = "refs/points/";
 /// The branch line of a point's message (absent: HEAD was detached).
 const BRANCH_LINE: &str = "branch: ";
+
+/// A point's commit message: the workspace, HEAD's branch, and a fresh id of the point
+/// itself, so two points of identical states (same tree, HEAD and second) are still two
+/// commits and a point id names one step of the timeline.
+pub(crate) fn point_message(workspace_id: Uuid, branch: Option<&str>) -> String {
+    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
+    if let Some(b) = branch {
+        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
+    }
+    message.push_str(&format!("point: {}\n", Uuid::now_v7()));
+    message
+}
 
 pub(crate) fn local(e: git2::Error) -> GitError {
     map_git2(&e, Phase::Local, None)
@@ -92,7 +111,7 @@ pub(crate) fn first_snapshot(
                 .map_err(|e| map_io("cannot seed the history index", &e))?;
         }
     }
-    snapshot(paths, workspace_id, None)
+    snapshot(paths, workspace_id, None, IgnoredFiles::Excluded)
 }
 
 /// A regular file's bytes, opened without following a link (`None` otherwise).
@@ -117,6 +136,7 @@ pub(crate) fn snapshot(
     paths: &HistoryPaths<'_>,
     workspace_id: Uuid,
     previous: Option<&str>,
+    ignored: IgnoredFiles,
 ) -> Result<Snapshot, GitError> {
     let store = open_store(paths.store_dir, paths.cache_dir)?;
     let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
@@ -129,14 +149,11 @@ pub(crate) fn snapshot(
     let branch = (branch != "HEAD").then_some(branch);
     copy_closure(&ws, &store.odb().map_err(local)?, head)?;
     drop(ws);
-    let tree = work_tree(&store, paths)?;
-    let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
-    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
-    if let Some(b) = &branch {
-        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
-    }
     let head_commit = store.find_commit(head).map_err(local)?;
-    let tree_obj = store.find_tree(tree).map_err(local)?;
+    let built = work_tree(&store, paths, &head_commit.tree().map_err(local)?, ignored)?;
+    let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
+    let message = point_message(workspace_id, branch.as_deref());
+    let tree_obj = store.find_tree(built.tree).map_err(local)?;
     let id = store
         .commit(None, &sig, &sig, &message, &tree_obj, &[&head_commit])
         .map_err(local)?;
@@ -147,36 +164,99 @@ pub(crate) fn snapshot(
         Some(p) => Some(point_tree(&store, p)?),
         None => None,
     };
-    let changes = counts(&store, before, tree)?;
+    let changes = counts(&store, before, built.tree)?;
     Ok(Snapshot {
         id: id.to_string(),
         head: head.to_string(),
         branch,
         changes,
-        dirty: tree != head_commit.tree_id(),
+        dirty: built.plain != head_commit.tree_id(),
+        ignored_omitted: built.ignored_omitted,
     })
 }
 
+/// The trees of one walk of the working tree.
+struct Built {
+    /// The point's tree.
+    tree: Oid,
+    /// The same without ignored files (equal to `tree` unless they are kept).
+    plain: Oid,
+    ignored_omitted: u32,
+}
+
 /// The working tree as a tree of the store, through the store's private index.
-fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitError> {
+fn work_tree(
+    store: &Repository,
+    paths: &HistoryPaths<'_>,
+    head: &git2::Tree<'_>,
+    ignored: IgnoredFiles,
+) -> Result<Built, GitError> {
     store
         .set_workdir(paths.workspace_dir, false)
         .map_err(local)?;
     let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
     store.set_index(&mut index).map_err(local)?;
     let mut index = store.index().map_err(local)?;
+    let budget = match ignored {
+        IgnoredFiles::Excluded => None,
+        IgnoredFiles::Included { budget_bytes } => Some(budget_bytes),
+    };
     // One walk of the working tree: what differs from the index by stat (content when
-    // stat is not enough), untracked files included, ignored ones not.
+    // stat is not enough), untracked files included, ignored ones when they are kept.
     let mut opts = DiffOptions::new();
     opts.include_untracked(true)
         .recurse_untracked_dirs(true)
         .include_typechange(true)
+        .include_ignored(budget.is_some())
+        .recurse_ignored_dirs(budget.is_some())
         .update_index(true);
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
     let root = beneath::open_root(paths.workspace_dir)?;
-    let mut changed = false;
+    let walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
+    let fitted = match budget {
+        Some(budget) => ignored::fit(store, &mut index, &root, head, walked.ignored, budget)?,
+        None => ignored::Fitted::default(),
+    };
+    let tree = index.write_tree().map_err(local)?;
+    let plain = if fitted.kept.is_empty() {
+        tree
+    } else {
+        ignored::tree_without(store, &index, &fitted.kept)?
+    };
+    if walked.changed || fitted.changed || !paths.store_dir.join(INDEX_FILE).exists() {
+        index.write().map_err(local)?;
+    }
+    Ok(Built {
+        tree,
+        plain,
+        ignored_omitted: fitted.omitted,
+    })
+}
+
+/// What one walk changed in the private index.
+struct Walked {
+    changed: bool,
+    /// Ignored files new or changed since the last point (when they are kept), for the
+    /// budget to weigh.
+    ignored: Vec<Vec<u8>>,
+}
+
+/// Applies the walk's `diff` to `index`: deleted files removed, changed and new ones
+/// read through descriptors (never by path: see `beneath`), ignored ones set aside.
+fn apply_walk(
+    store: &Repository,
+    index: &mut Index,
+    root: &std::os::fd::OwnedFd,
+    diff: &git2::Diff<'_>,
+    head: &git2::Tree<'_>,
+    keep_ignored: bool,
+) -> Result<Walked, GitError> {
+    let mut walked = Walked {
+        changed: false,
+        ignored: Vec::new(),
+    };
     for delta in diff.deltas() {
         let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
             continue;
@@ -185,20 +265,22 @@ fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitErr
             Delta::Deleted => index.remove_path(path).map_err(local)?,
             // A nested repository shows as a directory: not part of the point.
             _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
-            // Read through descriptors, never by path: see `beneath`.
+            // A file HEAD tracks is not ignored, whatever the rules say.
+            _ if keep_ignored && ignored::is_ignored(store, head, path) => {
+                walked.ignored.push(path.as_os_str().as_bytes().to_vec());
+                continue;
+            }
             _ => {
-                if beneath::add(store, &mut index, &root, path)? == beneath::Added::Skipped {
+                if let beneath::Added::Skipped | beneath::Added::OverLimit =
+                    beneath::add(store, index, root, path, None)?
+                {
                     let _ = index.remove_path(path);
                 }
             }
         }
-        changed = true;
+        walked.changed = true;
     }
-    let tree = index.write_tree().map_err(local)?;
-    if changed || !paths.store_dir.join(INDEX_FILE).exists() {
-        index.write().map_err(local)?;
-    }
-    Ok(tree)
+    Ok(walked)
 }
 
 /// The commit of point `id`, which must be a point of this store.
@@ -338,30 +420,43 @@ pub(crate) fn file_at(
     Ok(Some(blob.content().to_vec()))
 }
 
-/// Copies every point of the store `from` into `to`: a new store by a partial sibling
+/// Gives `to` every point of the store `from`: a new store by a partial sibling
 /// renamed into place, or, when `to` exists (a fork's own, made with its checkout), its
 /// objects and point refs added to it (what `to` has is kept, its private index too, so
-/// its next point hashes only what changed since its checkout).
+/// its next point hashes only what changed since its checkout). Objects are never
+/// rewritten once written (a new version is a new file renamed into place), so they
+/// are hard links to the source's where the filesystem allows: a fork of a long
+/// history costs a link per object file, and outlives its source's store.
 pub(crate) fn copy_store(from: &Path, to: &Path) -> Result<(), GitError> {
     use crate::fsutil::{partial_sibling, PartialDir};
     let io = |e: std::io::Error| map_io("cannot copy the history store", &e);
     if std::fs::symlink_metadata(to).is_ok() {
-        for sub in ["objects", "refs"] {
-            merge_dir(&from.join(sub), &to.join(sub)).map_err(io)?;
-        }
+        merge_dir(&from.join("objects"), &to.join("objects"), Share::Link).map_err(io)?;
+        merge_dir(&from.join("refs"), &to.join("refs"), Share::Copy).map_err(io)?;
+        merge_packed_refs(from, to).map_err(io)?;
         return Ok(());
     }
     if let Some(parent) = to.parent() {
         private_dir(parent)?;
     }
     let partial = PartialDir::new(partial_sibling(to).map_err(io)?);
-    merge_dir(from, partial.path()).map_err(io)?;
+    merge_dir(from, partial.path(), Share::Copy).map_err(io)?;
     partial.commit_to(to).map_err(io)
 }
 
+/// How [`merge_dir`] puts a file in place.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Share {
+    /// A copy (files a store rewrites: its index, config, refs).
+    Copy,
+    /// A hard link, or a copy where linking fails (another filesystem).
+    Link,
+}
+
 /// Copies a directory grove wrote (a store: plain files and directories only) into
-/// `to`, creating what is missing and keeping files `to` already has.
-fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
+/// `to`, creating what is missing and keeping files `to` already has; a store's
+/// `objects` directory is always shared by links.
+fn merge_dir(from: &Path, to: &Path, share: Share) -> std::io::Result<()> {
     use std::os::unix::fs::DirBuilderExt;
     match std::fs::DirBuilder::new().mode(0o700).create(to) {
         Err(e) if e.kind() != std::io::ErrorKind::AlreadyExists => return Err(e),
@@ -372,16 +467,38 @@ fn merge_dir(from: &Path, to: &Path) -> std::io::Result<()> {
         let kind = entry.file_type()?;
         let target = to.join(entry.file_name());
         if kind.is_dir() {
-            merge_dir(&entry.path(), &target)?;
+            let share = if entry.file_name() == "objects" {
+                Share::Link
+            } else {
+                share
+            };
+            merge_dir(&entry.path(), &target, share)?;
         } else if kind.is_file() && std::fs::symlink_metadata(&target).is_err() {
-            std::fs::copy(entry.path(), &target)?;
+            let linked = share == Share::Link && std::fs::hard_link(entry.path(), &target).is_ok();
+            if !linked {
+                std::fs::copy(entry.path(), &target)?;
+            }
         }
     }
     Ok(())
 }
 
-/// Drops every point ref not in `keep`; returns how many were dropped.
-pub(crate) fn prune(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
+/// Drops every point ref not in `keep` and, when any were, compacts the store (the
+/// objects only they held deleted, the rest packed; a failure there is logged, the
+/// refs stay dropped); returns how many were dropped.
+pub(crate) fn prune(paths: &HistoryPaths<'_>, keep: &[String]) -> Result<usize, GitError> {
+    let dropped = drop_points(paths.store_dir, keep)?;
+    if dropped > 0 {
+        match repack::compact(paths.store_dir, paths.cache_dir) {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("no git binary: a pruned history store is not repacked"),
+            Err(e) => tracing::warn!(error = %e, "a pruned history store was not repacked"),
+        }
+    }
+    Ok(dropped)
+}
+
+fn drop_points(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
     let store = open_existing(store_dir)?;
     let mut dropped = 0;
     let names: Vec<String> = store

@@ -151,8 +151,9 @@ impl grove_core::history::HistoryPort for Git2Adapter {
         paths: &grove_core::history::HistoryPaths<'_>,
         workspace_id: uuid::Uuid,
         previous: Option<&str>,
+        ignored: grove_core::history::IgnoredFiles,
     ) -> Result<grove_core::history::Snapshot, GitError> {
-        history::snapshot(paths, workspace_id, previous)
+        history::snapshot(paths, workspace_id, previous, ignored)
     }
     fn first_snapshot(
         &self,
@@ -181,21 +182,32 @@ impl grove_core::history::HistoryPort for Git2Adapter {
     fn rewind(
         &self,
         paths: &grove_core::history::HistoryPaths<'_>,
+        workspace_id: uuid::Uuid,
         now: &str,
         to: &str,
         branch: Option<&str>,
     ) -> Result<grove_core::history::RewindReport, GitError> {
-        history::rewind(paths, now, to, branch)
+        history::rewind(paths, workspace_id, now, to, branch)
     }
     fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError> {
         history::copy_store(from, to)
     }
-    fn prune_history(&self, store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
-        history::prune(store_dir, keep)
+    fn prune_history(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        keep: &[String],
+    ) -> Result<usize, GitError> {
+        history::prune(paths, keep)
     }
     fn discard_history(&self, store_dir: &Path) -> Result<(), GitError> {
         fsutil::remove_path(store_dir)
             .map_err(|e| errors::map_io("cannot remove a history store", &e))
+    }
+    fn history_loose_objects(&self, store_dir: &Path) -> usize {
+        history::loose_estimate(store_dir)
+    }
+    fn pack_history(&self, store_dir: &Path) -> Result<usize, GitError> {
+        history::pack(store_dir)
     }
 }
 

@@ -1,5 +1,6 @@
 //! Workspace history (ADR 28): a point after every change of a workspace on this node
-//! (`point_after`, called by exec, the write tools and acquire), and the history tools
+//! (`after_change`, called by exec, the write tools, merge-back and restore; and
+//! `first_point` by acquire), and the history tools
 //! (`history`, `history_diff`, `history_file`, `checkpoint`, `rewind`, `undo`, `fork`)
 //! over the store `$GROVE_HOME/history/<user>/<workspace id>` through the git port.
 
@@ -10,7 +11,7 @@ use grove_core::commands::{AcquireWorkspace, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::Event;
 use grove_core::history::{
-    origin, timeline, HistoryPaths, Operation, Origin, Point, PointRef, Snapshot,
+    origin, timeline, HistoryPaths, IgnoredFiles, Operation, Origin, Point, PointRef, Snapshot,
     DEFAULT_HISTORY_PAGE,
 };
 use grove_core::model::{WorkspaceMode, WorkspaceRow};
@@ -27,6 +28,9 @@ use crate::context::{blocking, correlation_of, now, store_error, Handled, JobCon
 const MAX_FORK_DEPTH: usize = 32;
 /// How long a rewind waits for a running command before it is refused.
 const REWIND_WAIT: Duration = Duration::from_millis(200);
+/// Loose objects (estimated) at which the sweep packs a history store: about 200
+/// points' worth.
+const PACK_AT_LOOSE: usize = 1024;
 /// Largest patch a `history_diff` returns.
 const MAX_DIFF_BYTES: usize = super::tools::MAX_DIFF_BYTES;
 
@@ -63,16 +67,14 @@ impl JobContext {
 
     /// Retention (ADR 28), a step of the eviction sweep: each workspace of this node
     /// whose timeline has points the policy drops, and whose command lock is free, gets
-    /// them dropped from its store and a `workspace.history_pruned` committed. Busy
-    /// workspaces and failures are left for the next sweep (logged).
+    /// them dropped from its store and a `workspace.history_pruned` committed; a store
+    /// holding many loose objects gets them packed. Busy workspaces and failures are
+    /// left for the next sweep (logged).
     pub(crate) async fn prune_histories(
         &self,
         command_id: Uuid,
         at: chrono::DateTime<chrono::Utc>,
     ) {
-        if self.config.history_keep_days == 0 {
-            return;
-        }
         let workspaces = {
             let Ok(mut conn) = self.conn().await else {
                 return;
@@ -86,10 +88,32 @@ impl JobContext {
             }
         };
         for ws in workspaces.iter().filter(|w| w.state.has_files()) {
-            if let Err(e) = self.prune_history_of(ws, command_id, at).await {
-                tracing::info!(workspace = %ws.id, error = %e, "history retention: skipped");
+            if self.config.history_keep_days > 0 {
+                if let Err(e) = self.prune_history_of(ws, command_id, at).await {
+                    tracing::info!(workspace = %ws.id, error = %e, "history retention: skipped");
+                }
+            }
+            if let Err(e) = self.pack_history_of(ws).await {
+                tracing::info!(workspace = %ws.id, error = %e, "history packing: skipped");
             }
         }
+    }
+
+    /// Packs the store's loose objects once there are [`PACK_AT_LOOSE`] of them (a
+    /// point leaves a few small files each; a pack keeps them as deltas in one).
+    async fn pack_history_of(&self, ws: &WorkspaceRow) -> Result<(), CommandError> {
+        let git = self.git.clone();
+        let store = self.history_dir(ws);
+        let probe = store.clone();
+        if blocking(move || Ok(git.history_loose_objects(&probe))).await? < PACK_AT_LOOSE {
+            return Ok(());
+        }
+        let (_, lock) = self.lock_for_history(ws.id, false, REWIND_WAIT).await?;
+        let git = self.git.clone();
+        let packed = blocking(move || git.pack_history(&store)).await;
+        lock.release().await.ok();
+        tracing::info!(workspace = %ws.id, objects = packed?, "history store packed");
+        Ok(())
     }
 
     async fn prune_history_of(
@@ -110,8 +134,10 @@ impl JobContext {
             .filter(|s| !drop.contains(s))
             .collect();
         let git = self.git.clone();
-        let store = self.history_dir(&ws);
-        let result = blocking(move || git.prune_history(&store, &keep)).await;
+        let result = match self.history_paths(&ws).await {
+            Ok(paths) => blocking(move || git.prune_history(&paths.borrow(), &keep)).await,
+            Err(e) => Err(e),
+        };
         let recorded = match result {
             Ok(_) => {
                 let event = Event::WorkspaceHistoryPruned {
@@ -188,31 +214,45 @@ impl JobContext {
             paths.cache.clone(),
             ws.id,
         );
+        let ignored = if ws.history_ignored {
+            IgnoredFiles::Included {
+                budget_bytes: self.config.history_ignored_budget,
+            }
+        } else {
+            IgnoredFiles::Excluded
+        };
         blocking(move || {
             let paths = HistoryPaths {
                 store_dir: &store,
                 workspace_dir: &workspace,
                 cache_dir: &cache,
             };
-            git.snapshot(&paths, id, previous.as_deref())
+            git.snapshot(&paths, id, previous.as_deref(), ignored)
         })
         .await
     }
 
-    /// Takes a point after the timeline's last and returns its event and its number.
+    /// The snapshot of the workspace's newest point: one index probe, not a fold of
+    /// its timeline (which grows with every change).
+    async fn latest_point(&self, id: Uuid) -> Result<Option<String>, CommandError> {
+        let mut conn = self.conn().await?;
+        grove_postgres::history::latest_point(&mut conn, id)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Takes a point after the workspace's newest; returns its event and whether the
+    /// working tree differs from HEAD's.
     async fn record_point(
         &self,
         ws: &WorkspaceRow,
         operation: Operation,
-    ) -> Result<(Event, u64, bool), CommandError> {
+    ) -> Result<(Event, bool), CommandError> {
         let paths = self.history_paths(ws).await?;
-        let last = self.timeline(ws.id).await?.pop();
-        let snap = self
-            .take(ws, &paths, last.as_ref().map(|p| p.snapshot.clone()))
-            .await?;
-        let number = last.map_or(0, |p| p.number + 1);
+        let previous = self.latest_point(ws.id).await?;
+        let snap = self.take(ws, &paths, previous).await?;
         let dirty = snap.dirty;
-        Ok((snapshot_event(ws.id, snap, operation), number, dirty))
+        Ok((snapshot_event(ws.id, snap, operation), dirty))
     }
 
     /// After a change: the point and `workspace.dirty_changed` from the same walk of the
@@ -221,7 +261,7 @@ impl JobContext {
     pub(crate) async fn after_change(&self, ws: &WorkspaceRow, operation: Operation) -> Vec<Event> {
         if self.config.history && !Placement::of_node(&ws.node).is_remote() {
             match self.record_point(ws, operation).await {
-                Ok((event, _, dirty)) => {
+                Ok((event, dirty)) => {
                     let mut events = Vec::new();
                     if dirty != ws.dirty {
                         events.push(Event::WorkspaceDirtyChanged {
@@ -420,7 +460,12 @@ impl JobContext {
             }
             ToolOp::HistoryFile { point, path } => plain(self.history_file(ws, point, path).await?),
             ToolOp::Checkpoint { name } => {
-                let (event, number, _) = self
+                let number = self
+                    .timeline(ws.id)
+                    .await?
+                    .last()
+                    .map_or(0, |p| p.number + 1);
+                let (event, _) = self
                     .record_point(ws, Operation::Checkpoint { name: name.clone() })
                     .await?;
                 let point = point_of(&event, number);
@@ -520,6 +565,7 @@ fn snapshot_event(workspace_id: Uuid, snap: Snapshot, operation: Operation) -> E
         branch: snap.branch,
         operation,
         changes: snap.changes,
+        ignored_omitted: snap.ignored_omitted,
     }
 }
 
@@ -532,6 +578,7 @@ fn point_of(event: &Event, number: u64) -> Point {
         branch,
         operation,
         changes,
+        ignored_omitted,
     } = event
     else {
         unreachable!("a point is made from workspace.snapshot_taken")
@@ -546,6 +593,7 @@ fn point_of(event: &Event, number: u64) -> Point {
         head: head.clone(),
         branch: branch.clone(),
         changes: *changes,
+        ignored_omitted: *ignored_omitted,
     }
 }
 
@@ -566,6 +614,7 @@ fn fork_acquire(
         conversation_id: (ws.mode == WorkspaceMode::Edit).then(|| scope.to_string()),
         task_id: (ws.mode == WorkspaceMode::Task).then(|| scope.to_string()),
         runtime: None,
+        history_ignored: ws.history_ignored,
     }
 }
 

@@ -7,14 +7,22 @@
 use std::ffi::CString;
 use std::io::Write;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 
-use git2::{Delta, Oid, Repository};
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use git2::{Delta, Index, IndexEntry, IndexTime, Oid, Repository, Signature};
 use grove_core::error::GitError;
-use grove_core::history::{HistoryPaths, RewindReport};
-use rustix::fs::{AtFlags, Gid, Mode, OFlags, Uid};
+use grove_core::history::{FileCounts, HistoryPaths, IgnoredFiles, RewindReport, Snapshot};
+use rustix::fs::{AtFlags, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
+use uuid::Uuid;
 
-use super::{local, open_store, point_commit, point_head, tree_diff};
+use super::{
+    local, open_store, point_commit, point_head, point_message, tree_diff, INDEX_FILE, POINTS,
+};
 use crate::errors::map_io;
 use crate::saved::copy_closure;
 
@@ -37,6 +45,7 @@ fn io_err(what: &str, e: impl Into<std::io::Error>) -> GitError {
 /// See the module documentation.
 pub(crate) fn rewind(
     paths: &HistoryPaths<'_>,
+    workspace_id: Uuid,
     now: &str,
     to: &str,
     branch: Option<&str>,
@@ -51,26 +60,161 @@ pub(crate) fn rewind(
         uid: stat.st_uid,
         gid: stat.st_gid,
     };
-    let mut report = RewindReport::default();
+    let mut index = Written::open(paths)?;
     let diff = tree_diff(&store, Some(now_c.tree_id()), to_c.tree_id())?;
+    let (files_written, files_removed) = apply(&root, &store, &diff, &mut index)?;
+    let (head, own_branch) = point_head(&to_c);
+    let branch = branch.map(str::to_string).or(own_branch);
+    set_head(paths, &store, head, branch.as_deref())?;
+    let point = match index.tree_if(&store, to_c.tree_id()) {
+        Some(tree) => {
+            let changes = counts_of(&diff);
+            after_point(&store, workspace_id, tree, changes, head, branch)?
+        }
+        // What was written is not all the point holds (a gitlink, an entry the index
+        // could not take): the point after is taken by a walk, as any other.
+        None => super::snapshot(paths, workspace_id, Some(now), IgnoredFiles::Excluded)?,
+    };
+    Ok(RewindReport {
+        files_written,
+        files_removed,
+        point,
+    })
+}
+
+/// Writes and removes what `diff` (from the state now to the target) names, noting each
+/// in `index`; returns the files written and removed.
+fn apply(
+    root: &Root,
+    store: &Repository,
+    diff: &git2::Diff<'_>,
+    index: &mut Written,
+) -> Result<(u32, u32), GitError> {
+    let (mut written, mut removed) = (0, 0);
     for delta in diff.deltas() {
-        let old = delta.old_file().path_bytes().map(<[u8]>::to_vec);
         if matches!(delta.status(), Delta::Deleted | Delta::Typechange) {
-            if let Some(path) = &old {
-                remove_file(&root, path)?;
-                report.files_removed += 1;
+            if let Some(path) = delta.old_file().path_bytes() {
+                remove_file(root, path)?;
+                index.removed(path);
+                removed += 1;
             }
         }
         if delta.status() != Delta::Deleted {
             let new = delta.new_file();
             let path = new.path_bytes().unwrap_or_default();
-            write_entry(&root, &store, path, new.id(), u32::from(new.mode()))?;
-            report.files_written += 1;
+            let mode = u32::from(new.mode());
+            let stat = write_entry(root, store, path, new.id(), mode)?;
+            index.written(path, new.id(), mode, stat);
+            written += 1;
         }
     }
-    let (head, own_branch) = point_head(&to_c);
-    set_head(paths, &store, head, branch.or(own_branch.as_deref()))?;
-    Ok(report)
+    Ok((written, removed))
+}
+
+/// The files `diff` adds, modifies and deletes, counted as [`super::snapshot`] counts
+/// them.
+fn counts_of(diff: &git2::Diff<'_>) -> FileCounts {
+    let mut out = FileCounts::default();
+    for delta in diff.deltas() {
+        match delta.status() {
+            Delta::Added => out.added += 1,
+            Delta::Deleted => out.deleted += 1,
+            _ => out.modified += 1,
+        }
+    }
+    out
+}
+
+/// The store's private index as a rewind leaves it: the entries it wrote take the stat
+/// data of the files on disk, so the next point hashes none of them again. Any entry
+/// it cannot take marks it stale (then it is not saved).
+struct Written {
+    index: Option<Index>,
+}
+
+impl Written {
+    fn open(paths: &HistoryPaths<'_>) -> Result<Self, GitError> {
+        let file = paths.store_dir.join(INDEX_FILE);
+        if std::fs::symlink_metadata(&file).is_err() {
+            return Ok(Self { index: None });
+        }
+        Ok(Self {
+            index: Some(Index::open(&file).map_err(local)?),
+        })
+    }
+
+    fn removed(&mut self, path: &[u8]) {
+        if let Some(index) = &mut self.index {
+            if index
+                .remove_path(Path::new(OsStr::from_bytes(path)))
+                .is_err()
+            {
+                self.index = None;
+            }
+        }
+    }
+
+    fn written(&mut self, path: &[u8], id: Oid, mode: u32, stat: Option<Stat>) {
+        let (Some(index), Some(stat)) = (&mut self.index, stat) else {
+            self.index = None;
+            return;
+        };
+        let time = |secs: i64, nanos: i64| IndexTime::new(secs as i32, nanos as u32);
+        let entry = IndexEntry {
+            ctime: time(stat.st_ctime, stat.st_ctime_nsec as i64),
+            mtime: time(stat.st_mtime, stat.st_mtime_nsec as i64),
+            dev: stat.st_dev as u32,
+            ino: stat.st_ino as u32,
+            mode,
+            uid: stat.st_uid,
+            gid: stat.st_gid,
+            file_size: stat.st_size as u32,
+            id,
+            flags: 0,
+            flags_extended: 0,
+            path: path.to_vec(),
+        };
+        if index.add(&entry).is_err() {
+            self.index = None;
+        }
+    }
+
+    /// The index's tree when it is `expected` (the index then saved), else `None`.
+    fn tree_if(self, store: &Repository, expected: Oid) -> Option<Oid> {
+        let mut index = self.index?;
+        let tree = index.write_tree_to(store).ok()?;
+        (tree == expected && index.write().is_ok()).then_some(tree)
+    }
+}
+
+/// The point of the state a rewind left: `tree` (`changes` from the state before),
+/// HEAD at `head` on `branch`, as [`super::snapshot`] records one.
+fn after_point(
+    store: &Repository,
+    workspace_id: Uuid,
+    tree: Oid,
+    changes: FileCounts,
+    head: Oid,
+    branch: Option<String>,
+) -> Result<Snapshot, GitError> {
+    let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
+    let message = point_message(workspace_id, branch.as_deref());
+    let head_commit = store.find_commit(head).map_err(local)?;
+    let tree_obj = store.find_tree(tree).map_err(local)?;
+    let id = store
+        .commit(None, &sig, &sig, &message, &tree_obj, &[&head_commit])
+        .map_err(local)?;
+    store
+        .reference(&format!("{POINTS}{id}"), id, true, "grove: point")
+        .map_err(local)?;
+    Ok(Snapshot {
+        id: id.to_string(),
+        head: head.to_string(),
+        branch,
+        changes,
+        dirty: tree != head_commit.tree_id(),
+        ignored_omitted: 0,
+    })
 }
 
 /// The components of a `/`-separated tree path, refusing `.`, `..` and empty ones
@@ -143,16 +287,17 @@ fn remove_file(root: &Root, path: &[u8]) -> Result<(), GitError> {
     Ok(())
 }
 
-/// Writes the blob `id` at `path` as a file of `mode` (or a symlink for 0o120000).
+/// Writes the blob `id` at `path` as a file of `mode` (or a symlink for 0o120000);
+/// returns what is there now (`None`: a gitlink, or no stat).
 fn write_entry(
     root: &Root,
     store: &Repository,
     path: &[u8],
     id: Oid,
     mode: u32,
-) -> Result<(), GitError> {
+) -> Result<Option<Stat>, GitError> {
     if mode == 0o160000 {
-        return Ok(()); // a gitlink names another repository's commit: nothing to write
+        return Ok(None); // a gitlink names another repository's commit: nothing to write
     }
     let parts = components(path)?;
     let (leaf, dirs) = parts.split_last().expect("a path has a component");
@@ -160,7 +305,7 @@ fn write_entry(
     let blob = store.find_blob(id).map_err(local)?;
     let perm = if mode & 0o111 != 0 { 0o755 } else { 0o644 };
     if mode != 0o120000 && overwrite(dir.as_fd(), leaf, blob.content(), perm)? {
-        return Ok(());
+        return Ok(stat_at(dir.as_fd(), leaf));
     }
     crate::tree::remove_at(dir.as_fd(), leaf).map_err(|e| io_err("cannot clear a file", e))?;
     if mode == 0o120000 {
@@ -185,7 +330,12 @@ fn write_entry(
             .map_err(|e| io_err("cannot set a file's mode", e))?;
     }
     own(root, dir.as_fd(), leaf);
-    Ok(())
+    Ok(stat_at(dir.as_fd(), leaf))
+}
+
+/// The entry `name` of `dir` as it is now, never followed.
+fn stat_at(dir: BorrowedFd<'_>, name: &CString) -> Option<Stat> {
+    rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).ok()
 }
 
 /// Rewrites `name` in place when it is a regular file with one link (checked on the
@@ -208,10 +358,13 @@ fn overwrite(
     if !regular || stat.st_nlink != 1 {
         return Ok(false);
     }
-    rustix::fs::ftruncate(&fd, 0).map_err(|e| io_err("cannot truncate a file", e))?;
-    let mut file = std::fs::File::from(fd);
-    file.write_all(bytes)
+    // Written over the old bytes, then cut to length: a truncation to zero first would
+    // make ext4 (auto_da_alloc) flush the file to disk when it is closed.
+    let file = std::fs::File::from(fd);
+    file.write_all_at(bytes, 0)
         .map_err(|e| io_err("cannot write a file", e))?;
+    rustix::fs::ftruncate(&file, bytes.len() as u64)
+        .map_err(|e| io_err("cannot truncate a file", e))?;
     if stat.st_mode & 0o777 != perm {
         rustix::fs::fchmod(&file, Mode::from_raw_mode(perm))
             .map_err(|e| io_err("cannot set a file's mode", e))?;

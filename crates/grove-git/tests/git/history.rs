@@ -4,14 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use grove_core::history::{HistoryPaths, HistoryPort};
+use grove_core::history::{HistoryPaths, HistoryPort, IgnoredFiles};
 use grove_core::ports::GitPort;
 use grove_git::Git2Adapter;
 use uuid::Uuid;
 
 use crate::support::{git, Fixture};
 
-fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a> {
+pub(crate) fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a> {
     HistoryPaths {
         store_dir: store,
         workspace_dir: ws,
@@ -21,16 +21,16 @@ fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a>
 
 /// A checkout of the fixture's `main` on `branch` at `<root>/ws`, its cache, and where
 /// its history store goes (not made yet).
-struct Checkout {
-    fx: Fixture,
-    cache: PathBuf,
-    ws: PathBuf,
-    store: PathBuf,
-    git2: Git2Adapter,
+pub(crate) struct Checkout {
+    pub(crate) fx: Fixture,
+    pub(crate) cache: PathBuf,
+    pub(crate) ws: PathBuf,
+    pub(crate) store: PathBuf,
+    pub(crate) git2: Git2Adapter,
 }
 
 impl Checkout {
-    fn new(branch: &str) -> Self {
+    pub(crate) fn new(branch: &str) -> Self {
         let fx = Fixture::new();
         let cache = fx.cache();
         let ws = fx.path("ws");
@@ -59,7 +59,7 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     } = Checkout::new("agent/edits-c1");
     let p = paths(&store, &ws, &cache);
     let id = Uuid::nil();
-    let first = git2.snapshot(&p, id, None).unwrap();
+    let first = git2.snapshot(&p, id, None, IgnoredFiles::Excluded).unwrap();
     assert_eq!(first.changes.added, 3, "README, .gitignore, src/lib.rs");
     assert_eq!(first.branch.as_deref(), Some("refs/heads/agent/edits-c1"));
     let index_before = std::fs::read(ws.join(".git/index")).unwrap();
@@ -68,7 +68,9 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     std::fs::write(ws.join("new.txt"), "new\n").unwrap();
     std::fs::write(ws.join("debug.log"), "ignored\n").unwrap();
     std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
-    let second = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!(
         (
             second.changes.added,
@@ -85,7 +87,7 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     assert_eq!(diff.files.len(), 3);
     assert!(diff.patch.contains("+changed"), "{}", diff.patch);
 
-    let report = git2.rewind(&p, &second.id, &first.id, None).unwrap();
+    let report = git2.rewind(&p, id, &second.id, &first.id, None).unwrap();
     assert_eq!((report.files_written, report.files_removed), (2, 1));
     assert_eq!(
         std::fs::read_to_string(ws.join("README.md")).unwrap(),
@@ -113,8 +115,10 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     std::os::unix::fs::symlink(&host, ws.join("README.md")).unwrap();
     std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
     std::fs::hard_link(&host, ws.join("src/lib.rs")).unwrap();
-    let planted = git2.snapshot(&p, id, Some(&first.id)).unwrap();
-    git2.rewind(&p, &planted.id, &first.id, None).unwrap();
+    let planted = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+    git2.rewind(&p, id, &planted.id, &first.id, None).unwrap();
     assert_eq!(std::fs::read_to_string(&host).unwrap(), "host\n");
     assert!(std::fs::symlink_metadata(ws.join("README.md"))
         .unwrap()
@@ -148,7 +152,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     }
     let p = paths(&store, &ws, &cache);
     let t = Instant::now();
-    let first = git2.snapshot(&p, Uuid::nil(), None).unwrap();
+    let first = git2
+        .snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
+        .unwrap();
     let cold = t.elapsed();
     assert_eq!(first.changes.added, 5003);
     let mut times = Vec::new();
@@ -156,7 +162,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     for i in 0..5 {
         std::fs::write(ws.join("d7/f7.txt"), format!("change {i}\n")).unwrap();
         let t = Instant::now();
-        let s = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
+        let s = git2
+            .snapshot(&p, Uuid::nil(), Some(&last), IgnoredFiles::Excluded)
+            .unwrap();
         times.push(t.elapsed());
         assert_eq!(s.changes.modified, 1);
         last = s.id;
@@ -171,10 +179,14 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     for f in 0..100 {
         std::fs::write(ws.join(format!("d3/f{f}.txt")), "changed\n").unwrap();
     }
-    let changed = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
+    let changed = git2
+        .snapshot(&p, Uuid::nil(), Some(&last), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!(changed.changes.modified, 100);
     let t = Instant::now();
-    let report = git2.rewind(&p, &changed.id, &last, None).unwrap();
+    let report = git2
+        .rewind(&p, Uuid::nil(), &changed.id, &last, None)
+        .unwrap();
     let took = t.elapsed();
     assert_eq!(report.files_written, 100);
     assert_eq!(
@@ -201,7 +213,12 @@ fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
     let (tx, rx) = std::sync::mpsc::channel();
     let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
     std::thread::spawn(move || {
-        let r = Git2Adapter::new().snapshot(&paths(&s, &w, &c), Uuid::nil(), None);
+        let r = Git2Adapter::new().snapshot(
+            &paths(&s, &w, &c),
+            Uuid::nil(),
+            None,
+            IgnoredFiles::Excluded,
+        );
         let _ = tx.send(r);
     });
     let snap = rx
@@ -229,7 +246,308 @@ fn the_first_point_of_a_checkout_starts_from_its_index_and_records_its_tree() {
     assert!(!first.dirty);
     assert_eq!(first.head, fx.main);
     std::fs::write(ws.join("README.md"), "edited\n").unwrap();
-    let next = git2.snapshot(&p, Uuid::nil(), Some(&first.id)).unwrap();
+    let next = git2
+        .snapshot(&p, Uuid::nil(), Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!((next.changes.modified, next.changes.added), (1, 0));
     assert!(next.dirty);
+}
+
+#[test]
+fn a_rewind_records_the_point_a_walk_of_the_tree_would_and_head_goes_back() {
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let first = git2.first_snapshot(&p, id).unwrap();
+    std::fs::write(ws.join("README.md"), "changed\n").unwrap();
+    std::fs::create_dir_all(ws.join("new/deep")).unwrap();
+    std::fs::write(ws.join("new/deep/file.txt"), "new\n").unwrap();
+    git(&ws, &["add", "-A"]);
+    git(
+        &ws,
+        &[
+            "-c",
+            "user.name=a",
+            "-c",
+            "user.email=a@b.invalid",
+            "commit",
+            "-q",
+            "-m",
+            "agent",
+        ],
+    );
+    std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_ne!(
+        second.head, first.head,
+        "the agent's commit is the point's HEAD"
+    );
+
+    let report = git2.rewind(&p, id, &second.id, &first.id, None).unwrap();
+    let point = &report.point;
+    assert_eq!((report.files_written, report.files_removed), (2, 1));
+    assert_eq!(
+        (
+            point.changes.added,
+            point.changes.modified,
+            point.changes.deleted
+        ),
+        (1, 1, 1),
+        "counted against the point the rewind started from"
+    );
+    assert_eq!(point.head, fx.main);
+    assert_eq!(point.branch.as_deref(), Some("refs/heads/b"));
+    assert!(!point.dirty);
+    assert_eq!(git(&ws, &["rev-parse", "HEAD"]), fx.main);
+    assert!(!ws.join("new").exists(), "emptied directories go too");
+    // A point taken by a walk now finds nothing changed: the rewind's point is the
+    // state on disk, and the private index it left describes it.
+    let walked = git2
+        .snapshot(&p, id, Some(&point.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(walked.changes, Default::default());
+    assert!(git2
+        .history_diff(&p, &first.id, &point.id, 1 << 20)
+        .unwrap()
+        .files
+        .is_empty());
+    // A file written by the rewind and changed afterwards is seen by the next point.
+    std::fs::write(ws.join("README.md"), "after\n").unwrap();
+    let next = git2
+        .snapshot(&p, id, Some(&walked.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(next.changes.modified, 1);
+}
+
+#[test]
+fn a_forks_store_links_the_sources_objects_and_keeps_its_points_after_the_source_goes() {
+    use std::os::unix::fs::MetadataExt;
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let first = git2.first_snapshot(&p, id).unwrap();
+    std::fs::write(ws.join("README.md"), "source change\n").unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+
+    let fork_ws = fx.path("fork");
+    git2.create_checkout(&fx.request(&cache, &fork_ws, "main", Some("f")))
+        .unwrap();
+    let fork_store = fx.path("history/u/fork");
+    let fp = paths(&fork_store, &fork_ws, &cache);
+    let fork_first = git2.first_snapshot(&fp, id).unwrap();
+    git2.copy_history(&store, &fork_store).unwrap();
+    let a = &second.id;
+    let object = |root: &Path| root.join("objects").join(&a[..2]).join(&a[2..]);
+    assert_eq!(
+        std::fs::metadata(object(&store)).unwrap().ino(),
+        std::fs::metadata(object(&fork_store)).unwrap().ino(),
+        "an object is linked, not copied"
+    );
+    let mode = std::fs::metadata(&fork_store).unwrap().mode();
+    assert_eq!(mode & 0o777, 0o700);
+
+    let report = git2
+        .rewind(&fp, id, &fork_first.id, &second.id, Some("refs/heads/f"))
+        .unwrap();
+    assert!(report.point.dirty);
+    assert_eq!(
+        std::fs::read_to_string(fork_ws.join("README.md")).unwrap(),
+        "source change\n"
+    );
+    assert_eq!(git(&fork_ws, &["symbolic-ref", "HEAD"]), "refs/heads/f");
+    git2.discard_history(&store).unwrap();
+    let diff = git2
+        .history_diff(&fp, &first.id, &second.id, 1 << 20)
+        .unwrap();
+    assert_eq!(diff.files.len(), 1, "the source's points outlive its store");
+}
+
+#[test]
+fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let id = Uuid::nil();
+    let mut points = vec![git2.first_snapshot(&p, id).unwrap()];
+    for i in 0..20 {
+        std::fs::write(ws.join("README.md"), format!("hello\nedit {i}\n")).unwrap();
+        let last = points.last().unwrap().id.clone();
+        points.push(
+            git2.snapshot(&p, id, Some(&last), IgnoredFiles::Excluded)
+                .unwrap(),
+        );
+    }
+    let loose = |s: &Path| {
+        std::fs::read_dir(s.join("objects"))
+            .unwrap()
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().len() == 2)
+            .map(|e| std::fs::read_dir(e.path()).unwrap().count())
+            .sum::<usize>()
+    };
+    let before = loose(&store);
+    assert!(before >= 40, "a blob, a tree and a commit per point");
+    assert_eq!(git2.pack_history(&store).unwrap(), before);
+    assert_eq!(loose(&store), 0);
+    assert_eq!(git2.history_loose_objects(&store), 0);
+    let ref_files = std::fs::read_dir(store.join("refs/points"))
+        .unwrap()
+        .count();
+    assert_eq!(ref_files, 0, "the point refs are in packed-refs");
+    // A store made from a packed one, then given its points again, reads them all.
+    let other = store.with_file_name("other");
+    git2.copy_history(&store, &other).unwrap();
+    git2.copy_history(&store, &other).unwrap();
+    let op = paths(&other, &ws, &cache);
+    let last = &points.last().unwrap().id;
+    let diff = git2
+        .history_diff(&op, &points[0].id, last, 1 << 20)
+        .unwrap();
+    assert_eq!(diff.files.len(), 1);
+    for (i, pair) in points.windows(2).enumerate().skip(1) {
+        let diff = git2
+            .history_diff(&p, &pair[0].id, &pair[1].id, 1 << 20)
+            .unwrap();
+        assert!(diff.patch.contains(&format!("+edit {i}")), "{}", diff.patch);
+    }
+    // The store takes points after packing, and a rewind reads from the pack.
+    std::fs::write(ws.join("README.md"), "after\n").unwrap();
+    let last = points.last().unwrap().id.clone();
+    let after = git2
+        .snapshot(&p, id, Some(&last), IgnoredFiles::Excluded)
+        .unwrap();
+    git2.rewind(&p, id, &after.id, &points[3].id, None).unwrap();
+    assert_eq!(
+        std::fs::read_to_string(ws.join("README.md")).unwrap(),
+        "hello\nedit 2\n"
+    );
+}
+
+/// Bytes of every file under `dir`.
+fn size_of_dir(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() {
+            size_of_dir(&entry.path())
+        } else {
+            meta.len()
+        };
+    }
+    total
+}
+
+/// `len` bytes no compressor shrinks (xorshift from `seed`).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn pruning_points_deletes_the_objects_only_they_held_and_packs_the_store() {
+    if std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        eprintln!("skipped: no git binary, so pruned stores are not repacked");
+        return;
+    }
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let first = git2.first_snapshot(&p, Uuid::nil()).unwrap();
+    let mut ids = vec![first.id.clone()];
+    for i in 0..4u64 {
+        std::fs::write(ws.join(format!("big{i}.bin")), noise(i + 1, 256 << 10)).unwrap();
+        let s = git2
+            .snapshot(
+                &p,
+                Uuid::nil(),
+                ids.last().map(String::as_str),
+                IgnoredFiles::Excluded,
+            )
+            .unwrap();
+        ids.push(s.id);
+    }
+    for i in 0..4 {
+        std::fs::remove_file(ws.join(format!("big{i}.bin"))).unwrap();
+    }
+    std::fs::write(ws.join("README.md"), "last\n").unwrap();
+    let last = git2
+        .snapshot(
+            &p,
+            Uuid::nil(),
+            ids.last().map(String::as_str),
+            IgnoredFiles::Excluded,
+        )
+        .unwrap();
+    ids.push(last.id.clone());
+    let before = size_of_dir(&store.join("objects"));
+
+    let keep = [first.id.clone(), last.id.clone()];
+    assert_eq!(git2.prune_history(&p, &keep).unwrap(), 4);
+    let after = size_of_dir(&store.join("objects"));
+    assert!(
+        after * 4 < before,
+        "the store did not shrink: {before} bytes before, {after} after"
+    );
+    // The kept points still read and compare; a dropped point's content is gone.
+    let readme = git2.history_file(&p, &last.id, "README.md").unwrap();
+    assert_eq!(readme.as_deref(), Some(&b"last\n"[..]));
+    let diff = git2.history_diff(&p, &first.id, &last.id, 1 << 20).unwrap();
+    assert_eq!(diff.files.len(), 1);
+    assert!(
+        git2.history_file(&p, &ids[1], "big0.bin").is_err(),
+        "dropped"
+    );
+    let bare = git2::Repository::open_bare(&store).unwrap();
+    let big0 = git2::Oid::hash_object(git2::ObjectType::Blob, &noise(1, 256 << 10)).unwrap();
+    assert!(
+        bare.find_blob(big0).is_err(),
+        "a dropped point's blob stayed"
+    );
+    // The cache's objects were borrowed for the repack, not copied in.
+    let cached = git2::Oid::hash_object(git2::ObjectType::Blob, b"pub fn f() {}\n").unwrap();
+    assert!(
+        bare.find_blob(cached).is_err(),
+        "the cache's blob was packed into the store"
+    );
+    assert!(git2::Repository::open_bare(&cache)
+        .unwrap()
+        .find_blob(cached)
+        .is_ok());
 }

@@ -42,10 +42,16 @@ impl JobContext {
             next += 1;
         }
         let report = self
-            .apply_rewind(&paths, &now_id, &to.snapshot, None)
+            .apply_rewind(ws.id, &paths, &now_id, &to.snapshot, None)
             .await?;
         self.keep_git_owner(ws).await;
-        let after = self.take(ws, &paths, Some(now_id)).await?;
+        // With ignored files kept, what the point after holds depends on the budget and
+        // on ignored files neither point had: a walk decides, as for any other change.
+        let after = if ws.history_ignored {
+            self.take(ws, &paths, Some(now_id)).await?
+        } else {
+            report.point
+        };
         let dirty = after.dirty;
         let event = snapshot_event(
             ws.id,
@@ -76,6 +82,7 @@ impl JobContext {
 
     async fn apply_rewind(
         &self,
+        workspace_id: Uuid,
         paths: &Paths,
         now: &str,
         to: &str,
@@ -94,7 +101,7 @@ impl JobContext {
                 workspace,
                 cache,
             };
-            git.rewind(&paths.borrow(), &now, &to, branch.as_deref())
+            git.rewind(&paths.borrow(), workspace_id, &now, &to, branch.as_deref())
         })
         .await
     }
@@ -142,16 +149,20 @@ impl JobContext {
                 "the fork's acquire made no workspace",
             ));
         };
-        let mut events: Vec<Event> = made
-            .events
-            .iter()
-            .filter(|e| !matches!(e, Event::WorkspaceSnapshotTaken { .. }))
-            .cloned()
-            .collect();
+        // The checkout's own first point is where the fork's rewind starts; the fork's
+        // timeline is the source's up to the point instead.
+        let mut first = None;
+        let mut events = Vec::new();
+        for event in &made.events {
+            match event {
+                Event::WorkspaceSnapshotTaken { snapshot, .. } => first = Some(snapshot.clone()),
+                other => events.push(other.clone()),
+            }
+        }
         let fork_row = row.clone();
         let mut locks = made.locks;
-        match self.fill_fork(ws, &fork_row, &at_point).await {
-            Ok(()) => {}
+        let dirty = match self.fill_fork(ws, &fork_row, &at_point, first).await {
+            Ok(dirty) => dirty,
             Err(e) => {
                 self.discard_fork(&fork_row).await;
                 for lock in locks.drain(..) {
@@ -159,15 +170,21 @@ impl JobContext {
                 }
                 return Err(e);
             }
-        }
+        };
         events.push(Event::WorkspaceForked {
             workspace_id: fork_row.id,
             source_workspace_id: ws.id,
             snapshot: at_point.snapshot.clone(),
             number: at_point.number,
         });
-        let folded = fold_workspace(None, &events, now())?;
-        events.extend(self.dirty_change(&folded).await);
+        // The rewind's point tells whether the fork's files differ from its HEAD: no
+        // `git status` walk.
+        if dirty != fold_workspace(None, &events, now())?.dirty {
+            events.push(Event::WorkspaceDirtyChanged {
+                workspace_id: fork_row.id,
+                dirty,
+            });
+        }
         let output = ToolOutput::Forked {
             workspace_id: fork_row.id,
             branch: fork_row.branch_name.clone(),
@@ -178,24 +195,31 @@ impl JobContext {
     }
 
     /// Puts the source's history into the fork's store and the fork's files, HEAD and
-    /// (its own) branch at the point.
+    /// (its own) branch at the point, from the checkout's first point `first` (a point
+    /// of the checkout is taken when there is none). Returns whether the fork's files
+    /// differ from its HEAD.
     async fn fill_fork(
         &self,
         source: &WorkspaceRow,
         fork: &WorkspaceRow,
         at_point: &Point,
-    ) -> Result<(), CommandError> {
+        first: Option<String>,
+    ) -> Result<bool, CommandError> {
         let paths = self.history_paths(fork).await?;
         let git = self.git.clone();
         let (from, to) = (self.history_dir(source), paths.store.clone());
         // The fork's own store (its checkout's point, whose private index matches its
         // files) gets the source's points: its next point hashes only what changed.
         blocking(move || git.copy_history(&from, &to)).await?;
-        let now_snap = self.take(fork, &paths, None).await?;
+        let now = match first {
+            Some(id) => id,
+            None => self.take(fork, &paths, None).await?.id,
+        };
         let branch = branch_for(fork.mode, scope_of(fork)).map(|b| format!("refs/heads/{b}"));
-        self.apply_rewind(&paths, &now_snap.id, &at_point.snapshot, branch)
+        let report = self
+            .apply_rewind(fork.id, &paths, &now, &at_point.snapshot, branch)
             .await?;
-        Ok(())
+        Ok(report.point.dirty)
     }
 
     /// Removes a fork that could not be filled (its checkout and store).

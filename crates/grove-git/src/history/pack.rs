@@ -1,0 +1,153 @@
+//! Packing a history store: each point leaves a few small loose files (its blob, the
+//! trees on its path, its commit) and a ref file, each taking a whole filesystem block.
+//! The sweep packs a store that holds many: the loose objects go into one pack (a
+//! version of a file or tree as a delta against another where that is smaller), the
+//! point refs into `packed-refs`. Points and their numbers are unchanged, and every
+//! object stays readable throughout (from its loose file, then from the pack).
+
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use git2::{Oid, Repository};
+use grove_core::error::GitError;
+
+use super::{local, open_existing};
+use crate::errors::map_io;
+
+const PACKED_REFS: &str = "packed-refs";
+const PACKED_HEADER: &str = "# pack-refs with: peeled fully-peeled sorted \n";
+
+/// The store's loose objects as `git gc --auto` estimates them: the entries of one of
+/// the 256 fan-out directories, times 256 (a directory listing, no walk).
+pub(crate) fn loose_estimate(store_dir: &Path) -> usize {
+    std::fs::read_dir(store_dir.join("objects").join("17"))
+        .map(|d| d.count() * 256)
+        .unwrap_or(0)
+}
+
+/// Packs the store's loose objects (its own: the cache's are never in it) and its
+/// refs; see the module documentation. Returns how many objects were packed.
+pub(crate) fn pack(store_dir: &Path) -> Result<usize, GitError> {
+    let io = |e: std::io::Error| map_io("cannot pack the history store", &e);
+    let objects = store_dir.join("objects");
+    let store = open_existing(store_dir)?;
+    let loose = loose_objects(&objects).map_err(io)?;
+    if !loose.is_empty() {
+        let mut builder = store.packbuilder().map_err(local)?;
+        for (id, _) in &loose {
+            builder.insert_object(*id, None).map_err(local)?;
+        }
+        // Written to a temporary name and renamed into place: the pack and its index
+        // exist whole before any loose file goes.
+        builder.write(&objects.join("pack"), 0).map_err(local)?;
+        for (_, path) in &loose {
+            std::fs::remove_file(path).map_err(io)?;
+        }
+    }
+    pack_refs(&store, store_dir).map_err(io)?;
+    Ok(loose.len())
+}
+
+/// Every loose object of an `objects` directory (`xx/<38 hex>`) and its file.
+fn loose_objects(objects: &Path) -> std::io::Result<Vec<(Oid, PathBuf)>> {
+    let mut out = Vec::new();
+    for dir in std::fs::read_dir(objects)? {
+        let dir = dir?;
+        let prefix = dir.file_name();
+        let Some(prefix) = prefix.to_str().filter(|p| is_hex(p, 2)) else {
+            continue;
+        };
+        if !dir.file_type()?.is_dir() {
+            continue;
+        }
+        for file in std::fs::read_dir(dir.path())? {
+            let file = file?;
+            let name = file.file_name();
+            let Some(rest) = name.to_str().filter(|n| is_hex(n, 38)) else {
+                continue; // a temporary file of a write in progress
+            };
+            if let Ok(id) = Oid::from_str(&format!("{prefix}{rest}")) {
+                out.push((id, file.path()));
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn is_hex(s: &str, len: usize) -> bool {
+    s.len() == len && s.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Writes every ref of the store (loose or already packed) into `packed-refs`, then
+/// removes each loose ref file that still names what was packed. The new file is
+/// made as `packed-refs.lock` (`O_EXCL`: libgit2 takes the same lock to rewrite it)
+/// and renamed into place.
+fn pack_refs(store: &Repository, store_dir: &Path) -> std::io::Result<()> {
+    let git = |e: git2::Error| std::io::Error::other(e.message().to_string());
+    let mut refs: Vec<(String, Oid)> = Vec::new();
+    for r in store.references().map_err(git)? {
+        let r = r.map_err(git)?;
+        if let (Ok(name), Some(id)) = (r.name(), r.target()) {
+            refs.push((name.to_string(), id));
+        }
+    }
+    if refs.is_empty() {
+        return Ok(());
+    }
+    write_packed(store_dir, &refs)?;
+    for (name, id) in &refs {
+        let file = store_dir.join(name);
+        if std::fs::read(&file).is_ok_and(|b| b == format!("{id}\n").as_bytes()) {
+            std::fs::remove_file(&file)?;
+        }
+    }
+    Ok(())
+}
+
+/// Replaces the store's `packed-refs` by `refs` (sorted by name, as the format wants).
+fn write_packed(store_dir: &Path, refs: &[(String, Oid)]) -> std::io::Result<()> {
+    let mut refs = refs.to_vec();
+    refs.sort();
+    refs.dedup_by(|a, b| a.0 == b.0);
+    let mut text = String::from(PACKED_HEADER);
+    for (name, id) in &refs {
+        text.push_str(&format!("{id} {name}\n"));
+    }
+    let lock = store_dir.join(format!("{PACKED_REFS}.lock"));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&lock)?;
+    let written = file.write_all(text.as_bytes());
+    drop(file);
+    match written.and_then(|()| std::fs::rename(&lock, store_dir.join(PACKED_REFS))) {
+        Ok(()) => Ok(()),
+        Err(e) => {
+            let _ = std::fs::remove_file(&lock);
+            Err(e)
+        }
+    }
+}
+
+/// Adds the refs of `from`'s `packed-refs` to `to`'s (a fork's store taking its
+/// source's points); nothing to do when `from` has none.
+pub(crate) fn merge_packed_refs(from: &Path, to: &Path) -> std::io::Result<()> {
+    let Ok(theirs) = std::fs::read_to_string(from.join(PACKED_REFS)) else {
+        return Ok(());
+    };
+    let ours = std::fs::read_to_string(to.join(PACKED_REFS)).unwrap_or_default();
+    let refs: Vec<(String, Oid)> = theirs
+        .lines()
+        .chain(ours.lines())
+        .filter_map(|line| {
+            let (id, name) = line.split_once(' ')?;
+            let id = Oid::from_str(id)
+                .ok()
+                .filter(|_| !line.starts_with(['#', '^']))?;
+            Some((name.to_string(), id))
+        })
+        .collect();
+    write_packed(to, &refs)
+}
