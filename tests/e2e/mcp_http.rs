@@ -94,6 +94,28 @@ async fn mcp_over_http_serves_a_workspace_to_its_owner_and_to_no_one_else() {
         std::fs::read_to_string(root.join("notes.txt")).unwrap(),
         "mine\n"
     );
+    // The write and a shell command ran inline in the server's worker (ADR 31): their
+    // ledger rows started as they were inserted, each with its event.
+    let shell = call(7, "shell", json!({"command": "cat notes.txt"}));
+    let (_, _, ran) = rpc(&server, Some(ALICE), &ws, shell).await;
+    assert_eq!(ran["result"]["isError"], false, "{ran}");
+    assert_eq!(
+        ran["result"]["structuredContent"]["stdout"], "mine\n",
+        "{ran}"
+    );
+    let inline: Vec<(String, bool)> = sqlx::query_as(
+        "SELECT kind, enqueued_at = started_at FROM grove.commands
+         WHERE kind IN ('tool', 'exec') ORDER BY enqueued_at",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        inline,
+        [("tool".to_string(), true), ("exec".to_string(), true)]
+    );
+    assert_eq!(env.count_events("workspace.file_written").await, 1);
+    assert_eq!(env.count_events("exec.finished").await, 1);
 
     let before = ledger(&env).await;
     let read = call(4, "read_file", json!({"path": "notes.txt"}));

@@ -87,7 +87,9 @@ pub async fn mcp(
     }));
     let mut server = GroveMcp::per_request(state.pool.clone(), state.wait);
     if let Some(inline) = &state.inline {
-        server = server.with_inline_reads(inline.clone());
+        server = server
+            .with_inline_reads(inline.clone())
+            .with_inline_writes(inline.clone());
     }
     let response = grove_mcp::http_service(server)
         .call(request)

@@ -3,13 +3,14 @@
 //! [`Target`] (put into the request by the API after authentication and the tenancy
 //! check). `tools/list` reads the workspace's capabilities each time (a read-only
 //! workspace is offered no write tool); `tools/call` turns a call into a command and
-//! submits it through the queue, or answers a read inline where the process can.
+//! submits it through the queue, or answers a read or runs a file write or an exec inline
+//! where the process can (ADR 24, ADR 31).
 
 use std::sync::Arc;
 
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
-use grove_core::inline::{answers_inline, InlineReads};
+use grove_core::inline::{answers_inline, runs_inline, InlineReads, InlineWrites};
 use grove_core::model::WorkspaceRow;
 use grove_core::tool_catalog::{self, ArgsError};
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest, ToolSpec};
@@ -84,6 +85,9 @@ pub struct GroveMcp {
     fixed: Option<Arc<Target>>,
     /// Reads answered in this process (ADR 24), when it serves the workspace's node.
     inline: Option<Arc<dyn InlineReads>>,
+    /// File writes and execs run in this process (ADR 31), on the same node's
+    /// workspaces.
+    writes: Option<Arc<dyn InlineWrites>>,
 }
 
 impl GroveMcp {
@@ -98,6 +102,7 @@ impl GroveMcp {
                 git_token: config.git_token,
             })),
             inline: None,
+            writes: None,
         };
         server.workspace(config.workspace_id).await?;
         Ok(server)
@@ -111,12 +116,20 @@ impl GroveMcp {
             wait,
             fixed: None,
             inline: None,
+            writes: None,
         }
     }
 
     /// Answers read tools through `reads` where it serves the workspace's node.
     pub fn with_inline_reads(mut self, reads: Arc<dyn InlineReads>) -> Self {
         self.inline = Some(reads);
+        self
+    }
+
+    /// Runs file write tools and execs through `writes` where the inline reads' node
+    /// holds the workspace (ADR 31).
+    pub fn with_inline_writes(mut self, writes: Arc<dyn InlineWrites>) -> Self {
+        self.writes = Some(writes);
         self
     }
 
@@ -306,6 +319,33 @@ impl GroveMcp {
         ))
     }
 
+    /// A file write tool or an exec of a workspace on this process's node, run here
+    /// (ADR 31) under a fresh command id; `None` when the call must take the queue.
+    async fn run_inline(
+        &self,
+        command: &Command,
+    ) -> Result<Option<Result<CommandResult, CommandError>>, ErrorData> {
+        let (Some(reads), Some(writes), Some(id)) =
+            (&self.inline, &self.writes, command.workspace_id())
+        else {
+            return Ok(None);
+        };
+        let ws = match self.workspace(id).await {
+            Ok(ws) => ws,
+            Err(McpServeError::WorkspaceNotFound(_)) => return Ok(None),
+            Err(e) => return Err(internal(e)),
+        };
+        if !runs_inline(reads.node(), &ws, command) {
+            return Ok(None);
+        }
+        Ok(match writes.run(uuid::Uuid::now_v7(), command).await {
+            Ok(Some(result)) => Some(Ok(result)),
+            // A fresh id is never known already; the queue would answer it if it were.
+            Ok(None) => None,
+            Err(e) => Some(Err(e)),
+        })
+    }
+
     /// Validates, enqueues and waits. The outer error is the server's (Postgres); the
     /// inner one the command's, answered to the client as a tool error.
     async fn submit(
@@ -315,6 +355,11 @@ impl GroveMcp {
     ) -> Result<Result<CommandResult, CommandError>, ErrorData> {
         if let Err(e) = command.validate() {
             return Ok(Err(e.into()));
+        }
+        if token.is_none() {
+            if let Some(answered) = self.run_inline(command).await? {
+                return Ok(answered);
+            }
         }
         // Subscribe before enqueueing so the outcome's notification cannot be missed.
         let mut listener = PgListener::connect_with(&self.pool)
