@@ -160,11 +160,23 @@ pub async fn history_storage_1000(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         json!("the bytes of the changed files (each file's size after its exec)"),
     );
     row.insert("changed_bytes".into(), json!(changed));
-    row.insert("store_loose_bytes".into(), json!(loose.allocated - before.allocated));
-    row.insert("store_loose_apparent".into(), json!(loose.apparent - before.apparent));
+    row.insert(
+        "store_loose_bytes".into(),
+        json!(loose.allocated - before.allocated),
+    );
+    row.insert(
+        "store_loose_apparent".into(),
+        json!(loose.apparent - before.apparent),
+    );
     row.insert("ratio_loose".into(), round(grown(loose) / changed as f64));
-    row.insert("store_packed_bytes".into(), json!(packed.allocated - before.allocated));
-    row.insert("store_packed_apparent".into(), json!(packed.apparent - before.apparent));
+    row.insert(
+        "store_packed_bytes".into(),
+        json!(packed.allocated - before.allocated),
+    );
+    row.insert(
+        "store_packed_apparent".into(),
+        json!(packed.apparent - before.apparent),
+    );
     row.insert("sweep_ms".into(), round(sweep_ms));
     out.emit(row);
     Ok(())

@@ -6,8 +6,8 @@
 
 use std::ffi::CString;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::fs::FileExt;
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -21,8 +21,7 @@ use rustix::io::Errno;
 use uuid::Uuid;
 
 use super::{
-    local, open_store, point_commit, point_head, tree_diff, BRANCH_LINE, INDEX_FILE,
-    POINTS,
+    local, open_store, point_commit, point_head, tree_diff, BRANCH_LINE, INDEX_FILE, POINTS,
 };
 use crate::errors::map_io;
 use crate::saved::copy_closure;
@@ -146,7 +145,10 @@ impl Written {
 
     fn removed(&mut self, path: &[u8]) {
         if let Some(index) = &mut self.index {
-            if index.remove_path(Path::new(OsStr::from_bytes(path))).is_err() {
+            if index
+                .remove_path(Path::new(OsStr::from_bytes(path)))
+                .is_err()
+            {
                 self.index = None;
             }
         }

@@ -174,7 +174,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     let changed = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
     assert_eq!(changed.changes.modified, 100);
     let t = Instant::now();
-    let report = git2.rewind(&p, Uuid::nil(), &changed.id, &last, None).unwrap();
+    let report = git2
+        .rewind(&p, Uuid::nil(), &changed.id, &last, None)
+        .unwrap();
     let took = t.elapsed();
     assert_eq!(report.files_written, 100);
     assert_eq!(
@@ -265,7 +267,10 @@ fn a_rewind_records_the_point_a_walk_of_the_tree_would_and_head_goes_back() {
     );
     std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
     let second = git2.snapshot(&p, id, Some(&first.id)).unwrap();
-    assert_ne!(second.head, first.head, "the agent's commit is the point's HEAD");
+    assert_ne!(
+        second.head, first.head,
+        "the agent's commit is the point's HEAD"
+    );
 
     let report = git2.rewind(&p, id, &second.id, &first.id, None).unwrap();
     let point = &report.point;
@@ -342,7 +347,9 @@ fn a_forks_store_links_the_sources_objects_and_keeps_its_points_after_the_source
     );
     assert_eq!(git(&fork_ws, &["symbolic-ref", "HEAD"]), "refs/heads/f");
     git2.discard_history(&store).unwrap();
-    let diff = git2.history_diff(&fp, &first.id, &second.id, 1 << 20).unwrap();
+    let diff = git2
+        .history_diff(&fp, &first.id, &second.id, 1 << 20)
+        .unwrap();
     assert_eq!(diff.files.len(), 1, "the source's points outlive its store");
 }
 
@@ -376,7 +383,9 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     assert_eq!(git2.pack_history(&store).unwrap(), before);
     assert_eq!(loose(&store), 0);
     assert_eq!(git2.history_loose_objects(&store), 0);
-    let ref_files = std::fs::read_dir(store.join("refs/points")).unwrap().count();
+    let ref_files = std::fs::read_dir(store.join("refs/points"))
+        .unwrap()
+        .count();
     assert_eq!(ref_files, 0, "the point refs are in packed-refs");
     // A store made from a packed one, then given its points again, reads them all.
     let other = store.with_file_name("other");
@@ -384,7 +393,9 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     git2.copy_history(&store, &other).unwrap();
     let op = paths(&other, &ws, &cache);
     let last = &points.last().unwrap().id;
-    let diff = git2.history_diff(&op, &points[0].id, last, 1 << 20).unwrap();
+    let diff = git2
+        .history_diff(&op, &points[0].id, last, 1 << 20)
+        .unwrap();
     assert_eq!(diff.files.len(), 1);
     for (i, pair) in points.windows(2).enumerate().skip(1) {
         let diff = git2
