@@ -43,6 +43,12 @@ pub(crate) fn pack(store_dir: &Path) -> Result<usize, GitError> {
         for (_, path) in &loose {
             std::fs::remove_file(path).map_err(io)?;
         }
+        // An emptied fan-out directory still takes a block (up to 256 of them).
+        for (_, path) in &loose {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
     }
     pack_refs(&store, store_dir).map_err(io)?;
     Ok(loose.len())
