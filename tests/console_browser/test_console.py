@@ -1,6 +1,7 @@
 """The operator console in a real browser (headless Chromium over WebDriver) against a
 real `grove serve`: sign-in, Fleet, a workspace's timeline with kept output, live
-follow without a reload, tenancy, escaping, and no console errors on any page.
+follow without a reload, tenancy, escaping, a step's diff and a rewind through its
+confirmation page, and no console errors on any page.
 Screenshots of each page go to target/console-screenshots/."""
 
 from __future__ import annotations
@@ -69,8 +70,10 @@ def test_the_timeline_shows_output_and_follows_a_new_command_live(grove: Grove, 
         lambda d: "live-output-2" in d.find_element(By.ID, "timeline").text
     )
     assert browser.execute_script("return window.groveNoReload;") == 42, "no reload"
-    items = browser.find_elements(By.CSS_SELECTOR, "#timeline li.item")
-    ids = [i.get_attribute("id") for i in items]
+    # Read in one script call: live follow may still be putting a fragment in place.
+    ids = browser.execute_script(
+        "return Array.from(document.querySelectorAll('#timeline li.item')).map(i => i.id);"
+    )
     assert len(ids) == len(set(ids)), f"no item twice: {ids}"
     shot(browser, "workspace")
     assert console_errors(browser) == []
@@ -104,7 +107,10 @@ def test_workspaces_and_events_pages_render_for_an_operator(grove: Grove, browse
     assert grove.workspace[:8] in browser.find_element(By.ID, "workspaces").text
     shot(browser, "workspaces")
     browser.get(grove.base + "/ui/events")
-    browser.find_element(By.ID, "run-verify").click()
+    run = browser.find_element(By.ID, "run-verify")
+    run.click()
+    # The form's POST redirects to a new page: wait for it before reading the result.
+    WebDriverWait(browser, 10).until(ec.staleness_of(run))
     deadline = time.time() + 30
     while "differences" not in browser.find_element(By.ID, "verify-result").text:
         assert time.time() < deadline, browser.find_element(By.ID, "verify-result").text
@@ -113,4 +119,54 @@ def test_workspaces_and_events_pages_render_for_an_operator(grove: Grove, browse
     assert " 0 differences" in browser.find_element(By.ID, "verify-result").text
     assert "exec.finished" in browser.find_element(By.ID, "events").text
     shot(browser, "events")
+    assert console_errors(browser) == []
+
+
+def test_an_operator_opens_a_steps_diff_and_rewinds_after_confirming(grove: Grove, browser) -> None:
+    grove.exec(ALICE, ["sh", "-c", "echo '<b>first</b>' > notes.txt"])
+    grove.exec(ALICE, ["sh", "-c", "echo second >> notes.txt"])
+    sign_in(browser, grove, OPS)
+    page = f"{grove.base}/ui/workspaces/{grove.workspace}"
+    browser.get(page)
+    numbers = [
+        int(p.get_attribute("id").removeprefix("point-"))
+        for p in browser.find_elements(By.CSS_SELECTOR, "#timeline .point")
+    ]
+    last = max(numbers)
+    before = last - 1
+    assert before in numbers, numbers
+
+    # The last step's diff: its file and its added line.
+    browser.find_element(By.CSS_SELECTOR, f"#point-{last} a.diff-link").click()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "patch")))
+    assert "notes.txt" in browser.find_element(By.ID, "diff-files").text
+    assert "+second" in browser.find_element(By.ID, "patch").text
+    shot(browser, "diff")
+
+    # Rewind to the step before it: a confirmation first, then the new point.
+    browser.get(page)
+    browser.find_element(By.ID, f"rewind-{before}").click()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "confirm-rewind")))
+    assert f"to point {before}" in browser.find_element(By.TAG_NAME, "h1").text
+    content = grove.api(f"/v1/workspaces/{grove.workspace}/tools/read_file", ALICE,
+                        {"path": "notes.txt"})["content"]
+    assert content == "<b>first</b>\nsecond\n", "asking changed nothing"
+    browser.find_element(By.ID, "confirm-rewind").click()
+    WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "new-point")))
+    new = int(browser.find_element(By.ID, "new-point").text)
+    assert new > last
+    browser.find_element(By.ID, "back").click()
+    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, f"point-{new}")))
+    item = browser.execute_script(
+        "return document.getElementById(arguments[0]).parentElement.innerText;", f"point-{new}"
+    )
+    assert f"rewound to point {before}" in item, item
+    assert "asked for by ops from the console" in item, item
+    browser.execute_script(
+        "document.getElementById(arguments[0]).scrollIntoView({block: 'end'});", f"point-{new}"
+    )
+    shot(browser, "history")
+    content = grove.api(f"/v1/workspaces/{grove.workspace}/tools/read_file", ALICE,
+                        {"path": "notes.txt"})["content"]
+    assert content == "<b>first</b>\n"
     assert console_errors(browser) == []

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use crate::env_or_skip;
 
-fn client() -> reqwest::Client {
+pub(crate) fn client() -> reqwest::Client {
     reqwest::Client::builder()
         .redirect(reqwest::redirect::Policy::none())
         .build()
@@ -18,7 +18,7 @@ fn client() -> reqwest::Client {
 }
 
 /// The CSRF token the console puts in the forms of the session of `token`.
-fn csrf(token: &str) -> String {
+pub(crate) fn csrf(token: &str) -> String {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
     h.update(b"grove.console.csrf\0");
@@ -30,7 +30,7 @@ fn session(token: &str) -> String {
     format!("grove_console={token}")
 }
 
-async fn page(server: &Server, path: &str, token: Option<&str>) -> (StatusCode, String) {
+pub(crate) async fn page(server: &Server, path: &str, token: Option<&str>) -> (StatusCode, String) {
     let mut req = client().get(server.url(path));
     if let Some(t) = token {
         req = req.header(COOKIE, session(t));
@@ -45,7 +45,7 @@ async fn page(server: &Server, path: &str, token: Option<&str>) -> (StatusCode, 
     (status, location.unwrap_or(body))
 }
 
-async fn post_form(
+pub(crate) async fn post_form(
     server: &Server,
     path: &str,
     token: Option<&str>,

@@ -616,3 +616,234 @@ async fn the_eviction_sweep_thins_old_points_by_the_retention_policy() {
     let verify = env.grove(&["replay", "--verify"]).await;
     assert!(verify.status.success(), "{:?}", text(&verify));
 }
+
+/// The commit-order id of the newest event of `event_type` in workspace `id`'s stream.
+async fn tx_of(env: &TestEnv, id: &str, event_type: &str) -> String {
+    sqlx::query_scalar(
+        "SELECT tx_id::text FROM grove.events WHERE stream_id = $1 AND event_type = $2
+         ORDER BY position DESC LIMIT 1",
+    )
+    .bind(format!("workspace:{id}"))
+    .bind(event_type)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_merge_back_is_a_point_with_the_files_it_brought() {
+    let mut env = env_or_skip!("a_merge_back_is_a_point_with_the_files_it_brought");
+    let s = start(&mut env).await;
+    let task = env
+        .grove_json(&acquire_args(&s.url, "task", &["--task", "t1"]))
+        .await;
+    let task_id = task["id"].as_str().unwrap().to_string();
+    let task_dir = PathBuf::from(task["local_path"].as_str().unwrap());
+    // The task's work: two files added, one modified, one deleted, in one commit.
+    std::fs::create_dir_all(task_dir.join("docs")).unwrap();
+    std::fs::write(task_dir.join("docs/new.md"), "new\n").unwrap();
+    std::fs::write(task_dir.join("feature.txt"), "feature\n").unwrap();
+    std::fs::write(task_dir.join("README.md"), "# from the task\n").unwrap();
+    std::fs::remove_file(task_dir.join("src/util.rs")).unwrap();
+    git(&task_dir, &["add", "-A"]);
+    git(&task_dir, &["commit", "-q", "-m", "task work"]);
+    let before = tree_of(&s.dir);
+
+    let merged = env
+        .grove_json(&[
+            "workspace",
+            "merge-back",
+            &s.id,
+            "--task",
+            &task_id,
+            "--strategy",
+            "merge",
+        ])
+        .await;
+    assert_eq!(merged["fast_forward"], true, "{merged}");
+    let after = tree_of(&s.dir);
+    assert_eq!(counts(&before, &after), (2, 1, 1));
+
+    let h = history(&env, &s.id, &["list"]).await;
+    assert_eq!(h["total"], 2, "{h}");
+    let p = &h["points"][1];
+    assert_eq!(p["operation"]["kind"], "merge_back", "{p}");
+    assert_eq!(p["operation"]["task_workspace_id"], task_id.as_str());
+    assert_eq!(p["operation"]["commits"], 1);
+    assert_eq!(p["operation"]["fast_forward"], true);
+    assert_eq!(
+        (
+            p["changes"]["added"].as_u64().unwrap(),
+            p["changes"]["modified"].as_u64().unwrap(),
+            p["changes"]["deleted"].as_u64().unwrap(),
+        ),
+        (2, 1, 1)
+    );
+    assert_eq!(p["head"], merged["new_head"]);
+    assert_eq!(
+        tx_of(&env, &s.id, "workspace.snapshot_taken").await,
+        tx_of(&env, &s.id, "workspace.merged_back").await,
+        "the point commits with the merge-back's own events"
+    );
+    // The merge-back can be undone like any change.
+    history(&env, &s.id, &["undo"]).await;
+    assert_eq!(tree_of(&s.dir), before);
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", text(&verify));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restore_continues_the_timeline_kept_through_eviction_and_rewinds_before_it() {
+    let mut env = env_or_skip!(
+        "a_restore_continues_the_timeline_kept_through_eviction_and_rewinds_before_it"
+    );
+    env.spawn_worker_env(&[
+        ("GROVE_EVICT_SCHEDULE", "off"),
+        ("GROVE_EVICT_MEASURE_EVERY", "0"),
+        ("GROVE_ALLOW_CLOCK_OVERRIDE", "1"),
+        ("GROVE_DISK_BUDGET", "1"),
+        ("GROVE_PRESSURE_GRACE", "60"),
+    ])
+    .await;
+    let url = env.fixture_repo("fixture", &[("README.md", "# fixture\n")]);
+    let ws = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c1"]))
+        .await;
+    let id = ws["id"].as_str().unwrap().to_string();
+    let dir = PathBuf::from(ws["local_path"].as_str().unwrap());
+    let mut trees = vec![tree_of(&dir)];
+    for step in [
+        "echo one > a.txt",
+        "echo two > b.txt && echo changed > README.md",
+    ] {
+        run_step(&env, &id, &Step::Exec(step)).await;
+        trees.push(tree_of(&dir));
+    }
+    let out = env.grove(&["workspace", "release", &id]).await;
+    assert!(out.status.success(), "{:?}", text(&out));
+    let later = (chrono::Utc::now() + chrono::Duration::hours(1)).to_rfc3339();
+    env.grove_json(&["evict", "--now", &later]).await;
+    let state: String =
+        sqlx::query_scalar("SELECT state FROM grove.sandbox_workspaces WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "evicted");
+    assert!(!dir.exists(), "the files are gone");
+    let stores: Vec<PathBuf> = std::fs::read_dir(env.home().join("history"))
+        .unwrap()
+        .flatten()
+        .map(|user| user.path().join(&id))
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(stores.len(), 1, "eviction keeps the history store");
+
+    let restored = env.grove_json(&["workspace", "restore", &id]).await;
+    assert_eq!(restored["state"], "ready", "{restored}");
+    assert_eq!(tree_of(&dir), trees[2], "the saved work is back");
+    let h = history(&env, &id, &["list"]).await;
+    assert_eq!(h["total"], 4, "{h}");
+    let p = &h["points"][3];
+    assert_eq!(p["number"], 3);
+    assert_eq!(p["operation"]["kind"], "restore", "{p}");
+    assert_eq!(
+        p["changes"],
+        serde_json::json!({"added": 0, "modified": 0, "deleted": 0})
+    );
+    assert_eq!(
+        tx_of(&env, &id, "workspace.snapshot_taken").await,
+        tx_of(&env, &id, "workspace.restored").await,
+        "the point commits with the restore's own events"
+    );
+
+    // A point taken before the eviction is still one to rewind to.
+    let r = history(&env, &id, &["rewind", "1"]).await;
+    assert_eq!(r["output"], "rewound", "{r}");
+    assert_eq!(tree_of(&dir), trees[1]);
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", text(&verify));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_the_budget() {
+    let mut env = env_or_skip!(
+        "a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_the_budget"
+    );
+    env.spawn_worker_env(&[("GROVE_HISTORY_IGNORED_BUDGET_BYTES", "1000")])
+        .await;
+    let url = env.fixture_repo(
+        "fixture",
+        &[
+            ("README.md", "# fixture\n"),
+            (".gitignore", "build/\n*.log\n"),
+        ],
+    );
+    let mut args = acquire_args(&url, "edit", &["--conversation", "c1"]);
+    args.push("--history-ignored");
+    let ws = env.grove_json(&args).await;
+    assert_eq!(ws["history_ignored"], true, "{ws}");
+    let id = ws["id"].as_str().unwrap().to_string();
+    let plain = env
+        .grove_json(&acquire_args(&url, "edit", &["--conversation", "c2"]))
+        .await;
+    let plain_id = plain["id"].as_str().unwrap().to_string();
+    assert_eq!(plain["history_ignored"], false);
+
+    // Build output within the budget, a link out, and a log over it.
+    let script = "mkdir -p build && printf 'object code\\n' > build/out.o \
+                  && ln -s /etc/passwd build/passwd && head -c 5000 /dev/zero > big.log";
+    for ws_id in [&id, &plain_id] {
+        run_step(&env, ws_id, &Step::Exec(script)).await;
+    }
+    let h = history(&env, &id, &["list"]).await;
+    let p = &h["points"][1];
+    assert_eq!(
+        p["changes"]["added"], 2,
+        "build/out.o and build/passwd: {p}"
+    );
+    assert_eq!(p["ignored_omitted"], 1, "big.log: {p}");
+    let out = history(&env, &id, &["show", "1", "build/out.o"]).await;
+    assert_eq!(out["content"], "object code\n");
+    let link = history(&env, &id, &["show", "1", "build/passwd"]).await;
+    assert_eq!(link["content"], "/etc/passwd", "a link, not the host file");
+    let (code, _) = history_fails(&env, &id, &["show", "1", "big.log"]).await;
+    assert_eq!(code, 3);
+    let omitted: Vec<i64> = sqlx::query_scalar(
+        "SELECT (payload->>'ignored_omitted')::bigint FROM grove.events
+         WHERE event_type = 'workspace.snapshot_taken' AND payload ? 'ignored_omitted'",
+    )
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(omitted, [1], "the event says what was left out");
+    let ph = history(&env, &plain_id, &["list"]).await;
+    assert_eq!(
+        ph["points"][1]["changes"]["added"], 0,
+        "ignored files excluded by default"
+    );
+    assert_eq!(ph["points"][1]["ignored_omitted"], 0);
+    let dirty: bool =
+        sqlx::query_scalar("SELECT dirty FROM grove.sandbox_workspaces WHERE id = $1::uuid")
+            .bind(&id)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(!dirty, "ignored files never make a workspace dirty");
+
+    // Gone, then back by undo.
+    let dir = PathBuf::from(ws["local_path"].as_str().unwrap());
+    run_step(&env, &id, &Step::Exec("rm -rf build")).await;
+    assert!(!dir.join("build").exists());
+    history(&env, &id, &["undo"]).await;
+    assert_eq!(
+        std::fs::read_to_string(dir.join("build/out.o")).unwrap(),
+        "object code\n"
+    );
+    assert_eq!(
+        std::fs::read_link(dir.join("build/passwd")).unwrap(),
+        PathBuf::from("/etc/passwd")
+    );
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", text(&verify));
+}

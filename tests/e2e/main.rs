@@ -6,6 +6,7 @@ mod cli;
 mod cli_remote;
 mod concurrency;
 mod console;
+mod console_history;
 mod contract;
 mod crash;
 mod docker;

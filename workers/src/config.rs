@@ -48,6 +48,10 @@ pub struct WorkerConfig {
     /// this many days are all kept, older ones thinned by the eviction sweep to one a
     /// day; 0 keeps every point.
     pub history_keep_days: u64,
+    /// `GROVE_HISTORY_IGNORED_BUDGET_BYTES` (default 64 MiB): ignored files a point of a
+    /// workspace acquired with `history_ignored` keeps, in total bytes; those beyond are
+    /// left out and counted in its `workspace.snapshot_taken`.
+    pub history_ignored_budget: u64,
 }
 
 impl WorkerConfig {
@@ -82,8 +86,25 @@ impl WorkerConfig {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .unwrap_or(30),
+            history_ignored_budget: history_ignored_budget_from_env()
+                .unwrap_or(DEFAULT_IGNORED_BUDGET),
             home,
         }
+    }
+}
+
+/// `GROVE_HISTORY_IGNORED_BUDGET_BYTES` from the environment (unset: 64 MiB); a value
+/// that is not a byte count is an error (a worker does not start with it).
+pub fn history_ignored_budget_from_env() -> Result<u64, String> {
+    let name = "GROVE_HISTORY_IGNORED_BUDGET_BYTES";
+    match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+        None => Ok(DEFAULT_IGNORED_BUDGET),
+        Some(v) => match parse_budget(&v)? {
+            DiskBudget::Bytes(n) => Ok(n),
+            _ => Err(format!(
+                "{name}: expected bytes (like 67108864 or 64MiB), got {v:?}"
+            )),
+        },
     }
 }
 

@@ -48,3 +48,27 @@ def test_checkpoint_diff_undo_rewind_and_fork(alice: Client, session: Session) -
 def test_an_unknown_point_is_not_found(alice: Client, session: Session) -> None:
     with pytest.raises(NotFoundError):
         alice.tools.history_file(session.session_id, "9999", "notes.txt")
+
+
+def test_a_session_acquired_with_history_ignored_keeps_ignored_files_in_its_points(
+    alice: Client, repo_url: str
+) -> None:
+    def session(history_ignored: bool) -> Session:
+        return alice.acquire_session(
+            project_id="p1",
+            repo_name="o/fixture",
+            repo_url=repo_url,
+            base_ref="main",
+            mode="edit",
+            conversation_id=f"c-{uuid.uuid4().hex[:12]}",
+            history_ignored=history_ignored,
+        )
+
+    kept, plain = session(True), session(False)
+    assert kept.workspace.history_ignored and not plain.workspace.history_ignored
+    for s in (kept, plain):
+        alice.tools.write_file(s.session_id, ".gitignore", "*.log\n")
+        alice.tools.write_file(s.session_id, "build.log", "output\n")
+    added = [alice.tools.history(s.session_id).points[-1].changes["added"] for s in (kept, plain)]
+    assert added == [1, 0]
+    assert alice.get_workspace(kept.session_id).history_ignored

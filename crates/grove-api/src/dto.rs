@@ -134,6 +134,12 @@ pub struct AcquireSessionRequest {
     /// `daytona` or `e2b` inside that provider's sandbox of the caller and project.
     #[serde(default)]
     pub runtime: Option<String>,
+    /// A new workspace's history points keep ignored files too (build output,
+    /// dependencies), up to the server's `GROVE_HISTORY_IGNORED_BUDGET_BYTES` each; those
+    /// beyond are counted in the point's `ignored_omitted`. Fixed at creation: acquiring
+    /// an existing workspace does not change it.
+    #[serde(default)]
+    pub history_ignored: bool,
     #[serde(default)]
     pub idempotency_key: Option<String>,
 }
@@ -171,6 +177,8 @@ pub struct Workspace {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub evicted_at: Option<DateTime<Utc>>,
+    /// Its history points keep ignored files too (`history_ignored` at acquire).
+    pub history_ignored: bool,
 }
 
 impl From<WorkspaceRow> for Workspace {
@@ -201,6 +209,7 @@ impl From<WorkspaceRow> for Workspace {
             created_at: w.created_at,
             updated_at: w.updated_at,
             evicted_at: w.evicted_at,
+            history_ignored: w.history_ignored,
         }
     }
 }

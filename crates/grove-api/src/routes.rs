@@ -100,6 +100,7 @@ pub async fn acquire_session(
         conversation_id: req.conversation_id,
         task_id: req.task_id,
         runtime: req.runtime,
+        history_ignored: req.history_ignored,
     });
     command.validate()?;
     let id = command_id(&caller, req.idempotency_key.as_deref())?;

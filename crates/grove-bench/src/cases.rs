@@ -576,6 +576,7 @@ async fn fake_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<Uuid>> {
                 .into_owned(),
             capabilities: Capabilities::from_mode(WorkspaceMode::Analysis),
             size_bytes: 0,
+            history_ignored: false,
         });
     }
     let md = Metadata {

@@ -5,7 +5,8 @@
 //!
 //! The records are projection rows written directly (100 users, one node, sizes and last
 //! uses spread out); one of them gets a timeline of 300 commands with kept output on the
-//! ledger. The events are valid payloads of ids no row has, as in the replay case. Run
+//! ledger, another the same timeline with a history point after each command (ADR 28:
+//! the step shows its point, its diff link and the operators' rewind and fork forms). The events are valid payloads of ids no row has, as in the replay case. Run
 //! after `replay` (as `--cases` orders them), the log is already at a million events.
 
 use std::time::Instant;
@@ -24,8 +25,9 @@ const TIMELINE_EXECS: i64 = 300;
 
 pub async fn console_pages(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     let t = Instant::now();
-    let ws = seed_workspaces(ctx).await?;
-    seed_timeline(ctx, ws).await?;
+    let (ws, with_history) = seed_workspaces(ctx).await?;
+    seed_timeline(ctx, ws, false).await?;
+    seed_timeline(ctx, with_history, true).await?;
     top_up_events(ctx).await?;
     sqlx::query("ANALYZE").execute(&ctx.pool).await?;
     let seed_s = t.elapsed().as_secs_f64();
@@ -47,6 +49,10 @@ pub async fn console_pages(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
             "/ui/workspaces?page=100".to_string(),
         ),
         ("console_workspace", format!("/ui/workspaces/{ws}")),
+        (
+            "console_workspace_history",
+            format!("/ui/workspaces/{with_history}"),
+        ),
         ("console_events", "/ui/events".to_string()),
         (
             "console_events_by_type",
@@ -93,8 +99,9 @@ async fn get(api: &Api, path: &str) -> Result<String> {
     Ok(body)
 }
 
-/// Writes `console_workspaces` workspace rows (and their repo cache); returns the first.
-async fn seed_workspaces(ctx: &Ctx) -> Result<Uuid> {
+/// Writes `console_workspaces` workspace rows (and their repo cache); returns the first
+/// two.
+async fn seed_workspaces(ctx: &Ctx) -> Result<(Uuid, Uuid)> {
     let cache = Uuid::now_v7();
     sqlx::query(
         "INSERT INTO grove.sandbox_repo_caches (id, node, identity, repo_name, repo_url, provider,
@@ -106,7 +113,7 @@ async fn seed_workspaces(ctx: &Ctx) -> Result<Uuid> {
     .execute(&ctx.pool)
     .await
     .context("seeding the console's repo cache")?;
-    let first: Uuid = sqlx::query_scalar(
+    let ids: Vec<Uuid> = sqlx::query_scalar(
         "INSERT INTO grove.sandbox_workspaces (id, repo_cache_id, node, project_id, user_id, mode,
              task_id, base_ref, base_commit, local_path, state, dirty, pinned_until, last_used_at,
              size_bytes, writable, isolated, persistent, created_at, updated_at)
@@ -120,15 +127,18 @@ async fn seed_workspaces(ctx: &Ctx) -> Result<Uuid> {
          RETURNING id",
     )
     .bind(cache)
-    .bind(ctx.args.console_workspaces)
-    .fetch_one(&ctx.pool)
+    .bind(ctx.args.console_workspaces.max(2))
+    .fetch_all(&ctx.pool)
     .await
     .context("seeding the console's workspaces")?;
-    Ok(first)
+    Ok((ids[0], ids[1]))
 }
 
-/// A timeline of `TIMELINE_EXECS` commands on `ws`, each with its ledger row.
-async fn seed_timeline(ctx: &Ctx, ws: Uuid) -> Result<()> {
+/// A timeline of `TIMELINE_EXECS` commands on `ws`, each with its ledger row, and with
+/// `points` a history point after each (its `workspace.snapshot_taken` in the command's
+/// transaction).
+async fn seed_timeline(ctx: &Ctx, ws: Uuid, points: bool) -> Result<()> {
+    let per_exec: i64 = if points { 3 } else { 2 };
     sqlx::query(
         "WITH e AS (SELECT g, gen_random_uuid() AS id FROM generate_series(1, $2) g),
          ledger AS (
@@ -144,8 +154,15 @@ async fn seed_timeline(ctx: &Ctx, ws: Uuid) -> Result<()> {
              FROM e)
          INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload,
              metadata, command_id, recorded_at)
-         SELECT 'workspace:' || $1::text, 2 * g - 1 + k, t, 1,
-             CASE WHEN k = 0 THEN jsonb_build_object('exec_id', id, 'workspace_id', $1::uuid,
+         SELECT 'workspace:' || $1::text, $3 * (g - 1) + 1 + k, t, 1,
+             CASE WHEN k = 2 THEN jsonb_build_object('workspace_id', $1::uuid,
+                     'snapshot', md5('s' || g) || substr(md5('t' || g), 1, 8),
+                     'head', repeat('b', 40), 'branch', 'refs/heads/agent/task-bench',
+                     'operation', jsonb_build_object('kind', 'exec',
+                         'argv', jsonb_build_array('cargo', 'test', '--', 'case_' || g),
+                         'exit_code', g % 2, 'duration_ms', g),
+                     'changes', jsonb_build_object('added', g % 3, 'modified', 2, 'deleted', 0))
+                  WHEN k = 0 THEN jsonb_build_object('exec_id', id, 'workspace_id', $1::uuid,
                      'runtime_id', $1::uuid, 'kind', 'write',
                      'argv', jsonb_build_array('cargo', 'test', '--', 'case_' || g),
                      'env_keys', '[]'::jsonb, 'timeout_ms', null)
@@ -156,10 +173,13 @@ async fn seed_timeline(ctx: &Ctx, ws: Uuid) -> Result<()> {
              jsonb_build_object('command_id', id, 'correlation',
                  jsonb_build_object('user_id', 'user-1'), 'worker_id', 'grove-bench', 'node', 'bench-console'),
              id, now()
-         FROM e, LATERAL (VALUES (0, 'exec.started'), (1, 'exec.finished')) AS s(k, t)",
+         FROM e, LATERAL (VALUES (0, 'exec.started'), (1, 'exec.finished'),
+             (2, 'workspace.snapshot_taken')) AS s(k, t)
+         WHERE k < $3",
     )
     .bind(ws)
     .bind(TIMELINE_EXECS)
+    .bind(per_exec)
     .execute(&ctx.pool)
     .await
     .context("seeding the measured workspace's timeline")?;

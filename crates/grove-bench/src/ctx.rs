@@ -228,6 +228,7 @@ impl Ctx {
             conversation_id: Some(conversation.into()),
             task_id: None,
             runtime: None,
+            history_ignored: false,
         })
     }
 

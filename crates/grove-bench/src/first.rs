@@ -104,6 +104,7 @@ async fn acquire_new(
         conversation_id: Some(repo_name.replace('/', "-")),
         task_id: None,
         runtime: None,
+        history_ignored: false,
     });
     match ctx.client.submit_with_token(&cmd, token).await? {
         CommandResult::Workspace(_) => Ok(()),

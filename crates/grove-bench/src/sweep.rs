@@ -59,6 +59,7 @@ async fn task_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<WorkspaceRow>> {
                 conversation_id: None,
                 task_id: Some(format!("t{i}")),
                 runtime: None,
+                history_ignored: false,
             });
             match ctx.client.submit(&cmd).await? {
                 CommandResult::Workspace(row) => Ok(row),
@@ -97,6 +98,7 @@ async fn record_only_workspaces(ctx: &Ctx, count: usize) -> Result<()> {
                 local_path: dir.to_string_lossy().into_owned(),
                 capabilities: Capabilities::from_mode(WorkspaceMode::Edit),
                 size_bytes: 4096,
+                history_ignored: false,
             });
         }
         let md = Metadata {

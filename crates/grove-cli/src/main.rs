@@ -274,6 +274,10 @@ enum WorkspaceCmd {
         /// `docker`), or inside a remote provider's sandbox (`daytona`, `e2b`).
         #[arg(long, allow_hyphen_values = true)]
         runtime: Option<String>,
+        /// A new workspace's history points keep ignored files too (build output,
+        /// dependencies), up to GROVE_HISTORY_IGNORED_BUDGET_BYTES each.
+        #[arg(long)]
+        history_ignored: bool,
         #[command(flatten)]
         common: Common,
     },
@@ -864,6 +868,8 @@ pub(crate) async fn build_worker(
     grove_postgres::migrate::migrate(&pool).await?;
     let mut config = grove_workers::WorkerConfig::new(home, node);
     config.eviction = grove_workers::config::EvictionSettings::from_env().map_err(invalid)?;
+    config.history_ignored_budget =
+        grove_workers::config::history_ignored_budget_from_env().map_err(invalid)?;
     config.concurrency = concurrency.max(1);
     if let Some(secs) = env_secs("GROVE_WORKER_LOST_AFTER") {
         config.worker_lost_after = secs;
@@ -904,6 +910,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
             conversation,
             task,
             runtime,
+            history_ignored,
             common,
         } => {
             let mode = WorkspaceMode::parse(&mode)?;
@@ -917,6 +924,7 @@ async fn workspace(cmd: WorkspaceCmd) -> Result<ExitCode> {
                 conversation_id: conversation,
                 task_id: task,
                 runtime,
+                history_ignored,
             });
             command.validate()?;
             let token = read_token(&common.token_env)?;

@@ -51,6 +51,11 @@ pub struct AcquireWorkspace {
     /// project (ADR 15). Absent in payloads written before placement existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub runtime: Option<String>,
+    /// A new workspace's history points keep ignored files too, up to
+    /// `GROVE_HISTORY_IGNORED_BUDGET_BYTES` each (ADR 28). Fixed when the workspace is
+    /// created: acquiring an existing one does not change it.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub history_ignored: bool,
 }
 
 impl AcquireWorkspace {
@@ -459,6 +464,7 @@ mod tests {
             conversation_id: Some("c1".into()),
             task_id: None,
             runtime: None,
+            history_ignored: false,
         }
     }
 

@@ -87,6 +87,10 @@ pub enum Event {
         local_path: String,
         capabilities: Capabilities,
         size_bytes: i64,
+        /// Its history points keep ignored files too, up to a budget (ADR 28); absent:
+        /// they do not.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        history_ignored: bool,
     },
     #[serde(rename = "workspace.acquired")]
     WorkspaceAcquired { workspace_id: Uuid },
@@ -329,6 +333,9 @@ pub enum Event {
         branch: Option<String>,
         operation: Operation,
         changes: FileCounts,
+        /// Ignored files left out over the workspace's budget (absent: none).
+        #[serde(default, skip_serializing_if = "is_zero")]
+        ignored_omitted: u32,
     },
     /// The workspace was made by `fork` from `source_workspace_id` at its point
     /// `number` (snapshot `snapshot`); its timeline starts with the source's points up
@@ -448,6 +455,11 @@ impl Event {
     ) -> Result<Self, serde_json::Error> {
         serde_json::from_value(serde_json::json!({ "type": event_type, "data": payload }))
     }
+}
+
+/// For `skip_serializing_if`: a count that is zero is left out of the payload.
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// Who and what an event was about, for operators and for tenancy filters.

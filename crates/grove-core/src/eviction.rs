@@ -1943,6 +1943,7 @@ mod tests {
             size_measured_at: None,
             evicted_at: None,
             saved: None,
+            history_ignored: false,
         };
         let item = WorkspaceItem::from_row(&row, true);
         assert_eq!(item.state, WorkspaceActivity::Ready);

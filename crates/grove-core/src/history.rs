@@ -42,6 +42,15 @@ pub enum Operation {
     BeforeRewind,
     /// The workspace was rewound to the point `to` (a snapshot id).
     Rewind { to: String },
+    /// A task workspace's commits were merged back into this one (`commits`: how many
+    /// were brought in).
+    MergeBack {
+        task_workspace_id: Uuid,
+        commits: u32,
+        fast_forward: bool,
+    },
+    /// The evicted workspace was checked out again from its repo cache and saved work.
+    Restore,
 }
 
 /// Files changed since the previous point.
@@ -65,6 +74,22 @@ pub struct Snapshot {
     /// The working tree differs from HEAD's tree (untracked files included, ignored
     /// ones not): the workspace's `dirty`, from the same walk.
     pub dirty: bool,
+    /// Ignored files left out of the point because they did not fit the budget
+    /// (always 0 when ignored files are excluded).
+    pub ignored_omitted: u32,
+}
+
+/// Which ignored files (matched by the workspace's `.gitignore` files and not in HEAD's
+/// tree) a point keeps: a per-workspace choice made when it is acquired.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IgnoredFiles {
+    /// None (the default): a point holds tracked and untracked files only.
+    #[default]
+    Excluded,
+    /// Those that fit in `budget_bytes` per point, taken in path order (a file that
+    /// does not fit is left out and the next ones are tried); a file over the budget
+    /// is never read past it.
+    Included { budget_bytes: u64 },
 }
 
 /// One point of a workspace's timeline, as `history` lists it.
@@ -84,6 +109,10 @@ pub struct Point {
     pub head: String,
     pub branch: Option<String>,
     pub changes: FileCounts,
+    /// Ignored files the point left out over its budget (workspaces that keep ignored
+    /// files only).
+    #[serde(default)]
+    pub ignored_omitted: u32,
 }
 
 /// How a caller names a point: its number in the timeline or its snapshot id.
@@ -161,15 +190,16 @@ pub struct HistoryPaths<'a> {
 
 /// The history operations of the git adapter. Calls are blocking.
 pub trait HistoryPort: Send + Sync {
-    /// Records the workspace's working tree (tracked and untracked files, not ignored
-    /// ones), HEAD and branch as a point of the store; counts are against `previous`
-    /// (none: against an empty tree). The workspace's index, refs and objects are not
-    /// touched.
+    /// Records the workspace's working tree (tracked and untracked files, and the
+    /// ignored ones `ignored` lets in), HEAD and branch as a point of the store; counts
+    /// are against `previous` (none: against an empty tree). The workspace's index,
+    /// refs and objects are not touched.
     fn snapshot(
         &self,
         paths: &HistoryPaths<'_>,
         workspace_id: Uuid,
         previous: Option<&str>,
+        ignored: IgnoredFiles,
     ) -> Result<Snapshot, GitError>;
     /// The first point of a checkout grove has just made (nothing has run in it): the
     /// store's private index starts as a copy of the checkout's own, whose stat data
@@ -252,9 +282,11 @@ pub fn origin(events: &[RecordedEvent]) -> Origin {
         .unwrap_or(Origin::Created)
 }
 
-/// Folds a workspace's history events (`workspace.snapshot_taken`,
+/// Folds a workspace's history events (`workspace.snapshot_taken`, `workspace.forked`,
 /// `workspace.history_pruned`, oldest first) onto `inherited` (its source's points up
-/// to the fork, or none). Numbers are stable: a pruned point keeps its number's place.
+/// to the fork, or none). Numbers are stable: a pruned point keeps its number's place,
+/// and a fork's own points follow the number its `workspace.forked` names even when the
+/// source later pruned that point.
 pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEvent]) -> Vec<Point> {
     let mut next = inherited.last().map_or(0, |p| p.number + 1);
     let mut points = inherited;
@@ -266,6 +298,7 @@ pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEve
                 branch,
                 operation,
                 changes,
+                ignored_omitted,
                 ..
             } => {
                 points.push(Point {
@@ -278,9 +311,11 @@ pub fn timeline(workspace_id: Uuid, inherited: Vec<Point>, events: &[RecordedEve
                     head: head.clone(),
                     branch: branch.clone(),
                     changes: *changes,
+                    ignored_omitted: *ignored_omitted,
                 });
                 next += 1;
             }
+            Event::WorkspaceForked { number, .. } => next = number + 1,
             Event::WorkspaceHistoryPruned { dropped, .. } => {
                 points.retain(|p| !dropped.contains(&p.snapshot));
             }
@@ -385,6 +420,7 @@ mod tests {
             branch: None,
             operation: Operation::Created,
             changes: FileCounts::default(),
+            ignored_omitted: 0,
         }
     }
 
@@ -436,6 +472,41 @@ mod tests {
     }
 
     #[test]
+    fn a_forks_numbers_stay_when_its_source_later_prunes_the_point_it_forked_at() {
+        let (src, fork) = (Uuid::from_u128(1), Uuid::from_u128(2));
+        let mut src_events: Vec<_> = (0..3)
+            .map(|i| recorded(i, taken(src, &format!("s{i}"))))
+            .collect();
+        src_events.push(recorded(
+            20,
+            Event::WorkspaceHistoryPruned {
+                workspace_id: src,
+                dropped: vec!["s1".into()],
+            },
+        ));
+        let fork_events = vec![
+            recorded(
+                10,
+                Event::WorkspaceForked {
+                    workspace_id: fork,
+                    source_workspace_id: src,
+                    snapshot: "s1".into(),
+                    number: 1,
+                },
+            ),
+            recorded(11, taken(fork, "f0")),
+        ];
+        let inherited: Vec<Point> = timeline(src, Vec::new(), &src_events)
+            .into_iter()
+            .filter(|p| p.number <= 1)
+            .collect();
+        assert_eq!(inherited.len(), 1, "the source dropped its point 1");
+        let t = timeline(fork, inherited, &fork_events);
+        let seen: Vec<(u64, &str)> = t.iter().map(|p| (p.number, p.snapshot.as_str())).collect();
+        assert_eq!(seen, [(0, "s0"), (2, "f0")]);
+    }
+
+    #[test]
     fn retention_thins_old_points_to_one_a_day_and_keeps_recent_inherited_and_latest() {
         let ws = Uuid::from_u128(1);
         let day =
@@ -450,6 +521,7 @@ mod tests {
             head: "h".into(),
             branch: None,
             changes: FileCounts::default(),
+            ignored_omitted: 0,
         };
         let source = Uuid::from_u128(9);
         let points = vec![

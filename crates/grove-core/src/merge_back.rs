@@ -277,6 +277,7 @@ mod tests {
             size_measured_at: None,
             evicted_at: None,
             saved: None,
+            history_ignored: false,
         }
     }
 

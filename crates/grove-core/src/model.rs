@@ -184,6 +184,9 @@ pub struct WorkspaceRow {
     /// save (clean, and HEAD still at `base_commit`) or the workspace is live.
     #[serde(default)]
     pub saved: Option<SavedWork>,
+    /// Its history points keep ignored files too, up to a budget (ADR 28).
+    #[serde(default)]
+    pub history_ignored: bool,
 }
 
 /// The work of an evicted workspace, kept in its repo cache so it can be restored.

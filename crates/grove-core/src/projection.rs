@@ -179,6 +179,7 @@ impl Projections {
                 local_path,
                 capabilities,
                 size_bytes,
+                history_ignored,
             } => {
                 self.workspaces.insert(
                     workspace_id,
@@ -206,6 +207,7 @@ impl Projections {
                         size_measured_at: Some(at),
                         evicted_at: None,
                         saved: None,
+                        history_ignored,
                     },
                 );
                 self.touched.workspaces.insert(workspace_id);
@@ -431,6 +433,7 @@ mod tests {
             local_path: "/g/w".into(),
             capabilities: Capabilities::from_mode(WorkspaceMode::Edit),
             size_bytes: 10,
+            history_ignored: false,
         }
     }
 

@@ -108,7 +108,8 @@ fn point() -> Value {
             "operation": operation(),
             "head": string(),
             "branch": nullable_string(),
-            "changes": object(json!({"added": count(), "modified": count(), "deleted": count()}), &["added", "modified", "deleted"])
+            "changes": object(json!({"added": count(), "modified": count(), "deleted": count()}), &["added", "modified", "deleted"]),
+            "ignored_omitted": count()
         }),
         &[
             "number",
@@ -128,7 +129,7 @@ fn point() -> Value {
 fn operation() -> Value {
     object(
         json!({
-            "kind": {"type": "string", "enum": ["created", "exec", "tool", "checkpoint", "before_rewind", "rewind"]},
+            "kind": {"type": "string", "enum": ["created", "exec", "tool", "checkpoint", "before_rewind", "rewind", "merge_back", "restore"]},
             "argv": array(string()),
             "exit_code": {"type": ["integer", "null"]},
             "duration_ms": count(),
@@ -136,7 +137,10 @@ fn operation() -> Value {
             "path": nullable_string(),
             "message": nullable_string(),
             "name": string(),
-            "to": string()
+            "to": string(),
+            "task_workspace_id": string(),
+            "commits": count(),
+            "fast_forward": boolean()
         }),
         &["kind"],
     )
@@ -455,6 +459,7 @@ mod tests {
                 modified: 0,
                 deleted: 2,
             },
+            ignored_omitted: 0,
         }
     }
 

@@ -15,14 +15,18 @@
 //! workspace dropped them.
 
 mod beneath;
+mod ignored;
 mod pack;
 mod rewind;
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
 use git2::{Delta, DiffFormat, DiffOptions, Index, ObjectType, Oid, Repository, Signature};
 use grove_core::error::GitError;
-use grove_core::history::{ChangedFile, FileCounts, HistoryPaths, Snapshot, TreeDiff};
+use grove_core::history::{
+    ChangedFile, FileCounts, HistoryPaths, IgnoredFiles, Snapshot, TreeDiff,
+};
 use uuid::Uuid;
 
 use crate::errors::{map_git2, map_io, Phase};
@@ -39,6 +43,18 @@ const ATTRIBUTES: &str = "* -text -filter -ident -working-tree-encoding\n";
 const POINTS: &str = "refs/points/";
 /// The branch line of a point's message (absent: HEAD was detached).
 const BRANCH_LINE: &str = "branch: ";
+
+/// A point's commit message: the workspace, HEAD's branch, and a fresh id of the point
+/// itself, so two points of identical states (same tree, HEAD and second) are still two
+/// commits and a point id names one step of the timeline.
+pub(crate) fn point_message(workspace_id: Uuid, branch: Option<&str>) -> String {
+    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
+    if let Some(b) = branch {
+        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
+    }
+    message.push_str(&format!("point: {}\n", Uuid::now_v7()));
+    message
+}
 
 pub(crate) fn local(e: git2::Error) -> GitError {
     map_git2(&e, Phase::Local, None)
@@ -94,7 +110,7 @@ pub(crate) fn first_snapshot(
                 .map_err(|e| map_io("cannot seed the history index", &e))?;
         }
     }
-    snapshot(paths, workspace_id, None)
+    snapshot(paths, workspace_id, None, IgnoredFiles::Excluded)
 }
 
 /// A regular file's bytes, opened without following a link (`None` otherwise).
@@ -119,6 +135,7 @@ pub(crate) fn snapshot(
     paths: &HistoryPaths<'_>,
     workspace_id: Uuid,
     previous: Option<&str>,
+    ignored: IgnoredFiles,
 ) -> Result<Snapshot, GitError> {
     let store = open_store(paths.store_dir, paths.cache_dir)?;
     let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
@@ -131,14 +148,11 @@ pub(crate) fn snapshot(
     let branch = (branch != "HEAD").then_some(branch);
     copy_closure(&ws, &store.odb().map_err(local)?, head)?;
     drop(ws);
-    let tree = work_tree(&store, paths)?;
-    let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
-    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
-    if let Some(b) = &branch {
-        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
-    }
     let head_commit = store.find_commit(head).map_err(local)?;
-    let tree_obj = store.find_tree(tree).map_err(local)?;
+    let built = work_tree(&store, paths, &head_commit.tree().map_err(local)?, ignored)?;
+    let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
+    let message = point_message(workspace_id, branch.as_deref());
+    let tree_obj = store.find_tree(built.tree).map_err(local)?;
     let id = store
         .commit(None, &sig, &sig, &message, &tree_obj, &[&head_commit])
         .map_err(local)?;
@@ -149,36 +163,58 @@ pub(crate) fn snapshot(
         Some(p) => Some(point_tree(&store, p)?),
         None => None,
     };
-    let changes = counts(&store, before, tree)?;
+    let changes = counts(&store, before, built.tree)?;
     Ok(Snapshot {
         id: id.to_string(),
         head: head.to_string(),
         branch,
         changes,
-        dirty: tree != head_commit.tree_id(),
+        dirty: built.plain != head_commit.tree_id(),
+        ignored_omitted: built.ignored_omitted,
     })
 }
 
+/// The trees of one walk of the working tree.
+struct Built {
+    /// The point's tree.
+    tree: Oid,
+    /// The same without ignored files (equal to `tree` unless they are kept).
+    plain: Oid,
+    ignored_omitted: u32,
+}
+
 /// The working tree as a tree of the store, through the store's private index.
-fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitError> {
+fn work_tree(
+    store: &Repository,
+    paths: &HistoryPaths<'_>,
+    head: &git2::Tree<'_>,
+    ignored: IgnoredFiles,
+) -> Result<Built, GitError> {
     store
         .set_workdir(paths.workspace_dir, false)
         .map_err(local)?;
     let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
     store.set_index(&mut index).map_err(local)?;
     let mut index = store.index().map_err(local)?;
+    let budget = match ignored {
+        IgnoredFiles::Excluded => None,
+        IgnoredFiles::Included { budget_bytes } => Some(budget_bytes),
+    };
     // One walk of the working tree: what differs from the index by stat (content when
-    // stat is not enough), untracked files included, ignored ones not.
+    // stat is not enough), untracked files included, ignored ones when they are kept.
     let mut opts = DiffOptions::new();
     opts.include_untracked(true)
         .recurse_untracked_dirs(true)
         .include_typechange(true)
+        .include_ignored(budget.is_some())
+        .recurse_ignored_dirs(budget.is_some())
         .update_index(true);
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
     let root = beneath::open_root(paths.workspace_dir)?;
     let mut changed = false;
+    let mut ignored_changed = Vec::new();
     for delta in diff.deltas() {
         let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
             continue;
@@ -187,20 +223,41 @@ fn work_tree(store: &Repository, paths: &HistoryPaths<'_>) -> Result<Oid, GitErr
             Delta::Deleted => index.remove_path(path).map_err(local)?,
             // A nested repository shows as a directory: not part of the point.
             _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
+            // Ignored files are weighed against the budget together, below (a file
+            // HEAD tracks is not one, whatever the rules say).
+            _ if budget.is_some() && ignored::is_ignored(store, head, path) => {
+                ignored_changed.push(path.as_os_str().as_bytes().to_vec());
+                continue;
+            }
             // Read through descriptors, never by path: see `beneath`.
             _ => {
-                if beneath::add(store, &mut index, &root, path)? == beneath::Added::Skipped {
+                if let beneath::Added::Skipped | beneath::Added::OverLimit =
+                    beneath::add(store, &mut index, &root, path, None)?
+                {
                     let _ = index.remove_path(path);
                 }
             }
         }
         changed = true;
     }
+    let fitted = match budget {
+        Some(budget) => ignored::fit(store, &mut index, &root, head, ignored_changed, budget)?,
+        None => ignored::Fitted::default(),
+    };
     let tree = index.write_tree().map_err(local)?;
-    if changed || !paths.store_dir.join(INDEX_FILE).exists() {
+    let plain = if fitted.kept.is_empty() {
+        tree
+    } else {
+        ignored::tree_without(store, &index, &fitted.kept)?
+    };
+    if changed || fitted.changed || !paths.store_dir.join(INDEX_FILE).exists() {
         index.write().map_err(local)?;
     }
-    Ok(tree)
+    Ok(Built {
+        tree,
+        plain,
+        ignored_omitted: fitted.omitted,
+    })
 }
 
 /// The commit of point `id`, which must be a point of this store.

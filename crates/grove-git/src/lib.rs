@@ -151,8 +151,9 @@ impl grove_core::history::HistoryPort for Git2Adapter {
         paths: &grove_core::history::HistoryPaths<'_>,
         workspace_id: uuid::Uuid,
         previous: Option<&str>,
+        ignored: grove_core::history::IgnoredFiles,
     ) -> Result<grove_core::history::Snapshot, GitError> {
-        history::snapshot(paths, workspace_id, previous)
+        history::snapshot(paths, workspace_id, previous, ignored)
     }
     fn first_snapshot(
         &self,

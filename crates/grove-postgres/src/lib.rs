@@ -12,6 +12,7 @@
 //! - [`replay`]: rebuilding the projections from the log and diffing them.
 //! - [`submit`]: what a waiting caller does: route, enqueue, wait for the outcome.
 //! - [`console`]: the operator console's bounded reads (fleet, pages, timeline, log).
+//! - [`console_actions`]: the console's commands, enqueued with who asked for them.
 //! - [`fleet`]: the gauges `/metrics` reads at scrape time (queues, workers, states).
 //! - [`telemetry`]: the queue's Prometheus instruments (jobs, durations, lock waits).
 //! - [`trace_context`]: a command's trace context across the queue (hooks the binary installs).
@@ -23,6 +24,7 @@
 pub mod api_queries;
 pub mod boundary;
 pub mod console;
+pub mod console_actions;
 pub mod error;
 pub mod fleet;
 pub mod history;

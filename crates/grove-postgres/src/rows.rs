@@ -17,7 +17,7 @@ use crate::{trusted, StoreError};
 pub const LIVE: &str = "grove";
 
 pub const REPO_CACHE_COLUMNS: &str = "id, node, identity, repo_name, repo_url, provider, provider_host, local_path, auth_scope_hash, last_fetched_at, last_used_at, size_bytes, state, created_at, updated_at";
-pub const WORKSPACE_COLUMNS: &str = "id, repo_cache_id, node, project_id, user_id, mode, conversation_id, task_id, base_ref, base_commit, branch_name, local_path, state, dirty, pinned_until, last_used_at, size_bytes, writable, isolated, persistent, created_at, updated_at, size_measured_at, evicted_at, saved_ref, saved_commit, saved_head, saved_patch";
+pub const WORKSPACE_COLUMNS: &str = "id, repo_cache_id, node, project_id, user_id, mode, conversation_id, task_id, base_ref, base_commit, branch_name, local_path, state, dirty, pinned_until, last_used_at, size_bytes, writable, isolated, persistent, created_at, updated_at, size_measured_at, evicted_at, saved_ref, saved_commit, saved_head, saved_patch, history_ignored";
 pub const RUNTIME_COLUMNS: &str = "id, workspace_id, backend_kind, backend_runtime_id, image, state, last_started_at, last_used_at, expires_at, created_at, updated_at";
 
 /// A row's `state` column as its type; a value this build does not know is
@@ -81,6 +81,7 @@ pub fn workspace_from_row(r: &PgRow) -> Result<WorkspaceRow, StoreError> {
         size_measured_at: r.try_get("size_measured_at")?,
         evicted_at: r.try_get("evicted_at")?,
         saved: saved_from_row(r)?,
+        history_ignored: r.try_get("history_ignored")?,
     })
 }
 
@@ -291,6 +292,7 @@ pub async fn upsert_workspace(
     .bind(r.saved.as_ref().map(|s| &s.commit))
     .bind(r.saved.as_ref().map(|s| &s.head_commit))
     .bind(r.saved.as_ref().and_then(|s| s.patch_path.as_ref()))
+    .bind(r.history_ignored)
     .execute(conn)
     .await?;
     Ok(())

@@ -315,5 +315,6 @@ fn created(c: &AcquireWorkspace, command_id: Uuid, w: NewWorkspace) -> Event {
         local_path: w.local_path,
         capabilities: w.capabilities,
         size_bytes: w.size_bytes,
+        history_ignored: c.history_ignored,
     }
 }

@@ -1,5 +1,6 @@
 //! Workspace history (ADR 28): a point after every change of a workspace on this node
-//! (`point_after`, called by exec, the write tools and acquire), and the history tools
+//! (`after_change`, called by exec, the write tools, merge-back and restore; and
+//! `first_point` by acquire), and the history tools
 //! (`history`, `history_diff`, `history_file`, `checkpoint`, `rewind`, `undo`, `fork`)
 //! over the store `$GROVE_HOME/history/<user>/<workspace id>` through the git port.
 
@@ -10,7 +11,7 @@ use grove_core::commands::{AcquireWorkspace, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::Event;
 use grove_core::history::{
-    origin, timeline, HistoryPaths, Operation, Origin, Point, PointRef, Snapshot,
+    origin, timeline, HistoryPaths, IgnoredFiles, Operation, Origin, Point, PointRef, Snapshot,
     DEFAULT_HISTORY_PAGE,
 };
 use grove_core::model::{WorkspaceMode, WorkspaceRow};
@@ -211,31 +212,45 @@ impl JobContext {
             paths.cache.clone(),
             ws.id,
         );
+        let ignored = if ws.history_ignored {
+            IgnoredFiles::Included {
+                budget_bytes: self.config.history_ignored_budget,
+            }
+        } else {
+            IgnoredFiles::Excluded
+        };
         blocking(move || {
             let paths = HistoryPaths {
                 store_dir: &store,
                 workspace_dir: &workspace,
                 cache_dir: &cache,
             };
-            git.snapshot(&paths, id, previous.as_deref())
+            git.snapshot(&paths, id, previous.as_deref(), ignored)
         })
         .await
     }
 
-    /// Takes a point after the timeline's last and returns its event and its number.
+    /// The snapshot of the workspace's newest point: one index probe, not a fold of
+    /// its timeline (which grows with every change).
+    async fn latest_point(&self, id: Uuid) -> Result<Option<String>, CommandError> {
+        let mut conn = self.conn().await?;
+        grove_postgres::history::latest_point(&mut conn, id)
+            .await
+            .map_err(store_error)
+    }
+
+    /// Takes a point after the workspace's newest; returns its event and whether the
+    /// working tree differs from HEAD's.
     async fn record_point(
         &self,
         ws: &WorkspaceRow,
         operation: Operation,
-    ) -> Result<(Event, u64, bool), CommandError> {
+    ) -> Result<(Event, bool), CommandError> {
         let paths = self.history_paths(ws).await?;
-        let last = self.timeline(ws.id).await?.pop();
-        let snap = self
-            .take(ws, &paths, last.as_ref().map(|p| p.snapshot.clone()))
-            .await?;
-        let number = last.map_or(0, |p| p.number + 1);
+        let previous = self.latest_point(ws.id).await?;
+        let snap = self.take(ws, &paths, previous).await?;
         let dirty = snap.dirty;
-        Ok((snapshot_event(ws.id, snap, operation), number, dirty))
+        Ok((snapshot_event(ws.id, snap, operation), dirty))
     }
 
     /// After a change: the point and `workspace.dirty_changed` from the same walk of the
@@ -244,7 +259,7 @@ impl JobContext {
     pub(crate) async fn after_change(&self, ws: &WorkspaceRow, operation: Operation) -> Vec<Event> {
         if self.config.history && !Placement::of_node(&ws.node).is_remote() {
             match self.record_point(ws, operation).await {
-                Ok((event, _, dirty)) => {
+                Ok((event, dirty)) => {
                     let mut events = Vec::new();
                     if dirty != ws.dirty {
                         events.push(Event::WorkspaceDirtyChanged {
@@ -443,7 +458,12 @@ impl JobContext {
             }
             ToolOp::HistoryFile { point, path } => plain(self.history_file(ws, point, path).await?),
             ToolOp::Checkpoint { name } => {
-                let (event, number, _) = self
+                let number = self
+                    .timeline(ws.id)
+                    .await?
+                    .last()
+                    .map_or(0, |p| p.number + 1);
+                let (event, _) = self
                     .record_point(ws, Operation::Checkpoint { name: name.clone() })
                     .await?;
                 let point = point_of(&event, number);
@@ -543,6 +563,7 @@ fn snapshot_event(workspace_id: Uuid, snap: Snapshot, operation: Operation) -> E
         branch: snap.branch,
         operation,
         changes: snap.changes,
+        ignored_omitted: snap.ignored_omitted,
     }
 }
 
@@ -555,6 +576,7 @@ fn point_of(event: &Event, number: u64) -> Point {
         branch,
         operation,
         changes,
+        ignored_omitted,
     } = event
     else {
         unreachable!("a point is made from workspace.snapshot_taken")
@@ -569,6 +591,7 @@ fn point_of(event: &Event, number: u64) -> Point {
         head: head.clone(),
         branch: branch.clone(),
         changes: *changes,
+        ignored_omitted: *ignored_omitted,
     }
 }
 
@@ -589,6 +612,7 @@ fn fork_acquire(
         conversation_id: (ws.mode == WorkspaceMode::Edit).then(|| scope.to_string()),
         task_id: (ws.mode == WorkspaceMode::Task).then(|| scope.to_string()),
         runtime: None,
+        history_ignored: ws.history_ignored,
     }
 }
 

@@ -13,6 +13,7 @@ use std::path::PathBuf;
 use grove_core::commands::{CommandResult, MergeBack};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::Event;
+use grove_core::history::Operation;
 use grove_core::merge_back::{check_pair, MergeBackError};
 use grove_core::model::WorkspaceRow;
 use grove_core::ports::MergeBackRequest;
@@ -107,7 +108,8 @@ impl JobContext {
     }
 
     /// Brings the task's commits into the edit branch. A clean result is
-    /// `workspace.merged_back` (plus `workspace.dirty_changed` if that changed); a
+    /// `workspace.merged_back` (plus `workspace.dirty_changed` if that changed, and the
+    /// history point of the merged tree, ADR 28); a
     /// conflict fails the command as `conflict` with the paths and is recorded as
     /// `workspace.merge_back_conflicted`, the target untouched; an up-to-date target
     /// appends nothing.
@@ -173,7 +175,12 @@ impl JobContext {
                 created: report.created.clone(),
                 fast_forward: report.fast_forward,
             });
-            events.extend(self.dirty_change(&edit).await);
+            let operation = Operation::MergeBack {
+                task_workspace_id: task.id,
+                commits: u32::try_from(report.commits.len()).unwrap_or(u32::MAX),
+                fast_forward: report.fast_forward,
+            };
+            events.extend(self.after_change(&edit, operation).await);
         }
         Ok(Handled {
             result: Ok(CommandResult::MergedBack(report)),

@@ -1,5 +1,5 @@
 //! `restore_workspace`: an evicted workspace checked out again from its repo cache and
-//! its saved work (same id, path and branch); and the saved work of a destroyed
+//! its saved work (same id, path and branch), a point of its history after it; and the saved work of a destroyed
 //! workspace discarded.
 
 use std::path::PathBuf;
@@ -9,6 +9,7 @@ use grove_core::commands::CommandResult;
 use grove_core::decide::restore::{restore_step, RestoreStep};
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Event, EvictionCause};
+use grove_core::history::Operation;
 use grove_core::model::{saved_ref_name, RepoCacheRow, WorkspaceRow};
 use grove_core::ports::{CheckoutReport, GitToken, RestoreRequest};
 use grove_core::state::WorkspaceState;
@@ -95,8 +96,16 @@ impl JobContext {
                 state: Some(WorkspaceState::Ready),
             }]),
             Ok(RestoreStep::Rebuild { reuse_checkout }) => {
-                self.rebuild(&ws, command_id, token, at, reuse_checkout, &mut locks)
+                match self
+                    .rebuild(&ws, command_id, token, at, reuse_checkout, &mut locks)
                     .await
+                {
+                    Ok(mut events) => {
+                        events.extend(self.point_after_restore(&ws, &events, at).await);
+                        Ok(events)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Err(e) => Err(e),
         };
@@ -114,6 +123,20 @@ impl JobContext {
             locks,
             correlation,
         })
+    }
+
+    /// The history point of a restored checkout (ADR 28): the workspace's timeline,
+    /// whose store eviction kept, continues with the files as restored.
+    async fn point_after_restore(
+        &self,
+        ws: &WorkspaceRow,
+        events: &[Event],
+        at: DateTime<Utc>,
+    ) -> Vec<Event> {
+        match fold_workspace(Some(ws.clone()), events, at) {
+            Ok(restored) => self.after_change(&restored, Operation::Restore).await,
+            Err(_) => Vec::new(),
+        }
     }
 
     /// Checks `ws` out again from its repo cache (cloned again if it was evicted; its

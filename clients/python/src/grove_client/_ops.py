@@ -145,6 +145,7 @@ def acquire_session(
     conversation_id: str | None,
     task_id: str | None,
     runtime: str | None,
+    history_ignored: bool,
     idempotency_key: str | None,
     git_token: str | Secret | None,
 ) -> Op[m.Session]:
@@ -164,6 +165,7 @@ def acquire_session(
                 "conversation_id": conversation_id,
                 "task_id": task_id,
                 "runtime": runtime,
+                "history_ignored": history_ignored or None,
                 "idempotency_key": idempotency_key,
             }
         ),

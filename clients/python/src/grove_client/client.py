@@ -188,10 +188,14 @@ class Client:
         conversation_id: str | None = None,
         task_id: str | None = None,
         runtime: str | None = None,
+        history_ignored: bool = False,
         idempotency_key: str | None = None,
         git_token: str | Secret | None = None,
     ) -> m.Session:
-        """The caller's workspace for (project, conversation or task), made if new."""
+        """The caller's workspace for (project, conversation or task), made if new.
+
+        `history_ignored`: a new workspace's history points keep ignored files too, up
+        to the server's budget per point."""
         return self._send(
             _ops.acquire_session(
                 project_id=project_id,
@@ -202,6 +206,7 @@ class Client:
                 conversation_id=conversation_id,
                 task_id=task_id,
                 runtime=runtime,
+                history_ignored=history_ignored,
                 idempotency_key=idempotency_key,
                 git_token=git_token,
             )

@@ -82,6 +82,7 @@ class Workspace:
     capabilities: Capabilities
     created_at: datetime
     updated_at: datetime
+    history_ignored: bool
     branch_name: str | None = None
     conversation_id: str | None = None
     task_id: str | None = None
@@ -445,8 +446,9 @@ class PushedOutput:
 @dataclass(frozen=True, kw_only=True)
 class HistoryPoint:
     """One point of a workspace's history (ADR 28). `operation` is tagged by `kind`
-    (`created`, `exec`, `tool`, `checkpoint`, `before_rewind`, `rewind`); `changes` has
-    `added`, `modified`, `deleted`."""
+    (`created`, `exec`, `tool`, `checkpoint`, `before_rewind`, `rewind`, `merge_back`,
+    `restore`); `changes` has `added`, `modified`, `deleted`; `ignored_omitted` counts
+    the ignored files a workspace acquired with `history_ignored` left out over budget."""
 
     number: int
     snapshot: str
@@ -457,6 +459,7 @@ class HistoryPoint:
     head: str
     branch: str | None
     changes: dict[str, int]
+    ignored_omitted: int = 0
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -4,16 +4,20 @@
 //! cookie (`HttpOnly`, `SameSite=Strict`, `Secure` behind TLS) and every page
 //! authenticates it as the API authenticates a header, with the same tenancy (a user
 //! sees their own workspaces, an operator everyone's; Fleet and Events are operators'
-//! pages). Its few actions (sign out, run `replay --verify`) are POSTs that carry a CSRF
-//! token derived from the session's token and are refused from another origin.
+//! pages). Its few actions (sign out, run `replay --verify`, and the operators' rewind
+//! and fork of a workspace at a history point, each confirmed on a second page) are
+//! POSTs that carry a CSRF token derived from the session's token and are refused from
+//! another origin.
 //!
 //! Templates ([`templates`]) are minijinja with HTML auto-escaping; every stored string
 //! (argv, output, paths, error messages) is attacker-written and reaches the page only
 //! escaped. The one script ([`assets`]) is a static file: no inline script or handler,
 //! and a Content-Security-Policy that allows none. Like the rest of the API, the console
-//! writes no events or projections; `replay --verify` writes only its own run record.
+//! writes no events or projections itself: a step's diff, a rewind and a fork are tool
+//! commands through the queue, and `replay --verify` writes only its own run record.
 
 mod assets;
+mod history;
 mod pages;
 mod session;
 mod templates;
@@ -49,6 +53,26 @@ pub fn routes() -> Router<Arc<AppState>> {
             get(pages::timeline_fragment),
         )
         .route("/ui/workspaces/{id}/follow", get(pages::follow))
+        .route(
+            "/ui/workspaces/{id}/points/{n}/diff",
+            get(history::point_diff),
+        )
+        .route(
+            "/ui/workspaces/{id}/points/{n}/rewind",
+            post(history::rewind_ask),
+        )
+        .route(
+            "/ui/workspaces/{id}/points/{n}/rewind/confirm",
+            post(history::rewind_confirm),
+        )
+        .route(
+            "/ui/workspaces/{id}/points/{n}/fork",
+            post(history::fork_ask),
+        )
+        .route(
+            "/ui/workspaces/{id}/points/{n}/fork/confirm",
+            post(history::fork_confirm),
+        )
         .route("/ui/events", get(pages::events))
         .route("/ui/events/verify", post(pages::verify))
         .route("/ui/assets/{name}", get(assets::serve))
@@ -91,6 +115,15 @@ pub enum ConsoleError {
     /// A query parameter that cannot be read. Handling: 400, with the message.
     #[error("{0}")]
     BadRequest(String),
+    /// A command the console submitted failed with a kind (`conflict`: another command
+    /// is running; `not_found`: no such point). Handling: the kind's status, with the
+    /// command's one-line message.
+    #[error("{kind}: {message}")]
+    Command {
+        status: StatusCode,
+        kind: &'static str,
+        message: String,
+    },
     /// Postgres failed; logged, answered with a generic page. Handling: 500.
     #[error("internal error")]
     Store(#[from] grove_postgres::StoreError),
@@ -105,6 +138,7 @@ impl ConsoleError {
             Self::NotFound => StatusCode::NOT_FOUND,
             Self::Forbidden | Self::Csrf => StatusCode::FORBIDDEN,
             Self::BadRequest(_) => StatusCode::BAD_REQUEST,
+            Self::Command { status, .. } => *status,
             Self::Store(_) | Self::Template(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }
@@ -113,6 +147,22 @@ impl ConsoleError {
 impl From<sqlx::Error> for ConsoleError {
     fn from(e: sqlx::Error) -> Self {
         Self::Store(e.into())
+    }
+}
+
+impl From<crate::error::ApiError> for ConsoleError {
+    fn from(e: crate::error::ApiError) -> Self {
+        use crate::error::ApiError;
+        match e {
+            ApiError::Command(c) => Self::Command {
+                status: crate::error::status_of(c.kind),
+                kind: c.kind.as_str(),
+                message: c.message,
+            },
+            ApiError::Store(s) => Self::Store(s),
+            ApiError::Request(_, m) => Self::BadRequest(m),
+            ApiError::Unauthorized => Self::Forbidden,
+        }
     }
 }
 

@@ -9,6 +9,7 @@ use axum::response::{Html, IntoResponse, Redirect, Response};
 use axum::Form;
 use chrono::{DateTime, Utc};
 use grove_postgres::console::{self, EventFilter, NodeDisk};
+use grove_postgres::console_actions;
 use grove_postgres::rows;
 use minijinja::context;
 use serde::{Deserialize, Serialize};
@@ -26,11 +27,15 @@ const PAGE: i64 = 50;
 const TIMELINE: i64 = 200;
 
 /// A serializable value for a template context.
-fn v(value: &impl Serialize) -> minijinja::Value {
+pub(super) fn v(value: &impl Serialize) -> minijinja::Value {
     minijinja::Value::from(minijinja::value::Serde(value))
 }
 
-fn page(viewer: &Viewer, name: &str, ctx: minijinja::Value) -> Result<Html<String>, ConsoleError> {
+pub(super) fn page(
+    viewer: &Viewer,
+    name: &str,
+    ctx: minijinja::Value,
+) -> Result<Html<String>, ConsoleError> {
     let me = context! {
         user => viewer.caller.user_id.clone(),
         operator => viewer.caller.operator,
@@ -138,11 +143,11 @@ pub async fn workspaces(
     )
 }
 
-fn parse_workspace_id(raw: &str) -> Result<Uuid, ConsoleError> {
+pub(super) fn parse_workspace_id(raw: &str) -> Result<Uuid, ConsoleError> {
     Uuid::parse_str(raw).map_err(|_| ConsoleError::NotFound)
 }
 
-async fn visible(
+pub(super) async fn visible(
     state: &AppState,
     viewer: &Viewer,
     id: Uuid,
@@ -161,9 +166,20 @@ async fn story(
 ) -> Result<(Vec<timeline::Item>, i64, Option<i64>), ConsoleError> {
     let events = console::workspace_timeline(&state.pool, id, after, TIMELINE).await?;
     let kept = console::kept_execs(&state.pool, &timeline::exec_ids(&events)).await?;
+    let history = {
+        let mut conn = state.pool.acquire().await?;
+        grove_postgres::history::history_events(&mut conn, id).await?
+    };
+    let requesters =
+        console_actions::requesters(&state.pool, &timeline::action_ids(&events)).await?;
+    let cx = timeline::Context {
+        kept: &kept,
+        points: &timeline::Points::of(&history),
+        requesters: &requesters,
+    };
     let last_version = events.last().map_or(after, |e| e.stream_version);
     let last_position = events.iter().map(|e| e.position).max();
-    Ok((timeline::items(&events, &kept), last_version, last_position))
+    Ok((timeline::items(&events, &cx), last_version, last_position))
 }
 
 /// A workspace: its record, capabilities, runtimes and timeline, followed live.
@@ -181,7 +197,7 @@ pub async fn workspace(
         "workspace.html",
         context! {
             nav => "workspaces", ws => v(&ws), runtimes => v(&runtimes),
-            items => v(&items), last_version,
+            items => v(&items), last_version, workspace => id.to_string(),
             last_position => last_position.unwrap_or(0),
         },
     )
@@ -203,10 +219,11 @@ pub async fn timeline_fragment(
     let id = parse_workspace_id(&raw)?;
     visible(&state, &viewer, id).await?;
     let (items, last_version, _) = story(&state, id, q.after.unwrap_or(0).max(0)).await?;
-    Ok(Html(templates::render(
+    page(
+        &viewer,
         "timeline.html",
-        context! { items => v(&items), last_version, fragment => true },
-    )?))
+        context! { items => v(&items), last_version, fragment => true, workspace => id.to_string() },
+    )
 }
 
 /// The workspace's events as server-sent events (positions after `after`): the page's

@@ -14,6 +14,13 @@ const TEMPLATES: &[(&str, &str)] = &[
     ("workspace.html", include_str!("templates/workspace.html")),
     ("timeline.html", include_str!("templates/timeline.html")),
     ("events.html", include_str!("templates/events.html")),
+    (
+        "point_actions.html",
+        include_str!("templates/point_actions.html"),
+    ),
+    ("point_diff.html", include_str!("templates/point_diff.html")),
+    ("confirm.html", include_str!("templates/confirm.html")),
+    ("done.html", include_str!("templates/done.html")),
 ];
 
 fn env() -> &'static Environment<'static> {

@@ -41,6 +41,7 @@ pub(crate) mod fixtures {
             size_measured_at: None,
             evicted_at: None,
             saved: None,
+            history_ignored: false,
         }
     }
 }

@@ -33,19 +33,23 @@ pub(super) fn open_root(dir: &Path) -> Result<OwnedFd, GitError> {
 /// What [`add`] did with a path.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Added {
-    /// A regular file or a symlink, now in the index.
-    Entry,
+    /// A regular file or a symlink, now in the index: its size in bytes.
+    Entry(u64),
     /// Nothing there a point keeps (gone, a directory, a FIFO, a socket, a device, or a
     /// path through a symlink): the index keeps no entry for it.
     Skipped,
+    /// Larger than the limit it was added under: not read past it, not in the index.
+    OverLimit,
 }
 
-/// Adds `path` (relative to `root`) to `index`, its content written to `store`.
+/// Adds `path` (relative to `root`) to `index`, its content written to `store`; with a
+/// `limit`, a file (or link target) larger than that many bytes is left out unread.
 pub(super) fn add(
     store: &Repository,
     index: &mut Index,
     root: &OwnedFd,
     path: &Path,
+    limit: Option<u64>,
 ) -> Result<Added, GitError> {
     let Some((parent, name)) = open_parent(root, path)? else {
         return Ok(Added::Skipped);
@@ -53,17 +57,29 @@ pub(super) fn add(
     let Ok(stat) = rustix::fs::statat(&parent, name, AtFlags::SYMLINK_NOFOLLOW) else {
         return Ok(Added::Skipped);
     };
-    let (bytes, mode) = match FileType::from_raw_mode(stat.st_mode) {
+    let limit = limit.unwrap_or(u64::MAX);
+    let kind = FileType::from_raw_mode(stat.st_mode);
+    let measured = matches!(kind, FileType::Symlink | FileType::RegularFile);
+    if measured && stat.st_size.max(0) as u64 > limit {
+        return Ok(Added::OverLimit);
+    }
+    let (bytes, mode) = match kind {
         FileType::Symlink => match rustix::fs::readlinkat(&parent, name, Vec::new()) {
             Ok(target) => (target.into_bytes(), 0o120000),
             Err(_) => return Ok(Added::Skipped),
         },
-        FileType::RegularFile => match read_regular(&parent, name)? {
-            Some((bytes, executable)) => (bytes, if executable { 0o100755 } else { 0o100644 }),
-            None => return Ok(Added::Skipped),
+        FileType::RegularFile => match read_regular(&parent, name, limit)? {
+            ReadOutcome::Bytes(bytes, executable) => {
+                (bytes, if executable { 0o100755 } else { 0o100644 })
+            }
+            ReadOutcome::NotRegular => return Ok(Added::Skipped),
+            ReadOutcome::OverLimit => return Ok(Added::OverLimit),
         },
         _ => return Ok(Added::Skipped),
     };
+    if bytes.len() as u64 > limit {
+        return Ok(Added::OverLimit);
+    }
     let id = store.blob(&bytes).map_err(super::local)?;
     let time = |secs: i64, nanos: i64| IndexTime::new(secs as i32, nanos as u32);
     let entry = IndexEntry {
@@ -81,7 +97,7 @@ pub(super) fn add(
         path: path.as_os_str().as_bytes().to_vec(),
     };
     index.add(&entry).map_err(super::local)?;
-    Ok(Added::Entry)
+    Ok(Added::Entry(entry.file_size.into()))
 }
 
 /// The directory holding `path`'s last component, reached without following a link,
@@ -111,21 +127,39 @@ fn open_parent<'p>(
     Ok(Some((dir, last)))
 }
 
-/// The bytes of the regular file `name` in `dir` and whether it is executable; `None`
-/// when it is no longer a regular file by the time it is open.
-fn read_regular(dir: &OwnedFd, name: &OsStr) -> Result<Option<(Vec<u8>, bool)>, GitError> {
+/// What [`read_regular`] found.
+enum ReadOutcome {
+    /// The file's bytes and whether it is executable.
+    Bytes(Vec<u8>, bool),
+    /// No longer a regular file by the time it is open.
+    NotRegular,
+    /// More than the limit (it grew since it was measured): read no further.
+    OverLimit,
+}
+
+/// The regular file `name` in `dir`, read through its own descriptor, never more than
+/// `limit` bytes and one.
+fn read_regular(dir: &OwnedFd, name: &OsStr, limit: u64) -> Result<ReadOutcome, GitError> {
     let Ok(fd) = rustix::fs::openat(dir.as_fd(), name, FILE_FLAGS, Mode::empty()) else {
-        return Ok(None);
+        return Ok(ReadOutcome::NotRegular);
     };
     let stat = rustix::fs::fstat(&fd).map_err(|e| GitError::Other(format!("fstat: {e}")))?;
     if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
-        return Ok(None);
+        return Ok(ReadOutcome::NotRegular);
     }
-    let mut bytes = Vec::with_capacity(stat.st_size.max(0) as usize);
+    let size = stat.st_size.max(0) as u64;
+    if size > limit {
+        return Ok(ReadOutcome::OverLimit);
+    }
+    let mut bytes = Vec::with_capacity(size as usize);
     std::fs::File::from(fd)
+        .take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(|e| GitError::Other(format!("reading a workspace file: {e}")))?;
-    Ok(Some((bytes, stat.st_mode & 0o111 != 0)))
+    if bytes.len() as u64 > limit {
+        return Ok(ReadOutcome::OverLimit);
+    }
+    Ok(ReadOutcome::Bytes(bytes, stat.st_mode & 0o111 != 0))
 }
 
 #[cfg(test)]
@@ -168,7 +202,7 @@ mod tests {
         std::os::unix::fs::symlink(&f.host, f.work.join("dir")).unwrap();
         let root = open_root(&f.work).unwrap();
         let mut index = Index::new().unwrap();
-        let added = add(&f.store, &mut index, &root, Path::new("dir/secret")).unwrap();
+        let added = add(&f.store, &mut index, &root, Path::new("dir/secret"), None).unwrap();
         assert_eq!(added, Added::Skipped);
         assert!(index.get_path(Path::new("dir/secret"), 0).is_none());
         assert!(
@@ -194,9 +228,10 @@ mod tests {
         let root = open_root(&f.work).unwrap();
         let mut index = Index::new().unwrap();
         let add_one =
-            |index: &mut Index, p: &str| add(&f.store, index, &root, Path::new(p)).unwrap();
-        assert_eq!(add_one(&mut index, "src/lib.rs"), Added::Entry);
-        assert_eq!(add_one(&mut index, "link"), Added::Entry);
+            |index: &mut Index, p: &str| add(&f.store, index, &root, Path::new(p), None).unwrap();
+        assert_eq!(add_one(&mut index, "src/lib.rs"), Added::Entry(10));
+        let target_len = f.host.join("secret").as_os_str().len() as u64;
+        assert_eq!(add_one(&mut index, "link"), Added::Entry(target_len));
         // A FIFO is neither read (it would block) nor kept.
         assert_eq!(add_one(&mut index, "fifo"), Added::Skipped);
         assert_eq!(add_one(&mut index, "../host/secret"), Added::Skipped);
@@ -216,5 +251,33 @@ mod tests {
             target.as_os_str().as_bytes()
         );
         assert!(!secret_blob_in(&f.store), "a link's target was read");
+    }
+
+    #[test]
+    fn a_file_over_the_limit_is_left_out_unread_and_one_within_it_is_added() {
+        let f = fixture();
+        std::fs::write(f.work.join("big.bin"), vec![7u8; 4096]).unwrap();
+        std::fs::write(f.work.join("small.txt"), b"tiny\n").unwrap();
+        let root = open_root(&f.work).unwrap();
+        let mut index = Index::new().unwrap();
+        let big = add(
+            &f.store,
+            &mut index,
+            &root,
+            Path::new("big.bin"),
+            Some(4095),
+        )
+        .unwrap();
+        assert_eq!(big, Added::OverLimit);
+        assert!(index.get_path(Path::new("big.bin"), 0).is_none());
+        let id = git2::Oid::hash_object(git2::ObjectType::Blob, &[7u8; 4096]).unwrap();
+        assert!(f.store.find_blob(id).is_err(), "nothing of it was stored");
+        let small = add(&f.store, &mut index, &root, Path::new("small.txt"), Some(5)).unwrap();
+        assert_eq!(small, Added::Entry(5));
+        // A link is measured by its target's length, never followed.
+        std::os::unix::fs::symlink(f.host.join("secret"), f.work.join("link")).unwrap();
+        let link = add(&f.store, &mut index, &root, Path::new("link"), Some(3)).unwrap();
+        assert_eq!(link, Added::OverLimit);
+        assert!(!secret_blob_in(&f.store));
     }
 }

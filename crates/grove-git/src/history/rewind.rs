@@ -15,13 +15,13 @@ use std::path::Path;
 
 use git2::{Delta, Index, IndexEntry, IndexTime, Oid, Repository, Signature};
 use grove_core::error::GitError;
-use grove_core::history::{FileCounts, HistoryPaths, RewindReport, Snapshot};
+use grove_core::history::{FileCounts, HistoryPaths, IgnoredFiles, RewindReport, Snapshot};
 use rustix::fs::{AtFlags, Gid, Mode, OFlags, Stat, Uid};
 use rustix::io::Errno;
 use uuid::Uuid;
 
 use super::{
-    local, open_store, point_commit, point_head, tree_diff, BRANCH_LINE, INDEX_FILE, POINTS,
+    local, open_store, point_commit, point_head, point_message, tree_diff, INDEX_FILE, POINTS,
 };
 use crate::errors::map_io;
 use crate::saved::copy_closure;
@@ -73,7 +73,7 @@ pub(crate) fn rewind(
         }
         // What was written is not all the point holds (a gitlink, an entry the index
         // could not take): the point after is taken by a walk, as any other.
-        None => super::snapshot(paths, workspace_id, Some(now))?,
+        None => super::snapshot(paths, workspace_id, Some(now), IgnoredFiles::Excluded)?,
     };
     Ok(RewindReport {
         files_written,
@@ -198,10 +198,7 @@ fn after_point(
     branch: Option<String>,
 ) -> Result<Snapshot, GitError> {
     let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
-    let mut message = format!("grove history point\n\nworkspace: {workspace_id}\n");
-    if let Some(b) = &branch {
-        message.push_str(&format!("{BRANCH_LINE}{b}\n"));
-    }
+    let message = point_message(workspace_id, branch.as_deref());
     let head_commit = store.find_commit(head).map_err(local)?;
     let tree_obj = store.find_tree(tree).map_err(local)?;
     let id = store
@@ -216,6 +213,7 @@ fn after_point(
         branch,
         changes,
         dirty: tree != head_commit.tree_id(),
+        ignored_omitted: 0,
     })
 }
 

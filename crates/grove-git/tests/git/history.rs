@@ -4,14 +4,14 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use grove_core::history::{HistoryPaths, HistoryPort};
+use grove_core::history::{HistoryPaths, HistoryPort, IgnoredFiles};
 use grove_core::ports::GitPort;
 use grove_git::Git2Adapter;
 use uuid::Uuid;
 
 use crate::support::{git, Fixture};
 
-fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a> {
+pub(crate) fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a> {
     HistoryPaths {
         store_dir: store,
         workspace_dir: ws,
@@ -21,16 +21,16 @@ fn paths<'a>(store: &'a Path, ws: &'a Path, cache: &'a Path) -> HistoryPaths<'a>
 
 /// A checkout of the fixture's `main` on `branch` at `<root>/ws`, its cache, and where
 /// its history store goes (not made yet).
-struct Checkout {
-    fx: Fixture,
-    cache: PathBuf,
-    ws: PathBuf,
-    store: PathBuf,
-    git2: Git2Adapter,
+pub(crate) struct Checkout {
+    pub(crate) fx: Fixture,
+    pub(crate) cache: PathBuf,
+    pub(crate) ws: PathBuf,
+    pub(crate) store: PathBuf,
+    pub(crate) git2: Git2Adapter,
 }
 
 impl Checkout {
-    fn new(branch: &str) -> Self {
+    pub(crate) fn new(branch: &str) -> Self {
         let fx = Fixture::new();
         let cache = fx.cache();
         let ws = fx.path("ws");
@@ -59,7 +59,7 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     } = Checkout::new("agent/edits-c1");
     let p = paths(&store, &ws, &cache);
     let id = Uuid::nil();
-    let first = git2.snapshot(&p, id, None).unwrap();
+    let first = git2.snapshot(&p, id, None, IgnoredFiles::Excluded).unwrap();
     assert_eq!(first.changes.added, 3, "README, .gitignore, src/lib.rs");
     assert_eq!(first.branch.as_deref(), Some("refs/heads/agent/edits-c1"));
     let index_before = std::fs::read(ws.join(".git/index")).unwrap();
@@ -68,7 +68,9 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     std::fs::write(ws.join("new.txt"), "new\n").unwrap();
     std::fs::write(ws.join("debug.log"), "ignored\n").unwrap();
     std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
-    let second = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!(
         (
             second.changes.added,
@@ -113,7 +115,9 @@ fn points_count_changes_rewind_restores_and_the_agents_index_is_untouched() {
     std::os::unix::fs::symlink(&host, ws.join("README.md")).unwrap();
     std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
     std::fs::hard_link(&host, ws.join("src/lib.rs")).unwrap();
-    let planted = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    let planted = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
     git2.rewind(&p, id, &planted.id, &first.id, None).unwrap();
     assert_eq!(std::fs::read_to_string(&host).unwrap(), "host\n");
     assert!(std::fs::symlink_metadata(ws.join("README.md"))
@@ -148,7 +152,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     }
     let p = paths(&store, &ws, &cache);
     let t = Instant::now();
-    let first = git2.snapshot(&p, Uuid::nil(), None).unwrap();
+    let first = git2
+        .snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
+        .unwrap();
     let cold = t.elapsed();
     assert_eq!(first.changes.added, 5003);
     let mut times = Vec::new();
@@ -156,7 +162,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     for i in 0..5 {
         std::fs::write(ws.join("d7/f7.txt"), format!("change {i}\n")).unwrap();
         let t = Instant::now();
-        let s = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
+        let s = git2
+            .snapshot(&p, Uuid::nil(), Some(&last), IgnoredFiles::Excluded)
+            .unwrap();
         times.push(t.elapsed());
         assert_eq!(s.changes.modified, 1);
         last = s.id;
@@ -171,7 +179,9 @@ fn a_point_after_a_one_file_change_in_five_thousand_hashes_only_that_file() {
     for f in 0..100 {
         std::fs::write(ws.join(format!("d3/f{f}.txt")), "changed\n").unwrap();
     }
-    let changed = git2.snapshot(&p, Uuid::nil(), Some(&last)).unwrap();
+    let changed = git2
+        .snapshot(&p, Uuid::nil(), Some(&last), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!(changed.changes.modified, 100);
     let t = Instant::now();
     let report = git2
@@ -203,7 +213,12 @@ fn a_fifo_or_socket_planted_in_the_workspace_does_not_stall_a_point() {
     let (tx, rx) = std::sync::mpsc::channel();
     let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
     std::thread::spawn(move || {
-        let r = Git2Adapter::new().snapshot(&paths(&s, &w, &c), Uuid::nil(), None);
+        let r = Git2Adapter::new().snapshot(
+            &paths(&s, &w, &c),
+            Uuid::nil(),
+            None,
+            IgnoredFiles::Excluded,
+        );
         let _ = tx.send(r);
     });
     let snap = rx
@@ -231,7 +246,9 @@ fn the_first_point_of_a_checkout_starts_from_its_index_and_records_its_tree() {
     assert!(!first.dirty);
     assert_eq!(first.head, fx.main);
     std::fs::write(ws.join("README.md"), "edited\n").unwrap();
-    let next = git2.snapshot(&p, Uuid::nil(), Some(&first.id)).unwrap();
+    let next = git2
+        .snapshot(&p, Uuid::nil(), Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!((next.changes.modified, next.changes.added), (1, 0));
     assert!(next.dirty);
 }
@@ -266,7 +283,9 @@ fn a_rewind_records_the_point_a_walk_of_the_tree_would_and_head_goes_back() {
         ],
     );
     std::fs::remove_file(ws.join("src/lib.rs")).unwrap();
-    let second = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_ne!(
         second.head, first.head,
         "the agent's commit is the point's HEAD"
@@ -291,7 +310,9 @@ fn a_rewind_records_the_point_a_walk_of_the_tree_would_and_head_goes_back() {
     assert!(!ws.join("new").exists(), "emptied directories go too");
     // A point taken by a walk now finds nothing changed: the rewind's point is the
     // state on disk, and the private index it left describes it.
-    let walked = git2.snapshot(&p, id, Some(&point.id)).unwrap();
+    let walked = git2
+        .snapshot(&p, id, Some(&point.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!(walked.changes, Default::default());
     assert!(git2
         .history_diff(&p, &first.id, &point.id, 1 << 20)
@@ -300,7 +321,9 @@ fn a_rewind_records_the_point_a_walk_of_the_tree_would_and_head_goes_back() {
         .is_empty());
     // A file written by the rewind and changed afterwards is seen by the next point.
     std::fs::write(ws.join("README.md"), "after\n").unwrap();
-    let next = git2.snapshot(&p, id, Some(&walked.id)).unwrap();
+    let next = git2
+        .snapshot(&p, id, Some(&walked.id), IgnoredFiles::Excluded)
+        .unwrap();
     assert_eq!(next.changes.modified, 1);
 }
 
@@ -318,7 +341,9 @@ fn a_forks_store_links_the_sources_objects_and_keeps_its_points_after_the_source
     let id = Uuid::nil();
     let first = git2.first_snapshot(&p, id).unwrap();
     std::fs::write(ws.join("README.md"), "source change\n").unwrap();
-    let second = git2.snapshot(&p, id, Some(&first.id)).unwrap();
+    let second = git2
+        .snapshot(&p, id, Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
 
     let fork_ws = fx.path("fork");
     git2.create_checkout(&fx.request(&cache, &fork_ws, "main", Some("f")))
@@ -368,7 +393,10 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     for i in 0..20 {
         std::fs::write(ws.join("README.md"), format!("hello\nedit {i}\n")).unwrap();
         let last = points.last().unwrap().id.clone();
-        points.push(git2.snapshot(&p, id, Some(&last)).unwrap());
+        points.push(
+            git2.snapshot(&p, id, Some(&last), IgnoredFiles::Excluded)
+                .unwrap(),
+        );
     }
     let loose = |s: &Path| {
         std::fs::read_dir(s.join("objects"))
@@ -411,7 +439,9 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     // The store takes points after packing, and a rewind reads from the pack.
     std::fs::write(ws.join("README.md"), "after\n").unwrap();
     let last = points.last().unwrap().id.clone();
-    let after = git2.snapshot(&p, id, Some(&last)).unwrap();
+    let after = git2
+        .snapshot(&p, id, Some(&last), IgnoredFiles::Excluded)
+        .unwrap();
     git2.rewind(&p, id, &after.id, &points[3].id, None).unwrap();
     assert_eq!(
         std::fs::read_to_string(ws.join("README.md")).unwrap(),

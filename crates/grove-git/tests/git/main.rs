@@ -4,6 +4,7 @@ mod attacks;
 mod cache;
 mod checkout;
 mod history;
+mod history_ignored;
 mod merge;
 mod preserve;
 mod saved;

@@ -45,10 +45,17 @@ impl JobContext {
             .apply_rewind(ws.id, &paths, &now_id, &to.snapshot, None)
             .await?;
         self.keep_git_owner(ws).await;
-        let dirty = report.point.dirty;
+        // With ignored files kept, what the point after holds depends on the budget and
+        // on ignored files neither point had: a walk decides, as for any other change.
+        let after = if ws.history_ignored {
+            self.take(ws, &paths, Some(now_id)).await?
+        } else {
+            report.point
+        };
+        let dirty = after.dirty;
         let event = snapshot_event(
             ws.id,
-            report.point,
+            after,
             Operation::Rewind {
                 to: to.snapshot.clone(),
             },
