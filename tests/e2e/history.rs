@@ -274,6 +274,16 @@ async fn a_session_of_twenty_changes_is_listed_diffed_forked_rewound_and_undone(
         "the fork's history is the source's up to 9"
     );
     assert_eq!(fh["points"][9]["snapshot"], points[9]["snapshot"]);
+    // The fork's first change of its own is point 10, counted against point 9.
+    run_step(&env, fork_id, &Step::Exec("echo fork > fork.txt")).await;
+    let fh = history(&env, fork_id, &["list", "--limit", "100"]).await;
+    assert_eq!(fh["total"], 11);
+    let own = &fh["points"][10];
+    assert_eq!(own["number"], 10);
+    assert_eq!(
+        own["changes"],
+        serde_json::json!({"added": 1, "modified": 0, "deleted": 0})
+    );
 
     // rewind to 9: files, HEAD and branch as they were at 9.
     let r = history(&env, &s.id, &["rewind", "9"]).await;
@@ -611,6 +621,13 @@ async fn the_eviction_sweep_thins_old_points_by_the_retention_policy() {
     assert_eq!(h["points"][0]["snapshot"], last);
     assert_eq!(env.count_events("workspace.history_pruned").await, 1);
     assert_eq!(tree_of(&dir), before, "pruning changes no file");
+    let store = store_of(&env, &id);
+    let packs = std::fs::read_dir(store.join("objects/pack"))
+        .unwrap()
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "pack"))
+        .count();
+    assert_eq!(packs, 1, "the pruned store was repacked");
     let (code, _) = history_fails(&env, &id, &["rewind", "1"]).await;
     assert_eq!(code, 3, "a dropped point is gone");
     let verify = env.grove(&["replay", "--verify"]).await;
@@ -731,13 +748,10 @@ async fn a_restore_continues_the_timeline_kept_through_eviction_and_rewinds_befo
             .unwrap();
     assert_eq!(state, "evicted");
     assert!(!dir.exists(), "the files are gone");
-    let stores: Vec<PathBuf> = std::fs::read_dir(env.home().join("history"))
-        .unwrap()
-        .flatten()
-        .map(|user| user.path().join(&id))
-        .filter(|p| p.is_dir())
-        .collect();
-    assert_eq!(stores.len(), 1, "eviction keeps the history store");
+    assert!(
+        store_of(&env, &id).is_dir(),
+        "eviction keeps the history store"
+    );
 
     let restored = env.grove_json(&["workspace", "restore", &id]).await;
     assert_eq!(restored["state"], "ready", "{restored}");
@@ -846,4 +860,16 @@ async fn a_workspace_acquired_with_history_ignored_keeps_ignored_files_within_th
     );
     let verify = env.grove(&["replay", "--verify"]).await;
     assert!(verify.status.success(), "{:?}", text(&verify));
+}
+
+/// The history store of workspace `id` (`$GROVE_HOME/history/<user>/<id>`).
+fn store_of(env: &TestEnv, id: &str) -> PathBuf {
+    let stores: Vec<PathBuf> = std::fs::read_dir(env.home().join("history"))
+        .unwrap()
+        .flatten()
+        .map(|user| user.path().join(id))
+        .filter(|p| p.is_dir())
+        .collect();
+    assert_eq!(stores.len(), 1, "{stores:?}");
+    stores[0].clone()
 }

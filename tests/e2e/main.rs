@@ -14,6 +14,7 @@ mod eviction;
 mod fencing;
 mod history;
 mod inline_reads;
+mod inline_writes;
 mod input;
 mod lifecycle;
 mod mcp;

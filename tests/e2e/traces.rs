@@ -1,7 +1,9 @@
 //! Traces over OTLP/HTTP from a real `grove serve` to a collector stand-in on loopback
 //! (an OTLP/HTTP JSON receiver written here, answering as the OTLP specification says):
 //! one trace per command from the HTTP request and its enqueue, across the queue to the
-//! claim, the job, its effect, its locks and its commit, each naming the command id.
+//! claim, the job, its effect, its locks and its commit, each naming the command id;
+//! and for a command the server's worker runs inline (ADR 31), from the request to its
+//! `grove.inline` span, its locks and its commit, without enqueue or claim.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -135,16 +137,14 @@ async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit(
         ],
     )
     .await;
-    let ws = server.acquire(ALICE, &url, "c1").await;
-    let (status, exec) = server
-        .post(
-            &format!("/v1/workspaces/{ws}/exec"),
-            ALICE,
-            json!({"argv": ["true"]}),
-        )
-        .await;
-    assert_eq!(status, StatusCode::OK, "{exec}");
-    let id = exec["exec_id"].as_str().unwrap().to_string();
+    // A new session is a queued command (acquire_workspace); its id is the ledger's.
+    server.acquire(ALICE, &url, "c1").await;
+    let id: String = sqlx::query_scalar(
+        "SELECT command_id::text FROM grove.commands WHERE kind = 'acquire_workspace'",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
 
     // Wait until the commit span and the request's span have both been exported: the
     // request's ends after the answer is sent, which may be after the commit's batch.
@@ -167,7 +167,7 @@ async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit(
         .find(|s| s.span_id == enqueue.parent)
         .expect("the enqueue's parent was exported");
     assert_eq!(request.name, "http.request");
-    assert_eq!(request.attributes["http.route"], "/v1/workspaces/{id}/exec");
+    assert_eq!(request.attributes["http.route"], "/v1/sessions");
     assert!(request.parent.is_empty(), "{request:?}");
     // Across the queue: the claim and the job continue the enqueue's trace.
     assert_eq!(claim.parent, enqueue.span_id);
@@ -176,9 +176,12 @@ async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit(
     assert_eq!(commit.parent, job.span_id);
     let lock = spans
         .iter()
-        .find(|s| s.name == "grove.lock" && s.parent == effect.span_id)
-        .expect("the exec's lock wait, inside its effect");
-    assert_eq!(lock.attributes["scope"], "workspace_commands");
+        .find(|s| {
+            s.name == "grove.lock"
+                && s.parent == effect.span_id
+                && s.attributes["scope"] == "workspace_key"
+        })
+        .expect("the acquire's lock wait for its key, inside its effect");
     for s in [request, enqueue, claim, job, effect, commit, lock] {
         assert_eq!(
             s.trace_id, request.trace_id,
@@ -186,7 +189,7 @@ async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit(
         );
         assert_eq!(s.trace_id.len(), 32);
     }
-    assert_eq!(job.attributes["kind"], "exec");
+    assert_eq!(job.attributes["kind"], "acquire_workspace");
     // No trace id reached the log of events, the payload or the result.
     let leaked: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM grove.events WHERE payload::text LIKE '%' || $1 || '%' OR metadata::text LIKE '%' || $1 || '%')
@@ -207,6 +210,76 @@ async fn a_command_is_one_trace_from_the_request_across_the_queue_to_its_commit(
         kept,
         Some(format!("00-{}-{}-01", request.trace_id, enqueue.span_id))
     );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inline_exec_is_one_trace_from_the_request_to_its_commits() {
+    let env = env_or_skip!("an_inline_exec_is_one_trace_from_the_request_to_its_commits");
+    let (endpoint, received) = start_collector().await;
+    let url = env.fixture_repo("fixture", &[("README.md", "hello\n")]);
+    let server = Server::start_with(
+        &env,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.as_str()),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json"),
+            ("OTEL_BSP_SCHEDULE_DELAY", "100"),
+        ],
+    )
+    .await;
+    let ws = server.acquire(ALICE, &url, "c1").await;
+    let (status, exec) = server
+        .post(
+            &format!("/v1/workspaces/{ws}/exec"),
+            ALICE,
+            json!({"argv": ["true"]}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{exec}");
+    let id = exec["exec_id"].as_str().unwrap().to_string();
+    let exported = |spans: &[Span]| {
+        let inline = spans
+            .iter()
+            .find(|s| s.name == "grove.inline" && s.attributes.get("command_id") == Some(&id));
+        inline.is_some_and(|i| spans.iter().any(|s| s.span_id == i.parent))
+            && spans
+                .iter()
+                .any(|s| s.name == "grove.commit" && s.attributes.get("command_id") == Some(&id))
+    };
+    let mut spans = Vec::new();
+    for _ in 0..200 {
+        spans = received.lock().unwrap().clone();
+        if exported(&spans) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Run by the server's worker in the request's trace (ADR 31): no enqueue, no claim.
+    let inline = one(&spans, "grove.inline", &id);
+    let commit = one(&spans, "grove.commit", &id);
+    let request = spans
+        .iter()
+        .find(|s| s.span_id == inline.parent)
+        .expect("the inline command's parent was exported");
+    assert_eq!(request.name, "http.request");
+    assert_eq!(request.attributes["http.route"], "/v1/workspaces/{id}/exec");
+    assert_eq!(commit.parent, inline.span_id);
+    assert_eq!(inline.attributes["kind"], "exec");
+    let lock = spans
+        .iter()
+        .find(|s| s.name == "grove.lock" && s.parent == inline.span_id)
+        .expect("the exec's lock wait, inside the inline span");
+    assert_eq!(lock.attributes["scope"], "workspace_commands");
+    for s in [request, inline, commit, lock] {
+        assert_eq!(s.trace_id, request.trace_id, "{s:?}");
+    }
+    for name in ["grove.enqueue", "grove.claim", "grove.job"] {
+        assert!(
+            !spans
+                .iter()
+                .any(|s| s.name == name && s.attributes.get("command_id") == Some(&id)),
+            "{name} of an inline command"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread")]

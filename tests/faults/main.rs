@@ -14,6 +14,7 @@
 //! - `worker_kill.rs`, `postgres_restart.rs`, `contention.rs`, `hostile.rs`,
 //!   `secrets.rs` (with `grove-gitserver`, a token-checking git smart-HTTP server),
 //!   `tenancy.rs`, `fuzz.rs`, `fencing.rs` (restarts inside mutating execs),
+//!   `inline_kill.rs` (`grove serve` killed mid-write and mid-exec, ADR 31),
 //!   `panic.rs` (`injected_panic`), `merge_back_kill.rs`: one scenario each;
 //!   `saved_work.rs`: `saved_work_identity` and `saved_work_kill`.
 
@@ -21,6 +22,7 @@ mod contention;
 mod fencing;
 mod fuzz;
 mod hostile;
+mod inline_kill;
 mod load;
 mod merge_back_kill;
 mod panic;

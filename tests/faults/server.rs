@@ -60,6 +60,12 @@ impl Server {
         }
     }
 
+    /// SIGKILLs the server process (its in-process worker with it) and reaps it.
+    pub async fn kill9(&mut self) {
+        let _ = self._child.start_kill();
+        let _ = self._child.wait().await;
+    }
+
     /// One request; `None` when no HTTP answer came (connection refused or reset).
     pub async fn call(
         &self,

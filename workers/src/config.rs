@@ -96,8 +96,14 @@ impl WorkerConfig {
 /// `GROVE_HISTORY_IGNORED_BUDGET_BYTES` from the environment (unset: 64 MiB); a value
 /// that is not a byte count is an error (a worker does not start with it).
 pub fn history_ignored_budget_from_env() -> Result<u64, String> {
+    history_ignored_budget(|k| std::env::var(k).ok())
+}
+
+/// `GROVE_HISTORY_IGNORED_BUDGET_BYTES` through `get` (the environment, or a map in
+/// tests).
+fn history_ignored_budget(get: impl Fn(&str) -> Option<String>) -> Result<u64, String> {
     let name = "GROVE_HISTORY_IGNORED_BUDGET_BYTES";
-    match std::env::var(name).ok().filter(|v| !v.is_empty()) {
+    match get(name).filter(|v| !v.is_empty()) {
         None => Ok(DEFAULT_IGNORED_BUDGET),
         Some(v) => match parse_budget(&v)? {
             DiskBudget::Bytes(n) => Ok(n),
@@ -293,6 +299,23 @@ mod tests {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect();
         EvictionSettings::from_lookup(|k| map.get(k).cloned())
+    }
+
+    #[test]
+    fn the_history_ignored_budget_is_bytes_or_an_error() {
+        let budget = |v: Option<&str>| {
+            history_ignored_budget(|k| {
+                assert_eq!(k, "GROVE_HISTORY_IGNORED_BUDGET_BYTES");
+                v.map(String::from)
+            })
+        };
+        assert_eq!(budget(None), Ok(64 << 20));
+        assert_eq!(budget(Some("")), Ok(64 << 20));
+        assert_eq!(budget(Some("1000")), Ok(1000));
+        assert_eq!(budget(Some("512MiB")), Ok(512 << 20));
+        for bad in ["25%", "0.5", "lots"] {
+            assert!(budget(Some(bad)).is_err(), "{bad}");
+        }
     }
 
     #[test]

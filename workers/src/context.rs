@@ -43,9 +43,39 @@ pub struct JobContext {
     /// `unavailable`).
     pub platform: Option<Arc<dyn grove_core::platform::GitPlatformProvider>>,
     /// Jobs this worker is running now (so its own stale-lock sweep leaves them alone).
-    pub inflight: std::sync::Mutex<std::collections::HashSet<String>>,
+    pub inflight: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
     /// Token fingerprints under the deployment's secret, loaded on first use.
     pub fingerprint: tokio::sync::OnceCell<grove_core::fingerprint::Fingerprinter>,
+}
+
+/// A job kept in the worker's in-flight set while the guard lives: for a command run
+/// inline (ADR 31), whose job no claim loop tracks. The worker's sweep of its own stale
+/// jobs leaves it alone meanwhile; a process that dies leaves it to orphan recovery.
+pub struct InFlight {
+    set: Arc<std::sync::Mutex<std::collections::HashSet<String>>>,
+    job_id: String,
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut set) = self.set.lock() {
+            set.remove(&self.job_id);
+        }
+    }
+}
+
+impl JobContext {
+    /// Puts `job_id` in the in-flight set until the returned guard drops.
+    pub fn in_flight(&self, job_id: &str) -> InFlight {
+        self.inflight
+            .lock()
+            .expect("inflight set")
+            .insert(job_id.to_string());
+        InFlight {
+            set: self.inflight.clone(),
+            job_id: job_id.to_string(),
+        }
+    }
 }
 
 /// Converts a store failure into the command-level error (transient: worth a retry).

@@ -17,7 +17,9 @@ use tracing::{debug, info, warn};
 
 use crate::context::{now, Handled, JobContext};
 
+mod inline;
 mod outcome;
+pub use inline::InlineWriter;
 use outcome::run_job;
 
 /// What one step of the worker did.
@@ -63,6 +65,11 @@ impl Worker {
     /// Read tools of this node's workspaces, answered in this process (ADR 24).
     pub fn inline_reads(&self) -> Arc<dyn grove_core::inline::InlineReads> {
         Arc::new(crate::jobs::reads::InlineReader::new(self.deps.clone()))
+    }
+
+    /// Write tools and execs of this node's workspaces, run in this process (ADR 31).
+    pub fn inline_writes(&self) -> Arc<dyn grove_core::inline::InlineWrites> {
+        Arc::new(InlineWriter::new(self.deps.clone()))
     }
 
     /// Registers this worker so it may lock jobs (`apalis.jobs.lock_by` references it).

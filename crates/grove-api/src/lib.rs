@@ -132,11 +132,23 @@ impl AppState {
 
     /// Answers read tools of `reads`' node in this process, at most `concurrency` at once.
     pub fn with_inline_reads(
-        mut self,
+        self,
         reads: Arc<dyn grove_core::inline::InlineReads>,
         concurrency: usize,
     ) -> Self {
-        self.inline = Some(Arc::new(tools::InlineHost::new(reads, concurrency)));
+        self.with_inline(reads, None, concurrency)
+    }
+
+    /// Answers read tools of `reads`' node in this process, and with `writes` runs file
+    /// write tools and execs of that node's workspaces here too (ADR 31), at most
+    /// `concurrency` at once.
+    pub fn with_inline(
+        mut self,
+        reads: Arc<dyn grove_core::inline::InlineReads>,
+        writes: Option<Arc<dyn grove_core::inline::InlineWrites>>,
+        concurrency: usize,
+    ) -> Self {
+        self.inline = Some(Arc::new(tools::InlineHost::new(reads, writes, concurrency)));
         self
     }
 

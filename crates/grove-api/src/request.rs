@@ -62,9 +62,9 @@ pub(crate) async fn exec_command(
     caller: &Caller,
     raw_id: &str,
     req: ExecRequest,
-) -> Result<(Uuid, Command), ApiError> {
+) -> Result<(Uuid, Command, WorkspaceRow), ApiError> {
     let workspace_id = parse_id(raw_id, "workspace")?;
-    visible_workspace(state, caller, workspace_id).await?;
+    let ws = visible_workspace(state, caller, workspace_id).await?;
     let id = command_id(caller, req.idempotency_key.as_deref())?;
     let command = Command::Exec(Exec {
         workspace_id,
@@ -80,5 +80,5 @@ pub(crate) async fn exec_command(
         keep_output: req.keep_output.unwrap_or(true),
     });
     command.validate()?;
-    Ok((id, command))
+    Ok((id, command, ws))
 }

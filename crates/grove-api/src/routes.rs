@@ -341,8 +341,13 @@ pub async fn exec(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Json<ExecResult>, ApiError> {
-    let (exec_id, command) = exec_command(&state, &caller, &id, req).await?;
-    match state.submit(&command, exec_id, None).await? {
+    let (exec_id, command, ws) = exec_command(&state, &caller, &id, req).await?;
+    let inline = crate::tools::run_inline(&state, &ws, exec_id, &command).await?;
+    let result = match inline {
+        Some(result) => result,
+        None => state.submit(&command, exec_id, None).await?,
+    };
+    match result {
         CommandResult::Exec(o) => Ok(Json(ExecResult::new(exec_id, o))),
         _ => Err(unexpected("exec")),
     }

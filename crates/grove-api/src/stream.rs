@@ -67,7 +67,7 @@ pub async fn exec_stream(
     Path(id): Path<String>,
     JsonBody(req): JsonBody<ExecRequest>,
 ) -> Result<Response, ApiError> {
-    let (exec_id, command) = crate::request::exec_command(&state, &caller, &id, req).await?;
+    let (exec_id, command, _) = crate::request::exec_command(&state, &caller, &id, req).await?;
     // Subscribed before the enqueue: neither output nor the outcome can be missed.
     let done = state.notifier.subscribe(exec_id);
     let more = state.notifier.subscribe(exec_id);

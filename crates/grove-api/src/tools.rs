@@ -2,7 +2,8 @@
 //! tool whose JSON body is the tool's arguments. A call is a `tool` command through the
 //! queue (`Command::Tool`), exactly as `grove tool` submits it, answered with the
 //! tool's output; a read of a workspace on this server's node is answered in this
-//! process by its worker, without the queue ([`InlineHost`], ADR 24).
+//! process by its worker, without the queue ([`InlineHost`], ADR 24), and a file write
+//! of one runs in this process too, in the fewest durable commits (ADR 31).
 //!
 //! The catalogue, the argument schemas and the conversion of arguments to an operation
 //! are `grove_core::tool_catalog`'s, shared with the CLI and the MCP server.
@@ -14,7 +15,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
-use grove_core::inline::{answers_inline, InlineReads};
+use grove_core::inline::{answers_inline, runs_inline, InlineReads, InlineWrites};
 use grove_core::tool_catalog::{self, ArgsError};
 use grove_core::tools::ToolSpec;
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
@@ -31,7 +32,7 @@ use crate::auth::Caller;
 use crate::dto::{ToolInfo, ToolList};
 use crate::error::{ApiError, ErrorResponse};
 use crate::extract::{git_token, parse_id, OptionalObjectBody};
-use crate::request::visible_workspace;
+use crate::request::{command_id, unexpected, visible_workspace};
 use crate::AppState;
 
 type St = State<Arc<AppState>>;
@@ -87,6 +88,7 @@ pub async fn list_tools(
         ("id" = Uuid, Path),
         ("tool" = String, Path, description = "view, create, str_replace, insert, read_file, write_file, list_dir, search, git_status, git_diff, git_log, git_commit, git_push, history, history_diff, history_file, checkpoint, rewind, undo or fork"),
         ("X-Grove-Git-Token" = Option<String>, Header, description = "git_push only: a git token for the remote; used for this request only, never stored or echoed"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Makes the call idempotent for the caller: a retry with the same key answers the first call's outcome and never runs the tool twice"),
     ),
     request_body(content = Object, description = "The tool's arguments: see the `ToolArgs.<tool>` schemas, or `GET /v1/workspaces/{id}/tools`"),
     responses(
@@ -121,15 +123,19 @@ pub async fn call_tool(
     };
     let command = Command::Tool(ToolRequest { workspace_id, op });
     command.validate()?;
+    let command_id = command_id(&caller, idempotency_key(&headers)?)?;
     if let (Some(inline), Command::Tool(req)) = (&state.inline, &command) {
         if answers_inline(inline.reads.node(), &ws, &req.op) {
             return Ok(Json(inline.read(workspace_id, &req.op).await?));
         }
     }
-    match state
-        .submit(&command, Uuid::now_v7(), token.as_deref())
-        .await?
-    {
+    if let Some(result) = run_inline(&state, &ws, command_id, &command).await? {
+        return match result {
+            CommandResult::Tool(output) => Ok(Json(output)),
+            _ => Err(unexpected("tool")),
+        };
+    }
+    match state.submit(&command, command_id, token.as_deref()).await? {
         CommandResult::Tool(output) => Ok(Json(output)),
         _ => Err(ApiError::Command(CommandError::new(
             ErrorKind::Internal,
@@ -138,20 +144,81 @@ pub async fn call_tool(
     }
 }
 
-/// Read tools answered in this process (ADR 24): the worker's port, and at most as
-/// many at once as the worker runs jobs, so reads cannot starve the queue of threads
-/// and connections. Shared by the tool routes and MCP over HTTP.
+/// Runs `command` in this process when its worker serves the workspace's node and the
+/// command runs inline (a file write tool or an exec, ADR 31). `None`: it takes the
+/// queue, because it does not run inline here or because its command id is already in
+/// the ledger (the queue's wait then answers that command's outcome).
+pub(crate) async fn run_inline(
+    state: &AppState,
+    ws: &grove_core::model::WorkspaceRow,
+    command_id: Uuid,
+    command: &Command,
+) -> Result<Option<CommandResult>, ApiError> {
+    let Some(inline) = &state.inline else {
+        return Ok(None);
+    };
+    if inline.writes.is_none() || !runs_inline(inline.reads.node(), ws, command) {
+        return Ok(None);
+    }
+    Ok(inline.run(command_id, command).await?)
+}
+
+/// The optional `Idempotency-Key` header of a tool call: a retry with the same key is
+/// the same command, answered with its first outcome and never run twice.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
+    headers
+        .get(IDEMPOTENCY_HEADER)
+        .map(|v| {
+            v.to_str()
+                .map_err(|_| ApiError::invalid("invalid Idempotency-Key: expected visible ASCII"))
+        })
+        .transpose()
+}
+
+/// The header a tool call's idempotency key comes in.
+pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
+
+/// Tools answered in this process: read tools (ADR 24) and, with the worker's writes
+/// port, file write tools and execs (ADR 31), at most as many reads and as many writes
+/// at once as the worker runs jobs, so they cannot starve the queue of threads and
+/// connections. Shared by
+/// the tool and exec routes and MCP over HTTP.
 pub struct InlineHost {
     reads: Arc<dyn InlineReads>,
+    writes: Option<Arc<dyn InlineWrites>>,
     permits: Semaphore,
+    /// Writes and execs have permits of their own: long execs never hold up reads.
+    write_permits: Semaphore,
 }
 
 impl InlineHost {
-    pub fn new(reads: Arc<dyn InlineReads>, concurrency: usize) -> Self {
+    pub fn new(
+        reads: Arc<dyn InlineReads>,
+        writes: Option<Arc<dyn InlineWrites>>,
+        concurrency: usize,
+    ) -> Self {
         Self {
             reads,
+            writes,
             permits: Semaphore::new(concurrency.max(1)),
+            write_permits: Semaphore::new(concurrency.max(1)),
         }
+    }
+
+    async fn bounded_run(
+        &self,
+        command_id: Uuid,
+        command: &Command,
+    ) -> Result<Option<CommandResult>, CommandError> {
+        let Some(writes) = &self.writes else {
+            return Ok(None);
+        };
+        let _permit = self
+            .write_permits
+            .acquire()
+            .await
+            .map_err(|_| CommandError::new(ErrorKind::Unavailable, "stopping"))?;
+        writes.run(command_id, command).await
     }
 
     async fn bounded(&self, workspace_id: Uuid, op: &ToolOp) -> Result<ToolOutput, CommandError> {
@@ -175,6 +242,16 @@ impl InlineReads for InlineHost {
         op: &'a ToolOp,
     ) -> futures::future::BoxFuture<'a, Result<ToolOutput, CommandError>> {
         Box::pin(self.bounded(workspace_id, op))
+    }
+}
+
+impl InlineWrites for InlineHost {
+    fn run<'a>(
+        &'a self,
+        command_id: Uuid,
+        command: &'a Command,
+    ) -> futures::future::BoxFuture<'a, Result<Option<CommandResult>, CommandError>> {
+        Box::pin(self.bounded_run(command_id, command))
     }
 }
 

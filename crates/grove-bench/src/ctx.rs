@@ -30,6 +30,8 @@ pub(crate) struct RunningWorker {
     task: tokio::task::JoinHandle<()>,
     /// The worker's read tools, for an API served in this process (ADR 24).
     pub(crate) inline: std::sync::Arc<dyn grove_core::inline::InlineReads>,
+    /// The worker's write tools and execs, for the same API (ADR 31).
+    pub(crate) inline_writes: std::sync::Arc<dyn grove_core::inline::InlineWrites>,
 }
 
 impl RunningWorker {
@@ -69,6 +71,7 @@ impl RunningWorker {
         let worker = grove_workers::Worker::new(deps);
         worker.register().await.expect("register worker");
         let inline = worker.inline_reads();
+        let inline_writes = worker.inline_writes();
         let (stop, rx) = oneshot::channel::<()>();
         let task = tokio::spawn(async move {
             if let Err(e) = worker
@@ -80,7 +83,12 @@ impl RunningWorker {
                 eprintln!("grove-bench: worker failed: {e}");
             }
         });
-        Self { stop, task, inline }
+        Self {
+            stop,
+            task,
+            inline,
+            inline_writes,
+        }
     }
 
     pub(crate) async fn stop(self) {
@@ -167,6 +175,13 @@ impl Ctx {
         &self,
     ) -> Option<std::sync::Arc<dyn grove_core::inline::InlineReads>> {
         self.worker.as_ref().map(|w| w.inline.clone())
+    }
+
+    /// The running worker's inline write tools and execs (ADR 31).
+    pub(crate) fn inline_writes(
+        &self,
+    ) -> Option<std::sync::Arc<dyn grove_core::inline::InlineWrites>> {
+        self.worker.as_ref().map(|w| w.inline_writes.clone())
     }
 
     /// Replaces the running worker by one with workspace history on or off.

@@ -29,8 +29,8 @@ pub struct Api {
 }
 
 impl Api {
-    /// Serves the API; with `inline`, read tools are answered by the worker in this
-    /// process, as `grove serve --worker` does.
+    /// Serves the API; with `inline`, read tools are answered and write tools and execs
+    /// run by the worker in this process, as `grove serve --worker` does.
     pub async fn start(ctx: &Ctx, inline: bool) -> Result<Self> {
         Self::start_as(ctx, inline, "bench").await
     }
@@ -45,7 +45,7 @@ impl Api {
         )
         .await?;
         if let (true, Some(reads)) = (inline, ctx.inline_reads()) {
-            state = state.with_inline_reads(reads, 8);
+            state = state.with_inline(reads, ctx.inline_writes(), 8);
         }
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let base = format!("http://{}", listener.local_addr()?);

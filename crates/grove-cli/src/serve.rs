@@ -63,10 +63,11 @@ pub async fn serve(
             crate::grove_home(),
         ))
         .with_stop(stopped.clone());
-    // Reads of this node's workspaces are answered here by the worker's code, as many at
-    // once as it runs jobs (ADR 24); without a worker every call takes the queue.
+    // Reads of this node's workspaces are answered here by the worker's code (ADR 24), and
+    // their file writes and execs run here (ADR 31), as many at once as it runs jobs;
+    // without a worker every call takes the queue.
     if let (Some(w), Some(concurrency)) = (&worker, concurrency) {
-        state = state.with_inline_reads(w.inline_reads(), concurrency);
+        state = state.with_inline(w.inline_reads(), Some(w.inline_writes()), concurrency);
     }
     // Pull request reads ask the platform directly; a bad configuration is reported
     // here and those reads answer 503 (the worker reports it for its jobs too).

@@ -241,9 +241,10 @@ pub trait HistoryPort: Send + Sync {
     /// existing store keeps what it has, its private index included). Objects are
     /// hard links where the filesystem allows (they never change), refs copies.
     fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError>;
-    /// Drops the points not in `keep` from the store (their objects may stay until a
-    /// repack). Returns how many were dropped.
-    fn prune_history(&self, store_dir: &Path, keep: &[String]) -> Result<usize, GitError>;
+    /// Drops the points not in `keep` from the store, then deletes the objects only they
+    /// held and packs the rest (the cache's objects stay out of the store). Returns how
+    /// many were dropped.
+    fn prune_history(&self, paths: &HistoryPaths<'_>, keep: &[String]) -> Result<usize, GitError>;
     /// Deletes a store (absent is Ok).
     fn discard_history(&self, store_dir: &Path) -> Result<(), GitError>;
     /// The store's loose objects, estimated from one fan-out directory as

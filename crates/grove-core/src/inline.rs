@@ -7,10 +7,16 @@
 //! command lock and with the same path rules as the queued handler. Every other call,
 //! and every read of a workspace on another node or in a remote provider, goes through
 //! the queue as before.
+//!
+//! Writes and execs (ADR 31): a file write tool or an exec of a workspace on the
+//! receiving process's node also runs in that process ([`InlineWrites`]), with its
+//! ledger row, the workspace's exclusive lock and fencing as the queued handler takes
+//! them, in the fewest flushed commits that keep the queue's guarantees.
 
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
+use crate::commands::{Command, CommandResult};
 use crate::error::CommandError;
 use crate::model::WorkspaceRow;
 use crate::placement::Placement;
@@ -31,6 +37,47 @@ pub trait InlineReads: Send + Sync {
     ) -> BoxFuture<'a, Result<ToolOutput, CommandError>>;
 }
 
+/// Runs write tools and execs of one node's workspaces in the calling process (ADR 31).
+pub trait InlineWrites: Send + Sync {
+    /// Runs `command` (one that [`runs_inline`] accepts) under `command_id`: its ledger
+    /// row, the workspace's exclusive command lock (the row re-read under it), the
+    /// effect, and its events and outcome. `Ok(None)` when the command id is already in
+    /// the ledger (a retry, or the same command on the queue path): nothing ran, and the
+    /// caller waits for that command's recorded outcome as a queue caller does.
+    fn run<'a>(
+        &'a self,
+        command_id: Uuid,
+        command: &'a Command,
+    ) -> BoxFuture<'a, Result<Option<CommandResult>, CommandError>>;
+}
+
+/// Whether `op` is a file write tool that runs inline (ADR 31): `create`,
+/// `str_replace`, `insert`, `write_file`. Git and history tools keep the queue.
+pub fn is_inline_write(op: &ToolOp) -> bool {
+    matches!(
+        op,
+        ToolOp::Create { .. }
+            | ToolOp::StrReplace { .. }
+            | ToolOp::Insert { .. }
+            | ToolOp::WriteFile { .. }
+    )
+}
+
+/// Whether `command` on `ws` may run inline in a process serving `node`: a file write
+/// tool or an exec of a workspace whose files are on that node (a read-only workspace's
+/// refusal is then the inline handler's, as the queued one's would be). Anything else (another node's or a remote provider's workspace, an evicted one,
+/// every other command) takes the queue.
+pub fn runs_inline(node: &str, ws: &WorkspaceRow, command: &Command) -> bool {
+    let local = ws.state.has_files()
+        && matches!(Placement::of_node(&ws.node), Placement::Node(n) if n == node);
+    local
+        && match command {
+            Command::Tool(t) => t.workspace_id == ws.id && is_inline_write(&t.op),
+            Command::Exec(e) => e.workspace_id == ws.id,
+            _ => false,
+        }
+}
+
 /// Whether `op` on `ws` may be answered inline by a process serving `node`: a read,
 /// of a workspace whose files are on that node. Anything else takes the queue.
 pub fn answers_inline(node: &str, ws: &WorkspaceRow, op: &ToolOp) -> bool {
@@ -45,6 +92,74 @@ mod tests {
     use super::*;
     use crate::decide::fixtures::row;
     use crate::model::WorkspaceMode;
+    use crate::tools::ToolRequest;
+
+    #[test]
+    fn only_file_writes_and_execs_of_this_nodes_workspaces_run_inline() {
+        let ws = |node: &str, state: &str| row(WorkspaceMode::Edit, node, state);
+        let here = ws("n1", "ready");
+        let tool = |op: ToolOp| {
+            Command::Tool(ToolRequest {
+                workspace_id: here.id,
+                op,
+            })
+        };
+        let write = tool(ToolOp::WriteFile {
+            path: "a".into(),
+            content: "b".into(),
+        });
+        let edit = tool(ToolOp::StrReplace {
+            path: "a".into(),
+            old_str: "b".into(),
+            new_str: "c".into(),
+        });
+        let commit = tool(ToolOp::GitCommit {
+            message: "m".into(),
+            paths: vec![],
+            author_name: None,
+            author_email: None,
+        });
+        let undo = tool(ToolOp::Undo);
+        let read = tool(ToolOp::GitStatus);
+        let exec = Command::Exec(crate::commands::Exec {
+            workspace_id: here.id,
+            runtime: "local".into(),
+            argv: vec!["true".into()],
+            env: Default::default(),
+            cwd: None,
+            stdin: None,
+            timeout_ms: None,
+            max_output_bytes: None,
+            kind: None,
+            network: None,
+            keep_output: true,
+        });
+        assert!(runs_inline("n1", &here, &write));
+        assert!(runs_inline("n1", &here, &edit));
+        assert!(runs_inline("n1", &here, &exec));
+        for (command, why) in [(&commit, "git tool"), (&undo, "history"), (&read, "read")] {
+            assert!(!runs_inline("n1", &here, command), "{why}");
+        }
+        for (node, ws_node, state) in [
+            ("n1", "n2", "ready"),
+            ("n1", "n1", "evicted"),
+            ("daytona", "daytona", "ready"),
+        ] {
+            let other = ws(ws_node, state);
+            assert!(
+                !runs_inline(node, &other, &write),
+                "{node} {ws_node} {state}"
+            );
+            assert!(
+                !runs_inline(node, &other, &exec),
+                "{node} {ws_node} {state}"
+            );
+        }
+        // A command naming another workspace than the row checked never runs inline.
+        let mut elsewhere = ws("n1", "ready");
+        elsewhere.id = Uuid::from_u128(8);
+        assert!(!runs_inline("n1", &elsewhere, &write));
+    }
 
     #[test]
     fn only_reads_of_ready_workspaces_on_this_node_answer_inline() {

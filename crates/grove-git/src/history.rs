@@ -17,6 +17,7 @@
 mod beneath;
 mod ignored;
 mod pack;
+mod repack;
 mod rewind;
 
 use std::os::unix::ffi::OsStrExt;
@@ -213,35 +214,9 @@ fn work_tree(
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
     let root = beneath::open_root(paths.workspace_dir)?;
-    let mut changed = false;
-    let mut ignored_changed = Vec::new();
-    for delta in diff.deltas() {
-        let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
-            continue;
-        };
-        match delta.status() {
-            Delta::Deleted => index.remove_path(path).map_err(local)?,
-            // A nested repository shows as a directory: not part of the point.
-            _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
-            // Ignored files are weighed against the budget together, below (a file
-            // HEAD tracks is not one, whatever the rules say).
-            _ if budget.is_some() && ignored::is_ignored(store, head, path) => {
-                ignored_changed.push(path.as_os_str().as_bytes().to_vec());
-                continue;
-            }
-            // Read through descriptors, never by path: see `beneath`.
-            _ => {
-                if let beneath::Added::Skipped | beneath::Added::OverLimit =
-                    beneath::add(store, &mut index, &root, path, None)?
-                {
-                    let _ = index.remove_path(path);
-                }
-            }
-        }
-        changed = true;
-    }
+    let walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
     let fitted = match budget {
-        Some(budget) => ignored::fit(store, &mut index, &root, head, ignored_changed, budget)?,
+        Some(budget) => ignored::fit(store, &mut index, &root, head, walked.ignored, budget)?,
         None => ignored::Fitted::default(),
     };
     let tree = index.write_tree().map_err(local)?;
@@ -250,7 +225,7 @@ fn work_tree(
     } else {
         ignored::tree_without(store, &index, &fitted.kept)?
     };
-    if changed || fitted.changed || !paths.store_dir.join(INDEX_FILE).exists() {
+    if walked.changed || fitted.changed || !paths.store_dir.join(INDEX_FILE).exists() {
         index.write().map_err(local)?;
     }
     Ok(Built {
@@ -258,6 +233,54 @@ fn work_tree(
         plain,
         ignored_omitted: fitted.omitted,
     })
+}
+
+/// What one walk changed in the private index.
+struct Walked {
+    changed: bool,
+    /// Ignored files new or changed since the last point (when they are kept), for the
+    /// budget to weigh.
+    ignored: Vec<Vec<u8>>,
+}
+
+/// Applies the walk's `diff` to `index`: deleted files removed, changed and new ones
+/// read through descriptors (never by path: see `beneath`), ignored ones set aside.
+fn apply_walk(
+    store: &Repository,
+    index: &mut Index,
+    root: &std::os::fd::OwnedFd,
+    diff: &git2::Diff<'_>,
+    head: &git2::Tree<'_>,
+    keep_ignored: bool,
+) -> Result<Walked, GitError> {
+    let mut walked = Walked {
+        changed: false,
+        ignored: Vec::new(),
+    };
+    for delta in diff.deltas() {
+        let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
+            continue;
+        };
+        match delta.status() {
+            Delta::Deleted => index.remove_path(path).map_err(local)?,
+            // A nested repository shows as a directory: not part of the point.
+            _ if path.as_os_str().as_encoded_bytes().ends_with(b"/") => continue,
+            // A file HEAD tracks is not ignored, whatever the rules say.
+            _ if keep_ignored && ignored::is_ignored(store, head, path) => {
+                walked.ignored.push(path.as_os_str().as_bytes().to_vec());
+                continue;
+            }
+            _ => {
+                if let beneath::Added::Skipped | beneath::Added::OverLimit =
+                    beneath::add(store, index, root, path, None)?
+                {
+                    let _ = index.remove_path(path);
+                }
+            }
+        }
+        walked.changed = true;
+    }
+    Ok(walked)
 }
 
 /// The commit of point `id`, which must be a point of this store.
@@ -460,8 +483,22 @@ fn merge_dir(from: &Path, to: &Path, share: Share) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Drops every point ref not in `keep`; returns how many were dropped.
-pub(crate) fn prune(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
+/// Drops every point ref not in `keep` and, when any were, compacts the store (the
+/// objects only they held deleted, the rest packed; a failure there is logged, the
+/// refs stay dropped); returns how many were dropped.
+pub(crate) fn prune(paths: &HistoryPaths<'_>, keep: &[String]) -> Result<usize, GitError> {
+    let dropped = drop_points(paths.store_dir, keep)?;
+    if dropped > 0 {
+        match repack::compact(paths.store_dir, paths.cache_dir) {
+            Ok(true) => {}
+            Ok(false) => tracing::info!("no git binary: a pruned history store is not repacked"),
+            Err(e) => tracing::warn!(error = %e, "a pruned history store was not repacked"),
+        }
+    }
+    Ok(dropped)
+}
+
+fn drop_points(store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
     let store = open_existing(store_dir)?;
     let mut dropped = 0;
     let names: Vec<String> = store

@@ -192,8 +192,12 @@ impl grove_core::history::HistoryPort for Git2Adapter {
     fn copy_history(&self, from: &Path, to: &Path) -> Result<(), GitError> {
         history::copy_store(from, to)
     }
-    fn prune_history(&self, store_dir: &Path, keep: &[String]) -> Result<usize, GitError> {
-        history::prune(store_dir, keep)
+    fn prune_history(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        keep: &[String],
+    ) -> Result<usize, GitError> {
+        history::prune(paths, keep)
     }
     fn discard_history(&self, store_dir: &Path) -> Result<(), GitError> {
         fsutil::remove_path(store_dir)

@@ -5,7 +5,6 @@
 use std::collections::HashMap;
 
 use grove_core::commands::{Command, CommandResult};
-use grove_core::error::{CommandError, ErrorKind};
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
 
@@ -47,19 +46,7 @@ pub async fn submit_requested(
     }
     tx.commit().await?;
     if !inserted {
-        let stored: Option<serde_json::Value> =
-            sqlx::query_scalar("SELECT payload FROM grove.commands WHERE command_id = $1")
-                .bind(command_id)
-                .fetch_optional(pool)
-                .await?;
-        let ours = serde_json::to_value(command).map_err(StoreError::from)?;
-        if stored.is_some_and(|s| s != ours) {
-            return Err(CommandError::new(
-                ErrorKind::Conflict,
-                format!("command id {command_id} was already used for a different command"),
-            )
-            .into());
-        }
+        submit::same_command(&mut *pool.acquire().await?, command_id, command).await?;
     } else {
         wake.wait(command_id, opts.poll_every).await;
     }

@@ -680,3 +680,77 @@ pub async fn requeue_abandoned(
     .await?
     .rows_affected())
 }
+
+/// Starts a command that the receiving process runs inline (ADR 31), in the caller's
+/// transaction: its ledger row `running` (attempt 1, `worker_id`) and its job row
+/// already claimed by `worker_id` (`grove.start_inline`). `None` when the command id is
+/// already known: nothing was inserted, and the caller waits for that command's outcome.
+/// Committed before the effect (an exec, an edit), the `running` row is what ends the
+/// command as `worker_lost` if the process dies; committed with the outcome (an
+/// idempotent write), the row is only ever seen finished.
+pub async fn start_inline(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+    command: &Command,
+    queue: &str,
+    worker_id: &str,
+) -> Result<Option<ClaimedJob>, StoreError> {
+    let began = std::time::SystemTime::now();
+    let row = sqlx::query("SELECT job_id, inserted FROM grove.start_inline($1, $2, $3, $4, $5)")
+        .bind(command_id)
+        .bind(serde_json::to_value(command)?)
+        .bind(queue)
+        .bind(worker_id)
+        .bind(max_attempts(command))
+        .fetch_one(&mut *conn)
+        .await?;
+    if !row.try_get::<bool, _>("inserted")? {
+        return Ok(None);
+    }
+    crate::telemetry::started(command.kind(), queue);
+    Ok(Some(ClaimedJob {
+        job_id: row.try_get("job_id")?,
+        queue: queue.to_string(),
+        command_id,
+        kind: command.kind(),
+        claimed_at: std::time::Instant::now(),
+        claim_window: (began, std::time::SystemTime::now()),
+    }))
+}
+
+/// Whether `command_id` is in the ledger (whatever its state).
+pub async fn is_known(conn: &mut PgConnection, command_id: Uuid) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM grove.commands WHERE command_id = $1)")
+            .bind(command_id)
+            .fetch_one(conn)
+            .await?,
+    )
+}
+
+/// The outcome of a command started by [`start_inline`] in the same open transaction,
+/// with its events, fenced by `fences`; the caller commits (one flushed commit for the
+/// whole command). Returns whether the outcome was recorded.
+#[allow(clippy::too_many_arguments)]
+#[tracing::instrument(
+    target = TARGET, name = "grove.commit", level = "trace", skip_all,
+    fields(command_id = %job.command_id, events = events.len())
+)]
+pub async fn finish_in_transaction(
+    tx: &mut PgConnection,
+    job: &ClaimedJob,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+    events: &[Event],
+    metadata: &Metadata,
+    at: DateTime<Utc>,
+    fences: &[crate::locks::Fence],
+) -> Result<bool, StoreError> {
+    store::check_fences(&mut *tx, fences).await?;
+    if !record_outcome(&mut *tx, job, worker_id, outcome).await? {
+        return Ok(false);
+    }
+    store::append(&mut *tx, events, metadata, at).await?;
+    crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
+    Ok(true)
+}

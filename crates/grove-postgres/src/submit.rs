@@ -190,23 +190,33 @@ pub async fn enqueue_with(
         inserted
     };
     if !inserted {
-        // Ledger payloads never change, so this read needs no transaction with the
-        // enqueue that found the id taken.
-        let stored: Option<serde_json::Value> =
-            sqlx::query_scalar("SELECT payload FROM grove.commands WHERE command_id = $1")
-                .bind(command_id)
-                .fetch_optional(&mut *conn)
-                .await?;
-        let ours = serde_json::to_value(command).map_err(StoreError::from)?;
-        if stored.is_some_and(|s| s != ours) {
-            return Err(CommandError::new(
-                ErrorKind::Conflict,
-                format!("command id {command_id} was already used for a different command"),
-            )
-            .into());
-        }
+        same_command(&mut conn, command_id, command).await?;
     }
     Ok(inserted)
+}
+
+/// Refuses a command id that the ledger already holds for a different command (an
+/// id found taken by an enqueue). Ledger payloads never change, so this read needs no
+/// transaction with the enqueue that found the id taken.
+pub async fn same_command(
+    conn: &mut PgConnection,
+    command_id: Uuid,
+    command: &Command,
+) -> Result<(), SubmitError> {
+    let stored: Option<serde_json::Value> =
+        sqlx::query_scalar("SELECT payload FROM grove.commands WHERE command_id = $1")
+            .bind(command_id)
+            .fetch_optional(&mut *conn)
+            .await?;
+    let ours = serde_json::to_value(command).map_err(StoreError::from)?;
+    if stored.is_some_and(|s| s != ours) {
+        return Err(CommandError::new(
+            ErrorKind::Conflict,
+            format!("command id {command_id} was already used for a different command"),
+        )
+        .into());
+    }
+    Ok(())
 }
 
 /// Waits for the outcome of an enqueued command.

@@ -1,12 +1,14 @@
 //! `exec`: one command in a runtime over a workspace, its start recorded before it runs,
 //! its output relayed while it runs when a caller streams it, and fenced by the
-//! workspace lock's lease. Load, decide (`grove_core::decide::exec`), act, record.
+//! workspace lock's lease. Load, decide (`grove_core::decide::exec`), act, record. An
+//! exec run inline by the receiving process (ADR 31) starts its ledger row with its
+//! start events, in the same commit.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use grove_core::commands::{CommandResult, Exec, DEFAULT_MAX_OUTPUT_BYTES};
+use grove_core::commands::{Command, CommandResult, Exec, DEFAULT_MAX_OUTPUT_BYTES};
 use grove_core::decide::exec::{check_exec, exec_kind};
 use grove_core::error::{CommandError, ErrorKind, RuntimeError};
 use grove_core::events::{Event, Metadata};
@@ -17,10 +19,11 @@ use grove_core::ports::{
 };
 use grove_core::state::RuntimeState;
 use grove_postgres::locks::AdvisoryLock;
+use grove_postgres::queue::{self, ClaimedJob};
 use grove_postgres::{rows, store};
 use uuid::Uuid;
 
-use crate::context::{correlation_of, internal, now, store_error, Handled, JobContext};
+use crate::context::{correlation_of, internal, now, store_error, Handled, InFlight, JobContext};
 
 /// An exec decided and locked, before its start is recorded.
 struct Prepared {
@@ -36,6 +39,23 @@ struct Prepared {
     spec: RuntimeSpec,
 }
 
+/// How an inline exec (ADR 31) began: started (its ledger row, job and start events in
+/// one commit, then run), or not run at all because its command id was already known.
+// Made once per inline exec and matched at once: boxing the outcome would buy nothing.
+#[allow(clippy::large_enum_variant)]
+pub enum InlineExec {
+    /// The command id is already in the ledger: nothing ran, the lock is released.
+    Known,
+    /// The start committed; the command ran (or failed after its start) and the
+    /// handled outcome awaits recording on the job.
+    Started {
+        job: ClaimedJob,
+        handled: Result<Handled, CommandError>,
+        /// Keeps the job in the worker's in-flight set until its outcome is recorded.
+        in_flight: InFlight,
+    },
+}
+
 impl JobContext {
     pub async fn exec(
         &self,
@@ -43,11 +63,88 @@ impl JobContext {
         command_id: Uuid,
         metadata: &Metadata,
     ) -> Result<Handled, CommandError> {
-        let prepared = self.prepare_exec(e).await?;
+        let mut prepared = self.prepare_exec(e).await?;
         let start_events = start_events(e, command_id, &prepared);
+        let metadata = &Metadata {
+            correlation: correlation_of(&prepared.ws),
+            ..metadata.clone()
+        };
+        // Recorded before the runtime is created or the command runs: a container made
+        // by this exec is then never mistaken for an orphan, and a worker that dies
+        // mid-command leaves the trace that ends it as worker_lost.
+        record_on(&mut prepared.lock, &start_events, metadata).await?;
+        self.run_started(e, command_id, prepared, true).await
+    }
+
+    /// An exec run by the process that received it (ADR 31): decided and locked as a
+    /// queued one, then its ledger row and job (`queue::start_inline`) and its start
+    /// events in one commit, on the lock's connection, before the runtime is created or
+    /// the command runs. A refusal before that commit records nothing (as a route's
+    /// refusal); a workspace that left this node answers a transient conflict.
+    pub async fn exec_inline(
+        &self,
+        e: &Exec,
+        command_id: Uuid,
+        command: &Command,
+        metadata: &Metadata,
+    ) -> Result<InlineExec, CommandError> {
+        let mut prepared = self.prepare_exec(e).await?;
+        if prepared.ws.node != self.config.node {
+            let node = prepared.ws.node.clone();
+            prepared.lock.release().await.ok();
+            return Err(CommandError::new(
+                ErrorKind::Conflict,
+                format!("workspace {} is no longer on node {}", e.workspace_id, node),
+            )
+            .transient());
+        }
+        let start_events = start_events(e, command_id, &prepared);
+        let metadata = &Metadata {
+            correlation: correlation_of(&prepared.ws),
+            ..metadata.clone()
+        };
+        let queue = queue::node_queue(&self.config.node);
+        let started = start_inline_on(
+            &mut prepared.lock,
+            (command_id, command, &queue, &self.config.worker_id),
+            &start_events,
+            metadata,
+        )
+        .await;
+        let job = match started {
+            Ok(Some(job)) => job,
+            Ok(None) => {
+                prepared.lock.release().await.ok();
+                return Ok(InlineExec::Known);
+            }
+            Err(err) => {
+                prepared.lock.release().await.ok();
+                return Err(err);
+            }
+        };
+        let in_flight = self.in_flight(&job.job_id);
+        let handled = self.run_started(e, command_id, prepared, false).await;
+        Ok(InlineExec::Started {
+            job,
+            handled,
+            in_flight,
+        })
+    }
+
+    /// Runs an exec whose start is recorded: hands the workspace over, runs the command
+    /// fenced by the lock's lease (relaying its output when `may_relay` and a caller
+    /// asked), and builds its outcome and `exec.finished` (with the dirty check and
+    /// history point of a mutating command).
+    async fn run_started(
+        &self,
+        e: &Exec,
+        command_id: Uuid,
+        prepared: Prepared,
+        may_relay: bool,
+    ) -> Result<Handled, CommandError> {
         let Prepared {
             ws,
-            mut lock,
+            lock,
             kind,
             provider,
             remote,
@@ -56,23 +153,17 @@ impl JobContext {
             ..
         } = prepared;
         let correlation = correlation_of(&ws);
-        let metadata = &Metadata {
-            correlation: correlation.clone(),
-            ..metadata.clone()
-        };
-        // Recorded before the runtime is created or the command runs: a container made
-        // by this exec is then never mistaken for an orphan, and a worker that dies
-        // mid-command leaves the trace that ends it as worker_lost.
-        record_on(&mut lock, &start_events, metadata).await?;
         let started = Instant::now();
         self.hand_over(provider.as_ref(), &ws).await?;
         // A caller streaming this exec asked, with the enqueue, for its output.
-        let relay = grove_postgres::output::relay_requested(lock.conn(), command_id)
-            .await
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %e, "could not tell whether to relay exec output");
-                false
-            });
+        let mut lock = lock;
+        let relay = may_relay
+            && grove_postgres::output::relay_requested(lock.conn(), command_id)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(error = %e, "could not tell whether to relay exec output");
+                    false
+                });
         let backend_id = provider.backend_id(&spec);
         let request = exec_request(e, kind);
         let outcome = self
@@ -408,6 +499,32 @@ fn start_events(e: &Exec, command_id: Uuid, p: &Prepared) -> Vec<Event> {
         timeout_ms: e.timeout_ms,
     });
     events
+}
+
+/// An inline exec's start (ADR 31): its ledger row and claimed job
+/// (`queue::start_inline`) and its start events, in one transaction on the lock's
+/// connection. `None` (nothing written) when the command id is already known.
+async fn start_inline_on(
+    lock: &mut AdvisoryLock,
+    (command_id, command, queue_name, worker): (Uuid, &Command, &str, &str),
+    events: &[Event],
+    metadata: &Metadata,
+) -> Result<Option<ClaimedJob>, CommandError> {
+    let mut tx = sqlx::Connection::begin(lock.conn())
+        .await
+        .map_err(|e| store_error(e.into()))?;
+    let job = queue::start_inline(&mut tx, command_id, command, queue_name, worker)
+        .await
+        .map_err(store_error)?;
+    let Some(job) = job else {
+        tx.rollback().await.map_err(|e| store_error(e.into()))?;
+        return Ok(None);
+    };
+    store::append(&mut tx, events, metadata, now())
+        .await
+        .map_err(store_error)?;
+    tx.commit().await.map_err(|e| store_error(e.into()))?;
+    Ok(Some(job))
 }
 
 /// Commits `events` in a transaction on the lock's connection.

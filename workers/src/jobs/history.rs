@@ -134,8 +134,10 @@ impl JobContext {
             .filter(|s| !drop.contains(s))
             .collect();
         let git = self.git.clone();
-        let store = self.history_dir(&ws);
-        let result = blocking(move || git.prune_history(&store, &keep)).await;
+        let result = match self.history_paths(&ws).await {
+            Ok(paths) => blocking(move || git.prune_history(&paths.borrow(), &keep)).await,
+            Err(e) => Err(e),
+        };
         let recorded = match result {
             Ok(_) => {
                 let event = Event::WorkspaceHistoryPruned {

@@ -126,13 +126,17 @@ impl JobContext {
     }
 
     /// The history point of a restored checkout (ADR 28): the workspace's timeline,
-    /// whose store eviction kept, continues with the files as restored.
+    /// whose store eviction kept, continues with the files as restored. With history
+    /// off, nothing (`workspace.restored` already says whether it is dirty).
     async fn point_after_restore(
         &self,
         ws: &WorkspaceRow,
         events: &[Event],
         at: DateTime<Utc>,
     ) -> Vec<Event> {
+        if !self.config.history {
+            return Vec::new();
+        }
         match fold_workspace(Some(ws.clone()), events, at) {
             Ok(restored) => self.after_change(&restored, Operation::Restore).await,
             Err(_) => Vec::new(),

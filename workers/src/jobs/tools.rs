@@ -234,7 +234,7 @@ fn is_git_tool(op: &ToolOp) -> bool {
 
 /// The events of a tool's output: `workspace.file_written`, `workspace.committed` or
 /// `workspace.pushed`; none for a read.
-pub(super) fn tool_events(workspace_id: Uuid, op: &ToolOp, output: &ToolOutput) -> Vec<Event> {
+pub(crate) fn tool_events(workspace_id: Uuid, op: &ToolOp, output: &ToolOutput) -> Vec<Event> {
     let event = match output {
         ToolOutput::Written(w) => Event::WorkspaceFileWritten {
             workspace_id,

@@ -98,7 +98,7 @@ async fn finish_panicked(
 /// `exec.finished` (with `outcome`) for each `exec.started` the command committed: for
 /// an exec that failed without a handled outcome after its start was recorded (a
 /// panic, or the database going away right after the start committed).
-async fn close_started_execs(
+pub(super) async fn close_started_execs(
     deps: &JobContext,
     job: &ClaimedJob,
     outcome: &str,
@@ -212,7 +212,7 @@ async fn run_job_inner(
 /// announced in the round trip that frees that lock; if that connection failed (the
 /// database restarted while the effect ran), through [`finish_patiently`]. Every write
 /// checks that the locks still hold their leases.
-async fn record_handled(
+pub(super) async fn record_handled(
     deps: &JobContext,
     job: &ClaimedJob,
     handled: Handled,
@@ -275,7 +275,7 @@ const OUTCOME_PATIENCE: Duration = Duration::from_secs(600);
 /// outcome. If a lock's lease was lost meanwhile (another holder may have run since),
 /// the outcome is recorded without the state changes the lock guarded: only its
 /// `exec.finished` and `runtime.destroyed` events are kept.
-async fn finish_patiently(
+pub(super) async fn finish_patiently(
     deps: &JobContext,
     job: &ClaimedJob,
     result: &Result<grove_core::commands::CommandResult, CommandError>,

@@ -162,6 +162,8 @@ class Op(Generic[T]):
     body: Any = None
     params: Mapping[str, str] | None = None
     git_token: Secret | None = None
+    #: Sent as `Idempotency-Key` (a tool call's key: a retry answers the first outcome).
+    idempotency_key: str | None = None
     repeatable: bool = False
     has_body: bool = field(default=False)
     read_timeout: float | _Default | None = DEFAULT
@@ -205,6 +207,8 @@ def build_request(
         content = json.dumps(op.body if op.body is not None else {}).encode()
     if op.git_token is not None:
         headers[GIT_TOKEN_HEADER] = op.git_token.reveal()
+    if op.idempotency_key is not None:
+        headers["Idempotency-Key"] = op.idempotency_key
     if op.accept is not None:
         headers["Accept"] = op.accept
     if not isinstance(op.read_timeout, _Default):

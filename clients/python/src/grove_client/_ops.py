@@ -471,6 +471,7 @@ def call_tool(
     args: Mapping[str, Any] | None,
     *,
     git_token: str | Secret | None = None,
+    idempotency_key: str | None = None,
 ) -> Op[m.ToolOutput]:
     repeatable, _ = TOOLS.get(tool, (False, None))
 
@@ -483,7 +484,9 @@ def call_tool(
         parse,
         body=dict(args or {}),
         git_token=_secret(git_token),
-        repeatable=repeatable,
+        idempotency_key=idempotency_key,
+        # With a key, a retry is the same command: answered, never run twice.
+        repeatable=repeatable or idempotency_key is not None,
         has_body=True,
         read_timeout=None,
         route=("POST", "/v1/workspaces/{id}/tools/{tool}"),

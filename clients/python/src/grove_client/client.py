@@ -452,10 +452,16 @@ class Client:
         args: Mapping[str, Any] | None = None,
         *,
         git_token: str | Secret | None = None,
+        idempotency_key: str | None = None,
     ) -> m.ToolOutput:
         """Any tool by name with untyped arguments (what an agent loop relays); the
-        typed methods are on `client.tools`."""
-        return self._send(_ops.call_tool(workspace_id, tool, args, git_token=git_token))
+        typed methods are on `client.tools`. With `idempotency_key`, a retry of the
+        same call answers the first call's outcome and never runs the tool twice."""
+        return self._send(
+            _ops.call_tool(
+                workspace_id, tool, args, git_token=git_token, idempotency_key=idempotency_key
+            )
+        )
 
     def mcp(
         self,

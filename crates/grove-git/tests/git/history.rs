@@ -448,3 +448,111 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
         "hello\nedit 2\n"
     );
 }
+
+/// Bytes of every file under `dir`.
+fn size_of_dir(dir: &Path) -> u64 {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap().flatten() {
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() {
+            size_of_dir(&entry.path())
+        } else {
+            meta.len()
+        };
+    }
+    total
+}
+
+/// `len` bytes no compressor shrinks (xorshift from `seed`).
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+#[test]
+fn pruning_points_deletes_the_objects_only_they_held_and_packs_the_store() {
+    if std::process::Command::new("git")
+        .arg("--version")
+        .output()
+        .map_or(true, |o| !o.status.success())
+    {
+        eprintln!("skipped: no git binary, so pruned stores are not repacked");
+        return;
+    }
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let first = git2.first_snapshot(&p, Uuid::nil()).unwrap();
+    let mut ids = vec![first.id.clone()];
+    for i in 0..4u64 {
+        std::fs::write(ws.join(format!("big{i}.bin")), noise(i + 1, 256 << 10)).unwrap();
+        let s = git2
+            .snapshot(
+                &p,
+                Uuid::nil(),
+                ids.last().map(String::as_str),
+                IgnoredFiles::Excluded,
+            )
+            .unwrap();
+        ids.push(s.id);
+    }
+    for i in 0..4 {
+        std::fs::remove_file(ws.join(format!("big{i}.bin"))).unwrap();
+    }
+    std::fs::write(ws.join("README.md"), "last\n").unwrap();
+    let last = git2
+        .snapshot(
+            &p,
+            Uuid::nil(),
+            ids.last().map(String::as_str),
+            IgnoredFiles::Excluded,
+        )
+        .unwrap();
+    ids.push(last.id.clone());
+    let before = size_of_dir(&store.join("objects"));
+
+    let keep = [first.id.clone(), last.id.clone()];
+    assert_eq!(git2.prune_history(&p, &keep).unwrap(), 4);
+    let after = size_of_dir(&store.join("objects"));
+    assert!(
+        after * 4 < before,
+        "the store did not shrink: {before} bytes before, {after} after"
+    );
+    // The kept points still read and compare; a dropped point's content is gone.
+    let readme = git2.history_file(&p, &last.id, "README.md").unwrap();
+    assert_eq!(readme.as_deref(), Some(&b"last\n"[..]));
+    let diff = git2.history_diff(&p, &first.id, &last.id, 1 << 20).unwrap();
+    assert_eq!(diff.files.len(), 1);
+    assert!(
+        git2.history_file(&p, &ids[1], "big0.bin").is_err(),
+        "dropped"
+    );
+    let bare = git2::Repository::open_bare(&store).unwrap();
+    let big0 = git2::Oid::hash_object(git2::ObjectType::Blob, &noise(1, 256 << 10)).unwrap();
+    assert!(
+        bare.find_blob(big0).is_err(),
+        "a dropped point's blob stayed"
+    );
+    // The cache's objects were borrowed for the repack, not copied in.
+    let cached = git2::Oid::hash_object(git2::ObjectType::Blob, b"pub fn f() {}\n").unwrap();
+    assert!(
+        bare.find_blob(cached).is_err(),
+        "the cache's blob was packed into the store"
+    );
+    assert!(git2::Repository::open_bare(&cache)
+        .unwrap()
+        .find_blob(cached)
+        .is_ok());
+}
