@@ -5,6 +5,7 @@
 //! point refs into `packed-refs`. Points and their numbers are unchanged, and every
 //! object stays readable throughout (from its loose file, then from the pack).
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -35,18 +36,87 @@ pub(crate) fn pack(store_dir: &Path) -> Result<usize, GitError> {
     let loose = loose_objects(&objects).map_err(io)?;
     if !loose.is_empty() {
         let mut builder = store.packbuilder().map_err(local)?;
-        for (id, _) in &loose {
-            builder.insert_object(*id, None).map_err(local)?;
-        }
+        insert_named(&store, &mut builder, &loose)?;
         // Written to a temporary name and renamed into place: the pack and its index
         // exist whole before any loose file goes.
         builder.write(&objects.join("pack"), 0).map_err(local)?;
         for (_, path) in &loose {
             std::fs::remove_file(path).map_err(io)?;
         }
+        // An emptied fan-out directory still takes a block (up to 256 of them).
+        for (_, path) in &loose {
+            if let Some(dir) = path.parent() {
+                let _ = std::fs::remove_dir(dir);
+            }
+        }
     }
     pack_refs(&store, store_dir).map_err(io)?;
     Ok(loose.len())
+}
+
+/// Inserts the loose objects into `builder`, each blob and tree under the path a point
+/// has it at (the delta search pairs versions of the same path), then the rest.
+fn insert_named(
+    store: &Repository,
+    builder: &mut git2::PackBuilder<'_>,
+    loose: &[(Oid, PathBuf)],
+) -> Result<(), GitError> {
+    let loose: HashSet<Oid> = loose.iter().map(|(id, _)| *id).collect();
+    let mut done = HashSet::new();
+    for r in store.references().map_err(local)? {
+        let Some(id) = r.map_err(local)?.target() else {
+            continue;
+        };
+        if !loose.contains(&id) || !done.insert(id) {
+            continue;
+        }
+        builder.insert_object(id, None).map_err(local)?;
+        let tree = store.find_commit(id).map_err(local)?.tree_id();
+        insert_tree(store, builder, &loose, &mut done, tree, "")?;
+    }
+    for id in loose.iter().filter(|id| !done.contains(id)) {
+        builder.insert_object(*id, None).map_err(local)?;
+    }
+    Ok(())
+}
+
+/// Inserts tree `id` at `path` and what it holds, stopping at objects that are not
+/// loose (in the cache or an earlier pack, with all they reach).
+fn insert_tree(
+    store: &Repository,
+    builder: &mut git2::PackBuilder<'_>,
+    loose: &HashSet<Oid>,
+    done: &mut HashSet<Oid>,
+    id: Oid,
+    path: &str,
+) -> Result<(), GitError> {
+    if !loose.contains(&id) || !done.insert(id) {
+        return Ok(());
+    }
+    builder.insert_object(id, Some(path)).map_err(local)?;
+    let tree = store.find_tree(id).map_err(local)?;
+    for entry in tree.iter() {
+        let name = String::from_utf8_lossy(entry.name_bytes());
+        let sub = if path.is_empty() {
+            name.into_owned()
+        } else {
+            format!("{path}/{name}")
+        };
+        match entry.kind() {
+            Some(git2::ObjectType::Tree) => {
+                insert_tree(store, builder, loose, done, entry.id(), &sub)?
+            }
+            Some(git2::ObjectType::Blob)
+                if loose.contains(&entry.id()) && done.insert(entry.id()) =>
+            {
+                builder
+                    .insert_object(entry.id(), Some(&sub))
+                    .map_err(local)?
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// Every loose object of an `objects` directory (`xx/<38 hex>`) and its file.

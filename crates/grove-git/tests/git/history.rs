@@ -410,6 +410,11 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     assert!(before >= 40, "a blob, a tree and a commit per point");
     assert_eq!(git2.pack_history(&store).unwrap(), before);
     assert_eq!(loose(&store), 0);
+    let fan_out = std::fs::read_dir(store.join("objects"))
+        .unwrap()
+        .filter(|e| e.as_ref().unwrap().file_name().len() == 2)
+        .count();
+    assert_eq!(fan_out, 0, "emptied fan-out directories are removed");
     assert_eq!(git2.history_loose_objects(&store), 0);
     let ref_files = std::fs::read_dir(store.join("refs/points"))
         .unwrap()
