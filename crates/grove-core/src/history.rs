@@ -250,9 +250,10 @@ pub trait HistoryPort: Send + Sync {
     /// The store's loose objects, estimated from one fan-out directory as
     /// `git gc --auto` does (0: none, or no store).
     fn history_loose_objects(&self, store_dir: &Path) -> usize;
-    /// Packs the store's loose objects into one pack (deltas between versions of a
-    /// file or tree) and removes them; points are unchanged. Returns how many.
-    fn pack_history(&self, store_dir: &Path) -> Result<usize, GitError>;
+    /// Packs the store's objects into one pack (deltas between versions of a file or
+    /// tree; the cache's objects stay out) and its refs, removing the loose ones; points
+    /// are unchanged. Returns how many loose objects were packed.
+    fn pack_history(&self, paths: &HistoryPaths<'_>) -> Result<usize, GitError>;
 }
 
 /// Where a workspace's timeline starts: its own creation, or a point of its source.

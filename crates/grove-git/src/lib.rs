@@ -206,8 +206,11 @@ impl grove_core::history::HistoryPort for Git2Adapter {
     fn history_loose_objects(&self, store_dir: &Path) -> usize {
         history::loose_estimate(store_dir)
     }
-    fn pack_history(&self, store_dir: &Path) -> Result<usize, GitError> {
-        history::pack(store_dir)
+    fn pack_history(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+    ) -> Result<usize, GitError> {
+        history::pack(paths)
     }
 }
 

@@ -103,14 +103,14 @@ impl JobContext {
     /// point leaves a few small files each; a pack keeps them as deltas in one).
     async fn pack_history_of(&self, ws: &WorkspaceRow) -> Result<(), CommandError> {
         let git = self.git.clone();
-        let store = self.history_dir(ws);
-        let probe = store.clone();
+        let probe = self.history_dir(ws);
         if blocking(move || Ok(git.history_loose_objects(&probe))).await? < PACK_AT_LOOSE {
             return Ok(());
         }
+        let paths = self.history_paths(ws).await?;
         let (_, lock) = self.lock_for_history(ws.id, false, REWIND_WAIT).await?;
         let git = self.git.clone();
-        let packed = blocking(move || git.pack_history(&store)).await;
+        let packed = blocking(move || git.pack_history(&paths.borrow())).await;
         lock.release().await.ok();
         tracing::info!(workspace = %ws.id, objects = packed?, "history store packed");
         Ok(())

@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use git2::{Oid, Repository};
 use grove_core::error::GitError;
+use grove_core::history::HistoryPaths;
 
 use super::{local, open_existing};
 use crate::errors::map_io;
@@ -29,11 +30,19 @@ pub(crate) fn loose_estimate(store_dir: &Path) -> usize {
 
 /// Packs the store's loose objects (its own: the cache's are never in it) and its
 /// refs; see the module documentation. Returns how many objects were packed.
-pub(crate) fn pack(store_dir: &Path) -> Result<usize, GitError> {
+///
+/// With a git binary, one `git repack` of everything ([`super::repack::repack`]): a
+/// single pack lets every version delta against any other, where packs made one batch
+/// of loose objects at a time store each batch's first version of a tree whole. Without
+/// one, libgit2 packs the loose objects alone.
+pub(crate) fn pack(paths: &HistoryPaths<'_>) -> Result<usize, GitError> {
     let io = |e: std::io::Error| map_io("cannot pack the history store", &e);
-    let objects = store_dir.join("objects");
-    let store = open_existing(store_dir)?;
+    let objects = paths.store_dir.join("objects");
     let loose = loose_objects(&objects).map_err(io)?;
+    if super::repack::repack(paths.store_dir, paths.cache_dir)? {
+        return Ok(loose.len());
+    }
+    let (store_dir, store) = (paths.store_dir, open_existing(paths.store_dir)?);
     if !loose.is_empty() {
         let mut builder = store.packbuilder().map_err(local)?;
         insert_named(&store, &mut builder, &loose)?;

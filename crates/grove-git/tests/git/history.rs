@@ -408,7 +408,7 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
     };
     let before = loose(&store);
     assert!(before >= 40, "a blob, a tree and a commit per point");
-    assert_eq!(git2.pack_history(&store).unwrap(), before);
+    assert_eq!(git2.pack_history(&p).unwrap(), before);
     assert_eq!(loose(&store), 0);
     let fan_out = std::fs::read_dir(store.join("objects"))
         .unwrap()
@@ -447,6 +447,21 @@ fn packing_a_store_keeps_every_point_and_leaves_no_loose_object() {
         std::fs::read_to_string(ws.join("README.md")).unwrap(),
         "hello\nedit 2\n"
     );
+    // Packing again makes one pack of everything, not a second pack beside the first
+    // (versions in separate packs cannot be deltas of each other).
+    let packs = |s: &Path| {
+        std::fs::read_dir(s.join("objects/pack"))
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension() == Some("pack".as_ref()))
+            .count()
+    };
+    assert!(git2.pack_history(&p).unwrap() > 0);
+    assert_eq!(packs(&store), 1);
+    assert_eq!(loose(&store), 0);
+    let diff = git2
+        .history_diff(&p, &points[0].id, &after.id, 1 << 20)
+        .unwrap();
+    assert_eq!(diff.files.len(), 1);
 }
 
 /// Bytes of every file under `dir`.
