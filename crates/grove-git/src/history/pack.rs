@@ -1,8 +1,9 @@
 //! Packing a history store: each point leaves a few small loose files (its blob, the
 //! trees on its path, its commit) and a ref file, each taking a whole filesystem block.
-//! The sweep packs a store that holds many: the loose objects go into one pack (a
-//! version of a file or tree as a delta against another where that is smaller), the
-//! point refs into `packed-refs`. Points and their numbers are unchanged, and every
+//! The sweep packs a store that holds many: with a git binary, everything into one pack
+//! by `git repack` (`super::repack`); without one, the loose objects into one pack of
+//! their own here (a version of a file or tree as a delta against another where that is
+//! smaller). The point refs go into `packed-refs`. Points and their numbers are unchanged, and every
 //! object stays readable throughout (from its loose file, then from the pack).
 
 use std::collections::HashSet;
