@@ -70,6 +70,7 @@ use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pu
 use grove_core::transfer::TransferWatch;
 
 pub use fsutil::dir_size_bytes;
+pub use history::MAX_POINT_FILE_BYTES;
 pub use transport::{Transport, TransportConfig};
 
 /// Sets libgit2's process-wide network timeouts: `connect` for opening a connection,

@@ -551,3 +551,58 @@ fn pruning_points_deletes_the_objects_only_they_held_and_packs_the_store() {
         .find_blob(cached)
         .is_ok());
 }
+
+/// A sparse file far larger than memory, made in a moment by an exec (`truncate -s`),
+/// must not take the process that takes the point down: a point reads no file past
+/// [`grove_git::MAX_POINT_FILE_BYTES`]; one larger is left out of the point (as a
+/// deleted file would be) and the rest of the point is taken.
+#[test]
+fn a_huge_sparse_file_in_the_workspace_is_left_out_of_a_point_unread() {
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let first = git2
+        .snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
+        .unwrap();
+    // 1 TiB: no allocation of that size succeeds, so reading it whole would abort.
+    let big = std::fs::File::create(ws.join("big.bin")).unwrap();
+    big.set_len(1 << 40).unwrap();
+    drop(big);
+    let only_big = git2
+        .snapshot(&p, Uuid::nil(), Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(only_big.changes.added, 0, "big.bin is not in the point");
+    assert!(
+        only_big.dirty,
+        "a file the point left out is still a change"
+    );
+    // A tracked file replaced by one just over the limit is left out too.
+    let over = std::fs::File::create(ws.join("README.md")).unwrap();
+    over.set_len(grove_git::MAX_POINT_FILE_BYTES + 1).unwrap();
+    drop(over);
+    std::fs::write(ws.join("small.txt"), "kept\n").unwrap();
+    let second = git2
+        .snapshot(&p, Uuid::nil(), Some(&only_big.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(
+        (second.changes.added, second.changes.deleted),
+        (1, 1),
+        "small.txt in; README.md out; big.bin never read"
+    );
+    let small = git2.history_file(&p, &second.id, "small.txt").unwrap();
+    assert_eq!(small.as_deref(), Some(&b"kept\n"[..]));
+    assert_eq!(
+        git2.history_file(&p, &second.id, "README.md").unwrap(),
+        None
+    );
+    // The host is unchanged: the workspace's files are as the exec left them.
+    assert_eq!(
+        std::fs::metadata(ws.join("big.bin")).unwrap().len(),
+        1 << 40
+    );
+}
