@@ -19,6 +19,7 @@ mod ignored;
 mod pack;
 mod repack;
 mod rewind;
+mod rules;
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -218,10 +219,12 @@ fn work_tree(
         .include_ignored(budget.is_some())
         .recurse_ignored_dirs(budget.is_some())
         .update_index(true);
+    let root = beneath::open_root(paths.workspace_dir)?;
+    // No rule file the walk reads may block it (a FIFO named `.gitignore`).
+    rules::check(store, &root, budget.is_some())?;
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
-    let root = beneath::open_root(paths.workspace_dir)?;
     let walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
     let fitted = match budget {
         Some(budget) => ignored::fit(store, &mut index, &root, head, walked.ignored, budget)?,

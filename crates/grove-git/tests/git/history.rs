@@ -606,3 +606,66 @@ fn a_huge_sparse_file_in_the_workspace_is_left_out_of_a_point_unread() {
         1 << 40
     );
 }
+
+/// libgit2 reads a workspace's `.gitignore` and `.gitattributes` files by path during
+/// the walk: one that is a FIFO (or a link to one) would block the point's open() for
+/// as long as no writer comes, holding the workspace's lock. Such a point is refused at
+/// once with an error naming the file, the workspace left as it is; with the FIFOs
+/// gone the next point is taken.
+#[test]
+fn a_fifo_planted_as_gitignore_or_gitattributes_refuses_the_point_without_stalling() {
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2: _,
+    } = Checkout::new("b");
+    let mkfifo = |path: &Path| {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    };
+    std::fs::create_dir_all(ws.join("sub/deeper")).unwrap();
+    std::fs::write(ws.join("sub/deeper/x.txt"), "x\n").unwrap();
+    let take = || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
+        std::thread::spawn(move || {
+            let p = paths(&s, &w, &c);
+            let r = Git2Adapter::new().snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded);
+            let _ = tx.send(r);
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the point stalled on a rule file")
+    };
+    // The last is a link to a FIFO, followed as libgit2 follows it.
+    let planted = [
+        "sub/.gitignore",
+        "sub/.gitattributes",
+        "sub/deeper/.gitignore",
+    ];
+    mkfifo(&ws.join("sub/deeper/fifo"));
+    for rel in planted {
+        if rel.starts_with("sub/deeper") {
+            std::os::unix::fs::symlink("fifo", ws.join(rel)).unwrap();
+        } else {
+            mkfifo(&ws.join(rel));
+        }
+        let err = take().expect_err(rel).to_string();
+        assert!(
+            err.contains(rel) && err.contains("not a regular file"),
+            "{err}"
+        );
+        assert!(
+            std::fs::symlink_metadata(ws.join(rel)).is_ok(),
+            "left as it is"
+        );
+        std::fs::remove_file(ws.join(rel)).unwrap();
+    }
+    let snap = take().unwrap();
+    let x = Git2Adapter::new()
+        .history_file(&paths(&store, &ws, &cache), &snap.id, "sub/deeper/x.txt")
+        .unwrap();
+    assert_eq!(x.as_deref(), Some(&b"x\n"[..]));
+}

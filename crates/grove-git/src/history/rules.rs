@@ -1,0 +1,77 @@
+//! The workspace's `.gitignore` and `.gitattributes` files, checked before a point's
+//! walk: libgit2 reads each one by path with a blocking `open()` (following a link), so
+//! one that is a FIFO, a device or a socket (or a link to one, in the workspace or on
+//! the host; `.gitmodules` at the root likewise) would stall the point, and the workspace's lock with it, for as long as no
+//! writer comes. Every directory the walk would enter is visited first through
+//! descriptors (`O_NOFOLLOW`, as in `beneath`); a rule file that is neither a regular
+//! file nor a directory refuses the point. Ignored directories are entered only when
+//! the walk enters them too (a workspace keeping its ignored files).
+
+use std::ffi::{CStr, OsStr};
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use git2::Repository;
+use grove_core::error::GitError;
+use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+/// The files libgit2 reads rules from in each directory of the walk.
+const RULE_FILES: [&CStr; 2] = [c".gitignore", c".gitattributes"];
+/// The root's too: `.gitmodules`, read when the index holds a submodule.
+const ROOT_FILES: [&CStr; 3] = [c".gitignore", c".gitattributes", c".gitmodules"];
+
+const DIR_FLAGS: OFlags = OFlags::RDONLY
+    .union(OFlags::DIRECTORY)
+    .union(OFlags::NOFOLLOW)
+    .union(OFlags::CLOEXEC);
+
+/// Refuses the point when a rule file in a directory the walk enters could block its
+/// read; see the module documentation. `ignored_too`: ignored directories are walked.
+pub(super) fn check(store: &Repository, root: &OwnedFd, ignored_too: bool) -> Result<(), GitError> {
+    let io = |e: Errno| GitError::Other(format!("checking the workspace's rule files: {e}"));
+    let first = rustix::io::dup(root).map_err(io)?;
+    check_dir(&first, Path::new(""), &ROOT_FILES)?;
+    let mut stack = vec![(first, PathBuf::new())];
+    while let Some((dir, rel)) = stack.pop() {
+        for entry in Dir::read_from(dir.as_fd()).map_err(io)? {
+            let entry = entry.map_err(io)?;
+            let name = entry.file_name();
+            if name == c"." || name == c".." || name == c".git" {
+                continue;
+            }
+            let maybe_dir = matches!(entry.file_type(), FileType::Directory | FileType::Unknown);
+            if !maybe_dir {
+                continue;
+            }
+            let Ok(child) = rustix::fs::openat(dir.as_fd(), name, DIR_FLAGS, Mode::empty()) else {
+                continue; // not a directory (or gone): the walk does not enter it
+            };
+            let child_rel = rel.join(OsStr::from_bytes(name.to_bytes()));
+            check_dir(&child, &child_rel, &RULE_FILES)?;
+            if ignored_too || !store.is_path_ignored(&child_rel).unwrap_or(false) {
+                stack.push((child, child_rel));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses `dir` (at `rel`) when one of its files `names` is something a read blocks on.
+fn check_dir(dir: &OwnedFd, rel: &Path, names: &[&CStr]) -> Result<(), GitError> {
+    for &name in names {
+        // Followed as libgit2 follows it; a stat never blocks.
+        let kind = match rustix::fs::statat(dir.as_fd(), name, AtFlags::empty()) {
+            Ok(stat) => FileType::from_raw_mode(stat.st_mode),
+            Err(_) => continue, // absent or a dangling link: libgit2 finds nothing either
+        };
+        if !matches!(kind, FileType::RegularFile | FileType::Directory) {
+            return Err(GitError::Other(format!(
+                "{} is not a regular file (a {kind:?}): no point is taken while it is there",
+                rel.join(OsStr::from_bytes(name.to_bytes())).display()
+            )));
+        }
+    }
+    Ok(())
+}
