@@ -384,3 +384,35 @@ async fn a_terabyte_sparse_file_made_by_an_exec_does_not_take_the_server_down() 
     let verify = env.grove(&["replay", "--verify"]).await;
     assert!(verify.status.success(), "{:?}", grove_e2e::text(&verify));
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifo_planted_as_gitignore_never_stalls_a_command_or_its_workspace() {
+    let env = env_or_skip!("a_fifo_planted_as_gitignore_never_stalls_a_command_or_its_workspace");
+    let url = fixture(&env);
+    let home = Server::start(&env).await;
+    let ws = home.acquire(ALICE, &url, "c1").await;
+    // This test's only workspace: every point is one of its.
+    let points = || env.count_events("workspace.snapshot_taken");
+    let before = points().await;
+
+    // The point after this exec would open the FIFO as ignore rules and wait for good.
+    let (status, body) = exec(
+        &home,
+        ALICE,
+        &ws,
+        json!({"argv": ["sh", "-c", "mkfifo .gitignore && echo planted"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stdout"], "planted\n", "{body}");
+    // The workspace's lock is free: a write runs and is answered (its point refused).
+    let write = json!({"path": "after.txt", "content": "x\n"});
+    let (status, body) = tool(&home, ALICE, &ws, "write_file", write, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(points().await, before, "no point while the FIFO is there");
+
+    // With the FIFO gone, points are taken again.
+    let (status, body) = exec(&home, ALICE, &ws, json!({"argv": ["rm", ".gitignore"]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(points().await, before + 1);
+}

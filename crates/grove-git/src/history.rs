@@ -19,7 +19,6 @@ mod ignored;
 mod pack;
 mod repack;
 mod rewind;
-mod rules;
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -221,7 +220,10 @@ fn work_tree(
         .update_index(true);
     let root = beneath::open_root(paths.workspace_dir)?;
     // No rule file the walk reads may block it (a FIFO named `.gitignore`).
-    rules::check(store, &root, budget.is_some())?;
+    let ignored_too = budget.is_some();
+    crate::rules::check(&root, &|dir| {
+        ignored_too || !store.is_path_ignored(dir).unwrap_or(false)
+    })?;
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;

@@ -48,6 +48,7 @@ mod preserve;
 mod progress;
 mod remote_cli;
 mod restore;
+mod rules;
 mod saved;
 mod supervise;
 pub mod transport;

@@ -1,18 +1,19 @@
-//! The workspace's `.gitignore` and `.gitattributes` files, checked before a point's
-//! walk: libgit2 reads each one by path with a blocking `open()` (following a link), so
+//! The workspace's `.gitignore` and `.gitattributes` files, checked before libgit2
+//! walks the workspace (a history point's walk, the dirty check's status): libgit2
+//! reads each one by path with a blocking `open()` (following a link), so
 //! one that is a FIFO, a device or a socket (or a link to one, in the workspace or on
-//! the host; `.gitmodules` at the root likewise) would stall the point, and the workspace's lock with it, for as long as no
-//! writer comes. Every directory the walk would enter is visited first through
-//! descriptors (`O_NOFOLLOW`, as in `beneath`); a rule file that is neither a regular
-//! file nor a directory refuses the point. Ignored directories are entered only when
-//! the walk enters them too (a workspace keeping its ignored files).
+//! the host; `.gitmodules` at the root likewise) would stall the walk, and the
+//! workspace's lock with it, for as long as no writer comes. Every directory the walk
+//! would enter is visited first through descriptors (`O_NOFOLLOW`); a rule file that is
+//! neither a regular file nor a directory refuses the walk (no point is taken, the
+//! dirty check answers an error). Ignored directories are entered only when the walk
+//! enters them too (a workspace keeping its ignored files in its points).
 
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use git2::Repository;
 use grove_core::error::GitError;
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
 use rustix::io::Errno;
@@ -27,9 +28,10 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
     .union(OFlags::NOFOLLOW)
     .union(OFlags::CLOEXEC);
 
-/// Refuses the point when a rule file in a directory the walk enters could block its
-/// read; see the module documentation. `ignored_too`: ignored directories are walked.
-pub(super) fn check(store: &Repository, root: &OwnedFd, ignored_too: bool) -> Result<(), GitError> {
+/// Refuses the walk when a rule file in a directory it enters could block its read; see
+/// the module documentation. `enter`: whether the walk enters a directory (by its path
+/// from the root), asked after that directory's own rule files are checked.
+pub(crate) fn check(root: &OwnedFd, enter: &dyn Fn(&Path) -> bool) -> Result<(), GitError> {
     let io = |e: Errno| GitError::Other(format!("checking the workspace's rule files: {e}"));
     let first = rustix::io::dup(root).map_err(io)?;
     check_dir(&first, Path::new(""), &ROOT_FILES)?;
@@ -50,7 +52,7 @@ pub(super) fn check(store: &Repository, root: &OwnedFd, ignored_too: bool) -> Re
             };
             let child_rel = rel.join(OsStr::from_bytes(name.to_bytes()));
             check_dir(&child, &child_rel, &RULE_FILES)?;
-            if ignored_too || !store.is_path_ignored(&child_rel).unwrap_or(false) {
+            if enter(&child_rel) {
                 stack.push((child, child_rel));
             }
         }
@@ -68,7 +70,7 @@ fn check_dir(dir: &OwnedFd, rel: &Path, names: &[&CStr]) -> Result<(), GitError>
         };
         if !matches!(kind, FileType::RegularFile | FileType::Directory) {
             return Err(GitError::Other(format!(
-                "{} is not a regular file (a {kind:?}): no point is taken while it is there",
+                "{} is not a regular file (a {kind:?}): nothing walks the workspace while it is there",
                 rel.join(OsStr::from_bytes(name.to_bytes())).display()
             )));
         }
