@@ -410,6 +410,11 @@ async fn a_fifo_planted_as_gitignore_never_stalls_a_command_or_its_workspace() {
     let (status, body) = tool(&home, ALICE, &ws, "write_file", write, None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(points().await, before, "no point while the FIFO is there");
+    // A read answered in the server's process walks the workspace too: refused, not
+    // stalled (it would hold one of the server's read permits for good).
+    let (status, body) = tool(&home, ALICE, &ws, "git_status", json!({}), None).await;
+    assert_ne!(status, StatusCode::OK, "{body}");
+    assert!(body.to_string().contains("not a regular file"), "{body}");
 
     // With the FIFO gone, points are taken again.
     let (status, body) = exec(&home, ALICE, &ws, json!({"argv": ["rm", ".gitignore"]})).await;

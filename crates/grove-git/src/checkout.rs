@@ -265,11 +265,8 @@ pub(crate) fn git_cli() -> Option<&'static Path> {
 
 pub(crate) fn is_dirty(workspace_dir: &Path) -> Result<bool, GitError> {
     let repo = crate::trusted::open_workspace(workspace_dir)?;
-    // No rule file the status walk reads may block it (a FIFO named `.gitignore`). It
-    // enters tracked directories only (untracked ones are not recursed).
-    let root = crate::tree::open_root(workspace_dir)
-        .map_err(|e| GitError::Other(format!("cannot open the workspace: {e}")))?;
-    crate::rules::check(&root, &|dir| !repo.is_path_ignored(dir).unwrap_or(false))?;
+    // No rule file the status walk reads may block it (a FIFO named `.gitignore`).
+    crate::rules::check_workspace(&repo, workspace_dir)?;
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .include_ignored(false)

@@ -60,6 +60,15 @@ pub(crate) fn check(root: &OwnedFd, enter: &dyn Fn(&Path) -> bool) -> Result<(),
     Ok(())
 }
 
+/// [`check`] for a walk of the workspace repository `repo` at `dir` (a status, a
+/// diff to the working tree, an `add -A`): it enters every directory its rules do not
+/// ignore.
+pub(crate) fn check_workspace(repo: &git2::Repository, dir: &Path) -> Result<(), GitError> {
+    let root = crate::tree::open_root(dir)
+        .map_err(|e| GitError::Other(format!("cannot open the workspace: {e}")))?;
+    check(&root, &|d| !repo.is_path_ignored(d).unwrap_or(false))
+}
+
 /// Refuses `dir` (at `rel`) when one of its files `names` is something a read blocks on.
 fn check_dir(dir: &OwnedFd, rel: &Path, names: &[&CStr]) -> Result<(), GitError> {
     for &name in names {
