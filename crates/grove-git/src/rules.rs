@@ -9,10 +9,11 @@
 //! dirty check answers an error). Ignored directories are entered only when the walk
 //! enters them too (a workspace keeping its ignored files in its points).
 
-use std::ffi::{CStr, OsStr};
+use std::ffi::{CStr, CString, OsStr};
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 use grove_core::error::GitError;
 use rustix::fs::{AtFlags, Dir, FileType, Mode, OFlags};
@@ -30,31 +31,48 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
 
 /// Refuses the walk when a rule file in a directory it enters could block its read; see
 /// the module documentation. `enter`: whether the walk enters a directory (by its path
-/// from the root), asked after that directory's own rule files are checked.
+/// from the root), asked after that directory's own rule files are checked. A
+/// directory is opened only when its turn comes, from its parent's descriptor, so the
+/// descriptors held at once grow with the tree's depth, not its width; one that cannot
+/// be opened for another reason (out of descriptors) refuses the walk.
 pub(crate) fn check(root: &OwnedFd, enter: &dyn Fn(&Path) -> bool) -> Result<(), GitError> {
     let io = |e: Errno| GitError::Other(format!("checking the workspace's rule files: {e}"));
-    let first = rustix::io::dup(root).map_err(io)?;
-    check_dir(&first, Path::new(""), &ROOT_FILES)?;
-    let mut stack = vec![(first, PathBuf::new())];
-    while let Some((dir, rel)) = stack.pop() {
-        for entry in Dir::read_from(dir.as_fd()).map_err(io)? {
-            let entry = entry.map_err(io)?;
-            let name = entry.file_name();
-            if name == c"." || name == c".." || name == c".git" {
-                continue;
-            }
-            let maybe_dir = matches!(entry.file_type(), FileType::Directory | FileType::Unknown);
-            if !maybe_dir {
-                continue;
-            }
-            let Ok(child) = rustix::fs::openat(dir.as_fd(), name, DIR_FLAGS, Mode::empty()) else {
-                continue; // not a directory (or gone): the walk does not enter it
-            };
-            let child_rel = rel.join(OsStr::from_bytes(name.to_bytes()));
-            check_dir(&child, &child_rel, &RULE_FILES)?;
-            if enter(&child_rel) {
-                stack.push((child, child_rel));
-            }
+    check_dir(root, Path::new(""), &ROOT_FILES)?;
+    let mut pending: Vec<(Rc<OwnedFd>, CString, PathBuf)> = Vec::new();
+    let root = Rc::new(rustix::io::dup(root).map_err(io)?);
+    push_children(&root, Path::new(""), &mut pending).map_err(io)?;
+    while let Some((parent, name, rel)) = pending.pop() {
+        let dir = match rustix::fs::openat(parent.as_fd(), &name, DIR_FLAGS, Mode::empty()) {
+            Ok(dir) => dir,
+            // Not a directory, gone, or closed to this process: libgit2 opens nothing
+            // in it either.
+            Err(Errno::NOTDIR | Errno::LOOP | Errno::NOENT | Errno::ACCESS) => continue,
+            Err(e) => return Err(io(e)),
+        };
+        drop(parent);
+        check_dir(&dir, &rel, &RULE_FILES)?;
+        if enter(&rel) {
+            push_children(&Rc::new(dir), &rel, &mut pending).map_err(io)?;
+        }
+    }
+    Ok(())
+}
+
+/// Queues the entries of `dir` (at `rel`) that may be directories, `.git` aside.
+fn push_children(
+    dir: &Rc<OwnedFd>,
+    rel: &Path,
+    pending: &mut Vec<(Rc<OwnedFd>, CString, PathBuf)>,
+) -> Result<(), Errno> {
+    for entry in Dir::read_from(dir.as_fd())? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name == c"." || name == c".." || name == c".git" {
+            continue;
+        }
+        if matches!(entry.file_type(), FileType::Directory | FileType::Unknown) {
+            let child = rel.join(OsStr::from_bytes(name.to_bytes()));
+            pending.push((dir.clone(), name.to_owned(), child));
         }
     }
     Ok(())
