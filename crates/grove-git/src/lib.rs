@@ -27,6 +27,10 @@
 //! `history` keeps a point per change of a workspace in its private history store
 //! (ADR 28): snapshots, diffs between points, rewind.
 //!
+//! `rules` checks, before libgit2 walks a workspace, that no `.gitignore` or
+//! `.gitattributes` it would open is a FIFO or a device (its blocking open would stall
+//! the walk, ADR 28).
+//!
 //! `tree` walks trees an agent can write (hand-over of ownership, removal, size) by
 //! directory descriptors, never following a symlink.
 //!
