@@ -669,3 +669,51 @@ fn a_fifo_planted_as_gitignore_or_gitattributes_refuses_the_point_without_stalli
         .unwrap();
     assert_eq!(x.as_deref(), Some(&b"x\n"[..]));
 }
+
+/// The workspace's own `.git/info/exclude`, `.git/info/attributes` and `.git/config`
+/// planted as FIFOs: libgit2 opens the first two as rules and the last while opening
+/// the repository. The status tool and a point refuse the workspace at once, with an
+/// error that says why, and wait on none of them.
+#[test]
+fn fifos_planted_in_the_workspaces_git_dir_stall_no_walk() {
+    for planted in [".git/info/exclude", ".git/info/attributes", ".git/config"] {
+        let Checkout {
+            fx: _fx,
+            cache,
+            ws,
+            store,
+            git2: _,
+        } = Checkout::new("b");
+        std::fs::create_dir_all(ws.join(".git/info")).unwrap();
+        let _ = std::fs::remove_file(ws.join(planted));
+        let c = std::ffi::CString::new(ws.join(planted).as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
+        std::thread::spawn(move || {
+            let git2 = Git2Adapter::new();
+            let status = git2.status(&w).map(|_| ());
+            let _ = tx.send(("status", status));
+            let point = git2
+                .snapshot(
+                    &paths(&s, &w, &c),
+                    Uuid::nil(),
+                    None,
+                    IgnoredFiles::Excluded,
+                )
+                .map(|_| ());
+            let _ = tx.send(("point", point));
+        });
+        for _ in 0..2 {
+            let (what, answer) = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("a walk stalled on {planted}"));
+            let err = answer.expect_err(what).to_string();
+            assert!(
+                err.contains("not a regular file"),
+                "{planted}: {what}: {err}"
+            );
+        }
+    }
+}
