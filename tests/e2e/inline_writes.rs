@@ -331,3 +331,93 @@ async fn inline_writes_keep_tenancy_and_never_leave_the_workspace() {
     assert!(!dir.parent().unwrap().join("pwned.txt").exists());
     assert_eq!(env.count_events("workspace.file_written").await, 0);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_terabyte_sparse_file_made_by_an_exec_does_not_take_the_server_down() {
+    let env = env_or_skip!("a_terabyte_sparse_file_made_by_an_exec_does_not_take_the_server_down");
+    let url = fixture(&env);
+    let home = Server::start(&env).await;
+    let ws = home.acquire(ALICE, &url, "c1").await;
+    let (_, row) = home.get(&format!("/v1/workspaces/{ws}"), ALICE).await;
+    let dir = std::path::PathBuf::from(row["local_path"].as_str().expect("local_path"));
+
+    // A moment's work for the exec, a terabyte for whatever reads the file whole: the
+    // point taken after this mutating exec, in the server's own process.
+    let (status, body) = exec(
+        &home,
+        ALICE,
+        &ws,
+        json!({"argv": ["sh", "-c", "truncate -s 1T big.bin && echo made"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stdout"], "made\n", "{body}");
+    assert_eq!(body["exit_code"], 0, "{body}");
+
+    // The server is still up: a write runs and is answered, its point taken.
+    let (status, body) = tool(
+        &home,
+        ALICE,
+        &ws,
+        "write_file",
+        json!({"path": "after.txt", "content": "still here\n"}),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(
+        std::fs::read_to_string(dir.join("after.txt")).unwrap(),
+        "still here\n"
+    );
+    // The points left the file out unread, and the workspace counts as dirty.
+    let dirty: bool =
+        sqlx::query_scalar("SELECT dirty FROM grove.sandbox_workspaces WHERE id = $1::uuid")
+            .bind(&ws)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap();
+    assert!(dirty);
+    assert_eq!(
+        std::fs::metadata(dir.join("big.bin")).unwrap().len(),
+        1 << 40
+    );
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", grove_e2e::text(&verify));
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fifo_planted_as_gitignore_never_stalls_a_command_or_its_workspace() {
+    let env = env_or_skip!("a_fifo_planted_as_gitignore_never_stalls_a_command_or_its_workspace");
+    let url = fixture(&env);
+    let home = Server::start(&env).await;
+    let ws = home.acquire(ALICE, &url, "c1").await;
+    // This test's only workspace: every point is one of its.
+    let points = || env.count_events("workspace.snapshot_taken");
+    let before = points().await;
+
+    // The point after this exec would open the FIFO as ignore rules and wait for good.
+    let (status, body) = exec(
+        &home,
+        ALICE,
+        &ws,
+        json!({"argv": ["sh", "-c", "mkfifo .gitignore && echo planted"]}),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["stdout"], "planted\n", "{body}");
+    // The workspace's lock is free: a write runs and is answered (its point refused).
+    let write = json!({"path": "after.txt", "content": "x\n"});
+    let (status, body) = tool(&home, ALICE, &ws, "write_file", write, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(points().await, before, "no point while the FIFO is there");
+    // A read answered in the server's process walks the workspace too: refused, not
+    // stalled (it would hold one of the server's read permits for good).
+    let (status, body) = tool(&home, ALICE, &ws, "git_status", json!({}), None).await;
+    assert_ne!(status, StatusCode::OK, "{body}");
+    assert!(body.to_string().contains("not a regular file"), "{body}");
+
+    // With the FIFO gone, points are taken again.
+    let (status, body) = exec(&home, ALICE, &ws, json!({"argv": ["rm", ".gitignore"]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(points().await, before + 1);
+}

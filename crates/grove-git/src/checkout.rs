@@ -265,6 +265,8 @@ pub(crate) fn git_cli() -> Option<&'static Path> {
 
 pub(crate) fn is_dirty(workspace_dir: &Path) -> Result<bool, GitError> {
     let repo = crate::trusted::open_workspace(workspace_dir)?;
+    // No rule file the status walk reads may block it (a FIFO named `.gitignore`).
+    crate::rules::check_workspace(&repo, workspace_dir)?;
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .include_ignored(false)

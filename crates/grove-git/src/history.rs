@@ -38,6 +38,11 @@ pub(crate) use rewind::rewind;
 
 /// The store's private index file (stat data of the last point's files).
 const INDEX_FILE: &str = "grove.index";
+
+/// The largest file a point reads (ADR 28): one larger (a sparse file an exec made in a
+/// moment can claim terabytes) is left out of the point unread, as a deleted file
+/// would be, so a point never holds more than this much of one file in memory.
+pub const MAX_POINT_FILE_BYTES: u64 = 256 << 20;
 /// The store's attributes: no conversion of any kind between disk and blob.
 const ATTRIBUTES: &str = "* -text -filter -ident -working-tree-encoding\n";
 /// Points are kept by refs under this prefix.
@@ -170,7 +175,8 @@ pub(crate) fn snapshot(
         head: head.to_string(),
         branch,
         changes,
-        dirty: built.plain != head_commit.tree_id(),
+        // A file too large for the point is a change the point does not hold.
+        dirty: built.plain != head_commit.tree_id() || built.oversized,
         ignored_omitted: built.ignored_omitted,
     })
 }
@@ -182,6 +188,8 @@ struct Built {
     /// The same without ignored files (equal to `tree` unless they are kept).
     plain: Oid,
     ignored_omitted: u32,
+    /// A file (not an ignored one) was left out over [`MAX_POINT_FILE_BYTES`].
+    oversized: bool,
 }
 
 /// The working tree as a tree of the store, through the store's private index.
@@ -210,10 +218,15 @@ fn work_tree(
         .include_ignored(budget.is_some())
         .recurse_ignored_dirs(budget.is_some())
         .update_index(true);
+    let root = beneath::open_root(paths.workspace_dir)?;
+    // No rule file the walk reads may block it (a FIFO named `.gitignore`).
+    let ignored_too = budget.is_some();
+    crate::rules::check(&root, &|dir| {
+        ignored_too || !store.is_path_ignored(dir).unwrap_or(false)
+    })?;
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
-    let root = beneath::open_root(paths.workspace_dir)?;
     let walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
     let fitted = match budget {
         Some(budget) => ignored::fit(store, &mut index, &root, head, walked.ignored, budget)?,
@@ -232,6 +245,7 @@ fn work_tree(
         tree,
         plain,
         ignored_omitted: fitted.omitted,
+        oversized: walked.oversized,
     })
 }
 
@@ -241,10 +255,13 @@ struct Walked {
     /// Ignored files new or changed since the last point (when they are kept), for the
     /// budget to weigh.
     ignored: Vec<Vec<u8>>,
+    /// A file was left out over [`MAX_POINT_FILE_BYTES`].
+    oversized: bool,
 }
 
 /// Applies the walk's `diff` to `index`: deleted files removed, changed and new ones
-/// read through descriptors (never by path: see `beneath`), ignored ones set aside.
+/// read through descriptors (never by path: see `beneath`) up to
+/// [`MAX_POINT_FILE_BYTES`] (one larger is removed unread), ignored ones set aside.
 fn apply_walk(
     store: &Repository,
     index: &mut Index,
@@ -256,6 +273,7 @@ fn apply_walk(
     let mut walked = Walked {
         changed: false,
         ignored: Vec::new(),
+        oversized: false,
     };
     for delta in diff.deltas() {
         let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
@@ -270,13 +288,16 @@ fn apply_walk(
                 walked.ignored.push(path.as_os_str().as_bytes().to_vec());
                 continue;
             }
-            _ => {
-                if let beneath::Added::Skipped | beneath::Added::OverLimit =
-                    beneath::add(store, index, root, path, None)?
-                {
+            _ => match beneath::add(store, index, root, path, Some(MAX_POINT_FILE_BYTES))? {
+                beneath::Added::Entry(_) => {}
+                beneath::Added::Skipped => {
                     let _ = index.remove_path(path);
                 }
-            }
+                beneath::Added::OverLimit => {
+                    let _ = index.remove_path(path);
+                    walked.oversized = true;
+                }
+            },
         }
         walked.changed = true;
     }

@@ -27,6 +27,10 @@
 //! `history` keeps a point per change of a workspace in its private history store
 //! (ADR 28): snapshots, diffs between points, rewind.
 //!
+//! `rules` checks, before libgit2 walks a workspace, that no `.gitignore` or
+//! `.gitattributes` it would open is a FIFO or a device (its blocking open would stall
+//! the walk, ADR 28).
+//!
 //! `tree` walks trees an agent can write (hand-over of ownership, removal, size) by
 //! directory descriptors, never following a symlink.
 //!
@@ -48,6 +52,7 @@ mod preserve;
 mod progress;
 mod remote_cli;
 mod restore;
+mod rules;
 mod saved;
 mod supervise;
 pub mod transport;
@@ -70,6 +75,7 @@ use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pu
 use grove_core::transfer::TransferWatch;
 
 pub use fsutil::dir_size_bytes;
+pub use history::MAX_POINT_FILE_BYTES;
 pub use transport::{Transport, TransportConfig};
 
 /// Sets libgit2's process-wide network timeouts: `connect` for opening a connection,

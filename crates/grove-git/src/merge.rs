@@ -430,6 +430,8 @@ pub(crate) fn merge_back(
             commit: None,
         });
     }
+    // The checkouts read the target's rule files: none may block them.
+    crate::rules::check_workspace(repo, req.edit_dir).map_err(MergeBackError::Git)?;
     {
         let mut cb = CheckoutBuilder::new();
         cb.safe().dry_run().overwrite_ignored(false);

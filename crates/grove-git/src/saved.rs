@@ -189,6 +189,8 @@ pub(crate) fn copy_closure(src: &Repository, dst: &Odb<'_>, id: Oid) -> Result<(
 pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, GitError> {
     // `open`, not `discover`: a missing checkout must not save an enclosing repo.
     let ws = crate::trusted::open_workspace(req.workspace_dir)?;
+    // Its walk reads the workspace's rule files: none may block it.
+    crate::rules::check_workspace(&ws, req.workspace_dir)?;
     // Every blob and tree the snapshots write stays in memory, not in the workspace.
     let odb = ws.odb().map_err(local)?;
     odb.add_new_mempack_backend(1000).map_err(local)?;

@@ -161,7 +161,20 @@ fn check_git_dir(dir: &Path) -> Result<PathBuf, GitError> {
             }
         }
     }
-    for file in ["config", "HEAD", "index", "packed-refs"] {
+    // libgit2 opens these by path with a blocking open(): a FIFO would stall it.
+    match entry(&git_dir.join("info"))? {
+        Entry::Dir | Entry::Missing => {}
+        _ => return Err(refuse(dir, ".git/info is not a directory")),
+    }
+    let files = [
+        "config",
+        "HEAD",
+        "index",
+        "packed-refs",
+        "info/exclude",
+        "info/attributes",
+    ];
+    for file in files {
         match entry(&git_dir.join(file))? {
             Entry::File | Entry::Missing => {}
             _ => return Err(refuse(dir, &format!(".git/{file} is not a regular file"))),

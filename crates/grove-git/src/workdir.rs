@@ -82,6 +82,7 @@ fn resolve(repo: &Repository, name: &str) -> Result<Oid, GitError> {
 
 pub(crate) fn status(dir: &Path) -> Result<GitStatus, GitError> {
     let repo = open(dir)?;
+    crate::rules::check_workspace(&repo, dir)?;
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .recurse_untracked_dirs(true)
@@ -140,6 +141,7 @@ pub(crate) fn diff(
     max_bytes: usize,
 ) -> Result<GitDiff, GitError> {
     let repo = open(dir)?;
+    crate::rules::check_workspace(&repo, dir)?;
     let commit = match against {
         DiffAgainst::Head => head_commit(&repo)?
             .ok_or_else(|| GitError::InvalidInput("the workspace has no commit yet".into()))?,
@@ -231,6 +233,7 @@ pub(crate) fn log(dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitErro
 
 pub(crate) fn commit(req: &CommitRequest<'_>) -> Result<Committed, GitError> {
     let repo = open(req.workspace_dir)?;
+    crate::rules::check_workspace(&repo, req.workspace_dir)?;
     crate::trusted::check_ref_writable(&repo, &crate::trusted::head_ref_name(&repo)?)?;
     let mut index = repo.index().map_err(local)?;
     if req.paths.is_empty() {

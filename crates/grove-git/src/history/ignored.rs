@@ -58,7 +58,7 @@ pub(super) fn fit(
     let mut out = Fitted::default();
     for (path, known) in all {
         let p = as_path(&path);
-        let room = budget.saturating_sub(used);
+        let room = budget.saturating_sub(used).min(super::MAX_POINT_FILE_BYTES);
         let size = match known {
             Some(size) => (size <= room).then_some(size),
             None => match beneath::add(store, index, root, p, Some(room))? {

@@ -571,3 +571,169 @@ fn pruning_points_deletes_the_objects_only_they_held_and_packs_the_store() {
         .find_blob(cached)
         .is_ok());
 }
+
+/// A sparse file far larger than memory, made in a moment by an exec (`truncate -s`),
+/// must not take the process that takes the point down: a point reads no file past
+/// [`grove_git::MAX_POINT_FILE_BYTES`]; one larger is left out of the point (as a
+/// deleted file would be) and the rest of the point is taken.
+#[test]
+fn a_huge_sparse_file_in_the_workspace_is_left_out_of_a_point_unread() {
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let p = paths(&store, &ws, &cache);
+    let first = git2
+        .snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
+        .unwrap();
+    // 1 TiB: no allocation of that size succeeds, so reading it whole would abort.
+    let big = std::fs::File::create(ws.join("big.bin")).unwrap();
+    big.set_len(1 << 40).unwrap();
+    drop(big);
+    let only_big = git2
+        .snapshot(&p, Uuid::nil(), Some(&first.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(only_big.changes.added, 0, "big.bin is not in the point");
+    assert!(
+        only_big.dirty,
+        "a file the point left out is still a change"
+    );
+    // A tracked file replaced by one just over the limit is left out too.
+    let over = std::fs::File::create(ws.join("README.md")).unwrap();
+    over.set_len(grove_git::MAX_POINT_FILE_BYTES + 1).unwrap();
+    drop(over);
+    std::fs::write(ws.join("small.txt"), "kept\n").unwrap();
+    let second = git2
+        .snapshot(&p, Uuid::nil(), Some(&only_big.id), IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(
+        (second.changes.added, second.changes.deleted),
+        (1, 1),
+        "small.txt in; README.md out; big.bin never read"
+    );
+    let small = git2.history_file(&p, &second.id, "small.txt").unwrap();
+    assert_eq!(small.as_deref(), Some(&b"kept\n"[..]));
+    assert_eq!(
+        git2.history_file(&p, &second.id, "README.md").unwrap(),
+        None
+    );
+    // The host is unchanged: the workspace's files are as the exec left them.
+    assert_eq!(
+        std::fs::metadata(ws.join("big.bin")).unwrap().len(),
+        1 << 40
+    );
+}
+
+/// libgit2 reads a workspace's `.gitignore` and `.gitattributes` files by path during
+/// the walk: one that is a FIFO (or a link to one) would block the point's open() for
+/// as long as no writer comes, holding the workspace's lock. Such a point is refused at
+/// once with an error naming the file, the workspace left as it is; with the FIFOs
+/// gone the next point is taken.
+#[test]
+fn a_fifo_planted_as_gitignore_or_gitattributes_refuses_the_point_without_stalling() {
+    let Checkout {
+        fx: _fx,
+        cache,
+        ws,
+        store,
+        git2: _,
+    } = Checkout::new("b");
+    let mkfifo = |path: &Path| {
+        let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    };
+    std::fs::create_dir_all(ws.join("sub/deeper")).unwrap();
+    std::fs::write(ws.join("sub/deeper/x.txt"), "x\n").unwrap();
+    let take = || {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
+        std::thread::spawn(move || {
+            let p = paths(&s, &w, &c);
+            let r = Git2Adapter::new().snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded);
+            let _ = tx.send(r);
+        });
+        rx.recv_timeout(std::time::Duration::from_secs(20))
+            .expect("the point stalled on a rule file")
+    };
+    // The last is a link to a FIFO, followed as libgit2 follows it.
+    let planted = [
+        "sub/.gitignore",
+        "sub/.gitattributes",
+        "sub/deeper/.gitignore",
+    ];
+    mkfifo(&ws.join("sub/deeper/fifo"));
+    for rel in planted {
+        if rel.starts_with("sub/deeper") {
+            std::os::unix::fs::symlink("fifo", ws.join(rel)).unwrap();
+        } else {
+            mkfifo(&ws.join(rel));
+        }
+        let err = take().expect_err(rel).to_string();
+        assert!(
+            err.contains(rel) && err.contains("not a regular file"),
+            "{err}"
+        );
+        assert!(
+            std::fs::symlink_metadata(ws.join(rel)).is_ok(),
+            "left as it is"
+        );
+        std::fs::remove_file(ws.join(rel)).unwrap();
+    }
+    let snap = take().unwrap();
+    let x = Git2Adapter::new()
+        .history_file(&paths(&store, &ws, &cache), &snap.id, "sub/deeper/x.txt")
+        .unwrap();
+    assert_eq!(x.as_deref(), Some(&b"x\n"[..]));
+}
+
+/// The workspace's own `.git/info/exclude`, `.git/info/attributes` and `.git/config`
+/// planted as FIFOs: libgit2 opens the first two as rules and the last while opening
+/// the repository. The status tool and a point refuse the workspace at once, with an
+/// error that says why, and wait on none of them.
+#[test]
+fn fifos_planted_in_the_workspaces_git_dir_stall_no_walk() {
+    for planted in [".git/info/exclude", ".git/info/attributes", ".git/config"] {
+        let Checkout {
+            fx: _fx,
+            cache,
+            ws,
+            store,
+            git2: _,
+        } = Checkout::new("b");
+        std::fs::create_dir_all(ws.join(".git/info")).unwrap();
+        let _ = std::fs::remove_file(ws.join(planted));
+        let c = std::ffi::CString::new(ws.join(planted).as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (s, w, c) = (store.clone(), ws.clone(), cache.clone());
+        std::thread::spawn(move || {
+            let git2 = Git2Adapter::new();
+            let status = git2.status(&w).map(|_| ());
+            let _ = tx.send(("status", status));
+            let point = git2
+                .snapshot(
+                    &paths(&s, &w, &c),
+                    Uuid::nil(),
+                    None,
+                    IgnoredFiles::Excluded,
+                )
+                .map(|_| ());
+            let _ = tx.send(("point", point));
+        });
+        for _ in 0..2 {
+            let (what, answer) = rx
+                .recv_timeout(std::time::Duration::from_secs(20))
+                .unwrap_or_else(|_| panic!("a walk stalled on {planted}"));
+            let err = answer.expect_err(what).to_string();
+            assert!(
+                err.contains("not a regular file"),
+                "{planted}: {what}: {err}"
+            );
+        }
+    }
+}
