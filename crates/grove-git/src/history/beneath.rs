@@ -81,8 +81,28 @@ pub(super) fn add(
         return Ok(Added::OverLimit);
     }
     let id = store.blob(&bytes).map_err(super::local)?;
+    let entry = index_entry(
+        &stat,
+        mode,
+        bytes.len() as u32,
+        id,
+        path.as_os_str().as_bytes(),
+    );
+    index.add(&entry).map_err(super::local)?;
+    Ok(Added::Entry(entry.file_size.into()))
+}
+
+/// The private index's entry for a file grove read or wrote through its descriptor:
+/// the stat data libgit2 compares next time, so an unchanged file is not hashed again.
+pub(super) fn index_entry(
+    stat: &rustix::fs::Stat,
+    mode: u32,
+    file_size: u32,
+    id: git2::Oid,
+    path: &[u8],
+) -> IndexEntry {
     let time = |secs: i64, nanos: i64| IndexTime::new(secs as i32, nanos as u32);
-    let entry = IndexEntry {
+    IndexEntry {
         ctime: time(stat.st_ctime, stat.st_ctime_nsec as i64),
         mtime: time(stat.st_mtime, stat.st_mtime_nsec as i64),
         dev: stat.st_dev as u32,
@@ -90,14 +110,12 @@ pub(super) fn add(
         mode,
         uid: stat.st_uid,
         gid: stat.st_gid,
-        file_size: bytes.len() as u32,
+        file_size,
         id,
         flags: 0,
         flags_extended: 0,
-        path: path.as_os_str().as_bytes().to_vec(),
-    };
-    index.add(&entry).map_err(super::local)?;
-    Ok(Added::Entry(entry.file_size.into()))
+        path: path.to_vec(),
+    }
 }
 
 /// The directory holding `path`'s last component, reached without following a link,

@@ -13,7 +13,7 @@ use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 
-use git2::{Delta, Index, IndexEntry, IndexTime, Oid, Repository, Signature};
+use git2::{Delta, Index, Oid, Repository, Signature};
 use grove_core::error::GitError;
 use grove_core::history::{FileCounts, HistoryPaths, IgnoredFiles, RewindReport, Snapshot};
 use rustix::fs::{AtFlags, Gid, Mode, OFlags, Stat, Uid};
@@ -159,21 +159,7 @@ impl Written {
             self.index = None;
             return;
         };
-        let time = |secs: i64, nanos: i64| IndexTime::new(secs as i32, nanos as u32);
-        let entry = IndexEntry {
-            ctime: time(stat.st_ctime, stat.st_ctime_nsec as i64),
-            mtime: time(stat.st_mtime, stat.st_mtime_nsec as i64),
-            dev: stat.st_dev as u32,
-            ino: stat.st_ino as u32,
-            mode,
-            uid: stat.st_uid,
-            gid: stat.st_gid,
-            file_size: stat.st_size as u32,
-            id,
-            flags: 0,
-            flags_extended: 0,
-            path: path.to_vec(),
-        };
+        let entry = super::beneath::index_entry(&stat, mode, stat.st_size as u32, id, path);
         if index.add(&entry).is_err() {
             self.index = None;
         }
