@@ -22,6 +22,9 @@ use crate::Out;
 const WRITTEN: &str =
     "fn written_by_the_bench() -> u32 {\n    // eighty-eight bytes in all\n    42\n}\n";
 
+/// A literal the search row looks for.
+const SEARCHED: &str = "line 14: ";
+
 /// Rows `call_<call>@<fleet>` and `cli_<call>@<fleet>` for every fleet size.
 pub async fn agent_calls(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     for fleet in ctx.args.fleets.clone() {
@@ -60,6 +63,11 @@ async fn http_rows(ctx: &mut Ctx, api: &Api, fleet: usize, out: &mut Out) -> Res
         || read_floor(&on_disk),
     );
     emit(out, "call", "read_file", fleet, row.await?, "open + read");
+    let view = json!({"path": file, "range": [1, -1]});
+    let view_path = format!("{tools}/view");
+    let row = timed_pair(n, || api.post(&view_path, view.clone()), || read_floor(&on_disk));
+    emit(out, "call", "view", fleet, row.await?, "open + read");
+    search_row(api, &tools, &dir, fleet, n, out).await?;
     let row = timed_pair(
         n,
         || api.post(&write_path, write.clone()),
@@ -85,6 +93,35 @@ async fn http_rows(ctx: &mut Ctx, api: &Api, fleet: usize, out: &mut Out) -> Res
     }
     queued_rows(ctx, api, fleet, out).await?;
     new_workspace_row(ctx, api, fleet, out).await
+}
+
+/// `search` of a literal that occurs in the bench's fixture, next to `grep -r` of the
+/// same literal over the same tree (every match, `.git` left out as search leaves it).
+async fn search_row(
+    api: &Api,
+    tools: &str,
+    dir: &Path,
+    fleet: usize,
+    n: usize,
+    out: &mut Out,
+) -> Result<()> {
+    let body = json!({"pattern": SEARCHED, "max_results": 1000});
+    let path = format!("{tools}/search");
+    let row = timed_pair(n.min(50), || api.post(&path, body.clone()), || grep_floor(dir));
+    emit(out, "call", "search", fleet, row.await?, "grep -rn of the same literal");
+    Ok(())
+}
+
+async fn grep_floor(dir: &Path) -> Result<()> {
+    let status = tokio::process::Command::new("grep")
+        .args(["-rnF", "--exclude-dir=.git", SEARCHED])
+        .arg(dir)
+        .stdout(std::process::Stdio::null())
+        .status()
+        .await?;
+    // 0: found, 1: not found; 2 or more: an error.
+    anyhow::ensure!(status.code().is_some_and(|c| c < 2), "grep failed: {status}");
+    Ok(())
 }
 
 /// Warm acquire and a second ensure over HTTP, each next to the same command
