@@ -24,6 +24,7 @@
 pub mod error;
 mod files;
 pub mod path;
+mod rules;
 mod search;
 pub mod text;
 

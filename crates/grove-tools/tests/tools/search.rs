@@ -151,3 +151,109 @@ fn search_does_not_follow_symlinks_out() {
     let (hits, _) = s.ws().search(&q("secret")).unwrap();
     assert!(hits.is_empty(), "{hits:?}");
 }
+
+/// A `.gitignore`, `.ignore` or `.git/info/exclude` that is a symlink to a host file is
+/// not read: the host file's lines never become rules (an oracle on a host file's
+/// contents: "is my file hidden now?").
+#[test]
+fn rule_files_that_are_symlinks_out_are_not_read() {
+    let s = Scratch::new();
+    std::fs::write(s.outside.join("host-rules"), "probe.txt\n").unwrap();
+    s.write("probe.txt", "needle\n");
+    s.write("sub/probe.txt", "needle\n");
+    s.write("deep/probe.txt", "needle\n");
+    s.symlink(s.outside.join("host-rules"), ".gitignore");
+    s.symlink(s.outside.join("host-rules"), "sub/.ignore");
+    std::fs::create_dir_all(s.root.join(".git/info")).unwrap();
+    s.symlink(s.outside.join("host-rules"), ".git/info/exclude");
+    let (hits, _) = s.ws().search(&q("needle")).unwrap();
+    assert_eq!(
+        paths(&hits),
+        vec![
+            ("deep/probe.txt".into(), 1),
+            ("probe.txt".into(), 1),
+            ("sub/probe.txt".into(), 1)
+        ]
+    );
+}
+
+/// A FIFO (or any non-regular file) named like a rule file does not hang the search:
+/// it is not a rule file, and the search answers at once.
+#[test]
+fn a_fifo_named_as_a_rule_file_does_not_hang_search() {
+    let s = Scratch::new();
+    s.write("sub/a.txt", "needle\n");
+    std::fs::create_dir_all(s.root.join(".git/info")).unwrap();
+    for fifo in [".gitignore", "sub/.gitignore", "sub/.ignore", ".git/info/exclude"] {
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            s.root.join(fifo),
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o644),
+            0,
+        )
+        .unwrap();
+    }
+    let ws = s.ws();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(ws.search(&q("needle")).map(|(h, _)| paths(&h)));
+    });
+    let answer = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("search hung on a FIFO rule file");
+    assert_eq!(answer.unwrap(), vec![("sub/a.txt".into(), 1)]);
+}
+
+/// Rules in nested `.gitignore` files apply beneath their directory, a `!` rule
+/// re-includes, and searching under a subdirectory still applies the rules above it.
+#[test]
+fn nested_rules_apply_beneath_their_directory_and_above_a_start_path() {
+    let s = Scratch::new();
+    s.write(".gitignore", "*.log\nbuild/\n");
+    s.write("a/.gitignore", "!keep.log\nlocal.txt\n");
+    s.write("a/keep.log", "needle\n");
+    s.write("a/drop.log", "needle\n");
+    s.write("a/local.txt", "needle\n");
+    s.write("local.txt", "needle\n");
+    s.write("a/build/x.txt", "needle\n");
+    s.write("a/src/y.txt", "needle\n");
+    let ws = s.ws();
+    let (hits, _) = ws.search(&q("needle")).unwrap();
+    assert_eq!(
+        paths(&hits),
+        vec![
+            ("a/keep.log".into(), 1),
+            ("a/src/y.txt".into(), 1),
+            ("local.txt".into(), 1)
+        ]
+    );
+    let (hits, _) = ws
+        .search(&SearchQuery {
+            path: Some("a"),
+            ..q("needle")
+        })
+        .unwrap();
+    assert_eq!(
+        paths(&hits),
+        vec![("a/keep.log".into(), 1), ("a/src/y.txt".into(), 1)]
+    );
+}
+
+/// A regex anchored at the line's start or end matches per line, not per file.
+#[test]
+fn anchors_match_at_every_line() {
+    let s = Scratch::new();
+    s.write("a.txt", "x\nneedle\r\nneedle tail\n");
+    let ws = s.ws();
+    for (pattern, want) in [("^needle$", vec![2]), (r"\Aneedle", vec![2, 3]), ("tail$", vec![3])] {
+        let (hits, _) = ws
+            .search(&SearchQuery {
+                regex: true,
+                ..q(pattern)
+            })
+            .unwrap();
+        let lines: Vec<u64> = hits.iter().map(|h| h.line).collect();
+        assert_eq!(lines, want, "{pattern}");
+    }
+}
