@@ -24,6 +24,7 @@ mod metrics;
 mod progress;
 mod pulls;
 mod queue;
+mod read_lock;
 mod reader;
 mod remote;
 mod remote_placement;

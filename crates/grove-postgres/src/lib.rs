@@ -33,6 +33,7 @@ pub mod migrate;
 pub mod output;
 pub mod progress;
 pub mod queue;
+pub mod read_lock;
 pub mod reader;
 pub mod replay;
 pub mod rows;

@@ -112,17 +112,17 @@ pub struct AdvisoryLock {
     lease: Option<Lease>,
 }
 
-fn millis(d: Duration) -> i32 {
+pub(crate) fn millis(d: Duration) -> i32 {
     i32::try_from(d.as_millis().max(1)).unwrap_or(i32::MAX)
 }
 
 /// The trace span of one lock wait (ADR 30).
-fn lock_span(scope: LockScope, shared: bool) -> tracing::Span {
+pub(crate) fn lock_span(scope: LockScope, shared: bool) -> tracing::Span {
     tracing::trace_span!(target: crate::trace_context::TARGET, "grove.lock", scope = scope.tag(), shared)
 }
 
 /// Records how long a lock statement waited, and whether it got the lock.
-fn waited<T>(scope: LockScope, taken: &Result<T, sqlx::Error>, started: Instant) {
+pub(crate) fn waited<T>(scope: LockScope, taken: &Result<T, sqlx::Error>, started: Instant) {
     let outcome = match taken {
         Ok(_) => "acquired",
         Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("55P03") => "busy",
@@ -131,7 +131,7 @@ fn waited<T>(scope: LockScope, taken: &Result<T, sqlx::Error>, started: Instant)
     crate::telemetry::lock_waited(scope.tag(), outcome, started.elapsed());
 }
 
-fn busy(e: sqlx::Error, scope: LockScope, timeout: Duration) -> StoreError {
+pub(crate) fn busy(e: sqlx::Error, scope: LockScope, timeout: Duration) -> StoreError {
     match StoreError::from(e) {
         StoreError::Locked(_) => StoreError::Locked(format!(
             "{} is busy (waited {} ms)",

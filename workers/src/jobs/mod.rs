@@ -28,6 +28,16 @@ pub mod restore;
 pub mod scope;
 pub mod tools;
 
+/// The answer to a command on workspace `id` whose files were evicted.
+pub(crate) fn evicted(id: Uuid) -> CommandError {
+    CommandError::new(
+        ErrorKind::Conflict,
+        format!(
+            "workspace {id} is evicted (its files were removed to free disk space); run `grove workspace restore {id}` or acquire it again"
+        ),
+    )
+}
+
 impl JobContext {
     /// Takes the workspace's command lock, then reads its row: a workspace destroyed
     /// while we waited is reported as not found rather than used half-gone, and one
@@ -40,12 +50,7 @@ impl JobContext {
         let (ws, lock) = self.lock_workspace_any(id, shared).await?;
         if !ws.state.has_files() {
             lock.release().await.ok();
-            return Err(CommandError::new(
-                ErrorKind::Conflict,
-                format!(
-                    "workspace {id} is evicted (its files were removed to free disk space); run `grove workspace restore {id}` or acquire it again"
-                ),
-            ));
+            return Err(evicted(id));
         }
         Ok((ws, lock))
     }

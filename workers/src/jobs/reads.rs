@@ -12,7 +12,11 @@ use grove_core::inline::InlineReads;
 use grove_core::tools::{ToolOp, ToolOutput};
 use uuid::Uuid;
 
-use crate::context::JobContext;
+use grove_core::model::WorkspaceRow;
+use grove_postgres::read_lock::ReadLock;
+
+use crate::context::{store_error, JobContext};
+use crate::jobs::evicted;
 
 /// Answers read tools of this worker's node's workspaces in the calling process.
 pub struct InlineReader {
@@ -34,18 +38,41 @@ impl InlineReader {
                 ),
             ));
         }
-        let (ws, lock) = self.ctx.lock_workspace(workspace_id, true).await?;
-        let output = if ws.node == self.ctx.config.node {
-            self.ctx.run_tool(&ws, op, None).await
+        // A merge-back a dead worker left half-done is finished (a write) under the
+        // leased lock first, as a queued read would.
+        if self.ctx.journal_path(workspace_id).exists() {
+            let (ws, lock) = self.ctx.lock_workspace(workspace_id, true).await?;
+            let output = self.on_this_node(&ws, op).await;
+            lock.release().await.ok();
+            return output;
+        }
+        let (lock, ws) =
+            ReadLock::acquire_workspace(&self.ctx.pool, workspace_id, self.ctx.config.lock_timeout)
+                .await
+                .map_err(store_error)?;
+        let output = match ws {
+            Some(ws) if ws.state.has_files() => self.on_this_node(&ws, op).await,
+            Some(_) => Err(evicted(workspace_id)),
+            None => Err(CommandError::new(
+                ErrorKind::NotFound,
+                format!("workspace {workspace_id} not found"),
+            )),
+        };
+        // What was read is answered only if the lock held throughout.
+        lock.release().await.map_err(store_error)?;
+        output
+    }
+
+    async fn on_this_node(&self, ws: &WorkspaceRow, op: &ToolOp) -> Result<ToolOutput, CommandError> {
+        if ws.node == self.ctx.config.node {
+            self.ctx.run_tool(ws, op, None).await
         } else {
             Err(CommandError::new(
                 ErrorKind::Conflict,
-                format!("workspace {workspace_id} is no longer on node {}", ws.node),
+                format!("workspace {} is no longer on node {}", ws.id, ws.node),
             )
             .transient())
-        };
-        lock.release().await.ok();
-        output
+        }
     }
 }
 
