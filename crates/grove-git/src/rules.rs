@@ -145,8 +145,9 @@ pub(crate) fn check(root: &OwnedFd, enter: &dyn Fn(&Path) -> bool) -> Result<Che
             push_children(&Rc::new(dir), &rel, &mut pending).map_err(io)?;
         }
     }
-    let root = Rc::try_unwrap(root)
-        .map_err(|_| GitError::Other("checking the workspace's rule files: root still held".into()))?;
+    let root = Rc::try_unwrap(root).map_err(|_| {
+        GitError::Other("checking the workspace's rule files: root still held".into())
+    })?;
     Ok(Checked { root, seen })
 }
 

@@ -717,7 +717,10 @@ fn a_rule_file_linked_to_a_host_file_is_never_followed() {
     std::fs::create_dir_all(ws.join("sub")).unwrap();
     std::fs::write(ws.join("sub/kept.txt"), "kept\n").unwrap();
     let p = paths(&store, &ws, &cache);
+    // The fixture's own `.gitignore` (`*.log`) is put back after the attacks.
+    let tracked = std::fs::read(ws.join(".gitignore")).unwrap();
     for rel in [".gitignore", "sub/.gitignore", "sub/.gitattributes"] {
+        let _ = std::fs::remove_file(ws.join(rel));
         std::os::unix::fs::symlink(&host, ws.join(rel)).unwrap();
         let refused = |what: &str, r: Result<(), GitError>| {
             let err = r.expect_err(what);
@@ -742,7 +745,12 @@ fn a_rule_file_linked_to_a_host_file_is_never_followed() {
         );
         std::fs::remove_file(ws.join(rel)).unwrap();
     }
-    assert_eq!(std::fs::read(&host).unwrap(), host_text, "the host file changed");
+    assert_eq!(
+        std::fs::read(&host).unwrap(),
+        host_text,
+        "the host file changed"
+    );
+    std::fs::write(ws.join(".gitignore"), tracked).unwrap();
     let snap = git2
         .snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
         .unwrap();
