@@ -26,8 +26,7 @@ async fn a_follower_sees_every_event_exactly_once_while_transactions_commit_out_
 /// the whole time: the follower reads past it and still skips nothing.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_follower_skips_nothing_while_another_database_holds_a_transaction() {
-    let env =
-        env_or_skip!("a_follower_skips_nothing_while_another_database_holds_a_transaction");
+    let env = env_or_skip!("a_follower_skips_nothing_while_another_database_holds_a_transaction");
     let foreign = ForeignTransaction::open(&env).await;
     follow_out_of_order_commits(&env.pool).await;
     foreign.close(&env).await;
@@ -156,7 +155,10 @@ impl ForeignTransaction {
 async fn event_types(server: &Server, ws: &str, after: Option<i64>) -> (Vec<String>, Option<i64>) {
     let query = after.map(|a| format!("&after={a}")).unwrap_or_default();
     let (status, body) = server
-        .get(&format!("/v1/workspaces/{ws}/events?limit=1000{query}"), ALICE)
+        .get(
+            &format!("/v1/workspaces/{ws}/events?limit=1000{query}"),
+            ALICE,
+        )
         .await;
     assert!(status.is_success(), "{body}");
     let types = body["events"]
@@ -201,8 +203,14 @@ async fn an_acquires_events_are_read_at_once_while_another_database_holds_a_tran
     let foreign = ForeignTransaction::open(&env).await;
 
     let ws = server.acquire(ALICE, &url, "c-horizon").await;
-    let (types, after) =
-        wait_for_event(&server, &ws, None, "workspace.created", Duration::from_secs(5)).await;
+    let (types, after) = wait_for_event(
+        &server,
+        &ws,
+        None,
+        "workspace.created",
+        Duration::from_secs(5),
+    )
+    .await;
     assert!(
         types.iter().any(|t| t == "workspace.created"),
         "the answered acquire's events stayed unread behind another database's transaction: {types:?}"
@@ -222,8 +230,14 @@ async fn an_acquires_events_are_read_at_once_while_another_database_holds_a_tran
         "events committed after an open transaction of this database were read past it: {held:?}"
     );
     own.rollback().await.unwrap();
-    let (types, _) =
-        wait_for_event(&server, &ws, after, "workspace.acquired", Duration::from_secs(5)).await;
+    let (types, _) = wait_for_event(
+        &server,
+        &ws,
+        after,
+        "workspace.acquired",
+        Duration::from_secs(5),
+    )
+    .await;
     assert_eq!(types, vec!["workspace.acquired".to_string()]);
     foreign.close(&env).await;
 }

@@ -25,8 +25,8 @@ pub const DEFAULT_MEMORY_MB: u64 = 2048;
 /// `<controller>/grove-local/<deployment>/`, one directory per deployment.
 const CGROUP_V1: &str = "/sys/fs/cgroup";
 const CGROUP_DIR: &str = "grove-local";
-/// How the cgroup directories of the layout before deployments began: runtime
-/// directories right under `grove-local/`, named from a `local:` backend id.
+/// The name prefix of the runtime directories of the layout before deployments: right
+/// under `grove-local/`, named from a `local:` backend id.
 const LEGACY_PREFIX: &str = "local_";
 
 /// Which grove deployment a jail's cgroups belong to: `home-` and 16 hex digits of the
@@ -153,7 +153,10 @@ impl Jail {
             None => "as the worker's own unprivileged user".into(),
         };
         let limits = match &self.limits {
-            LimitMode::CgroupV1 => "limits: cgroup v1 pids+memory per runtime".to_string(),
+            LimitMode::CgroupV1 => format!(
+                "limits: cgroup v1 pids+memory per runtime (under {CGROUP_DIR}/{})",
+                self.deployment.segment()
+            ),
             LimitMode::Rlimits(why) => format!("limits: RLIMIT_NPROC+RLIMIT_AS ({why})"),
         };
         format!("{who}; user namespace; no capabilities; no_new_privs; seccomp; {limits}")
