@@ -46,7 +46,7 @@ fn admin_url() -> Option<String> {
 }
 
 /// Replaces the database name in a Postgres URL.
-fn with_database(url: &str, db: &str) -> String {
+pub fn with_database(url: &str, db: &str) -> String {
     let (base, query) = match url.split_once('?') {
         Some((b, q)) => (b, Some(q)),
         None => (url, None),

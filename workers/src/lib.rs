@@ -163,7 +163,7 @@ pub async fn build_deps(pool: PgPool, mut config: WorkerConfig) -> JobContext {
 /// `GROVE_DOCKER_IMAGE` or the last built image when unset. What `grove worker`,
 /// `grove serve` and `grove runtimes` use.
 pub async fn build_runtimes(config: &mut WorkerConfig) -> RuntimeRegistry {
-    let local = grove_local::LocalRuntimeProvider::detect(vec![config.home.clone()]);
+    let local = grove_local::LocalRuntimeProvider::detect(&config.home);
     // Exactly which protections are active, or why there are none.
     let local_note = Some(match local.isolation_unavailable_reason() {
         Some(reason) => {

@@ -242,7 +242,7 @@ async fn exec_local(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
                                              // The sandbox alone: the exact bubblewrap argv the worker's local runtime would
                                              // spawn for `true` in this workspace (read-only, no network), spawned directly.
     let dir = PathBuf::from(&ctx.workspaces[0].local_path);
-    let provider = grove_local::LocalRuntimeProvider::detect(vec![ctx.home.clone()]);
+    let provider = grove_local::LocalRuntimeProvider::detect(&ctx.home);
     let spec = RuntimeSpec {
         image: None,
         workdir: dir.clone(),

@@ -266,7 +266,7 @@ pub(crate) fn git_cli() -> Option<&'static Path> {
 pub(crate) fn is_dirty(workspace_dir: &Path) -> Result<bool, GitError> {
     let repo = crate::trusted::open_workspace(workspace_dir)?;
     // No rule file the status walk reads may block it (a FIFO named `.gitignore`).
-    crate::rules::check_workspace(&repo, workspace_dir)?;
+    let checked = crate::rules::check_workspace(&repo, workspace_dir)?;
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .include_ignored(false)
@@ -275,6 +275,7 @@ pub(crate) fn is_dirty(workspace_dir: &Path) -> Result<bool, GitError> {
         .recurse_untracked_dirs(false)
         .exclude_submodules(true);
     let statuses = repo.statuses(Some(&mut opts)).map_err(local)?;
+    checked.verify()?;
     Ok(statuses.iter().any(|entry| {
         let s = entry.status();
         s != Status::CURRENT && !s.contains(Status::IGNORED)

@@ -221,12 +221,14 @@ fn work_tree(
     let root = beneath::open_root(paths.workspace_dir)?;
     // No rule file the walk reads may block it (a FIFO named `.gitignore`).
     let ignored_too = budget.is_some();
-    crate::rules::check(&root, &|dir| {
+    let checked = crate::rules::check(&root, &|dir| {
         ignored_too || !store.is_path_ignored(dir).unwrap_or(false)
     })?;
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
+    // A rule file swapped while libgit2 read it: the walk may rest on another file's rules.
+    checked.verify()?;
     let walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
     let fitted = match budget {
         Some(budget) => ignored::fit(store, &mut index, &root, head, walked.ignored, budget)?,

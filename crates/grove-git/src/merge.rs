@@ -430,7 +430,8 @@ pub(crate) fn merge_back(
             commit: None,
         });
     }
-    // The checkouts read the target's rule files: none may block them.
+    // The checkouts read the target's rule files: none may block them or be a link.
+    // (The checkout writes into the tree, so what the check saw is not verified after.)
     crate::rules::check_workspace(repo, req.edit_dir).map_err(MergeBackError::Git)?;
     {
         let mut cb = CheckoutBuilder::new();

@@ -190,11 +190,12 @@ pub(crate) fn save_work(req: &SaveWorkRequest<'_>) -> Result<SaveWorkReport, Git
     // `open`, not `discover`: a missing checkout must not save an enclosing repo.
     let ws = crate::trusted::open_workspace(req.workspace_dir)?;
     // Its walk reads the workspace's rule files: none may block it.
-    crate::rules::check_workspace(&ws, req.workspace_dir)?;
+    let checked = crate::rules::check_workspace(&ws, req.workspace_dir)?;
     // Every blob and tree the snapshots write stays in memory, not in the workspace.
     let odb = ws.odb().map_err(local)?;
     odb.add_new_mempack_backend(1000).map_err(local)?;
     let snap = snapshot(&ws, req.ignored_budget_bytes)?;
+    checked.verify()?;
 
     let head_id = Oid::from_str(snap.head.commit()).map_err(local)?;
     let at_base = Oid::from_str(req.base_commit).ok() == Some(head_id);

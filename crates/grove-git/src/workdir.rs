@@ -82,13 +82,14 @@ fn resolve(repo: &Repository, name: &str) -> Result<Oid, GitError> {
 
 pub(crate) fn status(dir: &Path) -> Result<GitStatus, GitError> {
     let repo = open(dir)?;
-    crate::rules::check_workspace(&repo, dir)?;
+    let checked = crate::rules::check_workspace(&repo, dir)?;
     let mut opts = StatusOptions::new();
     opts.include_untracked(true)
         .recurse_untracked_dirs(true)
         .include_ignored(false)
         .exclude_submodules(true);
     let statuses = repo.statuses(Some(&mut opts)).map_err(local)?;
+    checked.verify()?;
     let mut entries = Vec::new();
     for e in statuses.iter() {
         let s = e.status();
@@ -141,7 +142,7 @@ pub(crate) fn diff(
     max_bytes: usize,
 ) -> Result<GitDiff, GitError> {
     let repo = open(dir)?;
-    crate::rules::check_workspace(&repo, dir)?;
+    let checked = crate::rules::check_workspace(&repo, dir)?;
     let commit = match against {
         DiffAgainst::Head => head_commit(&repo)?
             .ok_or_else(|| GitError::InvalidInput("the workspace has no commit yet".into()))?,
@@ -198,6 +199,7 @@ pub(crate) fn diff(
             return Err(local(e));
         }
     }
+    checked.verify()?;
     Ok(GitDiff {
         against: commit.to_string(),
         files,
@@ -233,7 +235,7 @@ pub(crate) fn log(dir: &Path, max_count: usize) -> Result<Vec<LogEntry>, GitErro
 
 pub(crate) fn commit(req: &CommitRequest<'_>) -> Result<Committed, GitError> {
     let repo = open(req.workspace_dir)?;
-    crate::rules::check_workspace(&repo, req.workspace_dir)?;
+    let checked = crate::rules::check_workspace(&repo, req.workspace_dir)?;
     crate::trusted::check_ref_writable(&repo, &crate::trusted::head_ref_name(&repo)?)?;
     let mut index = repo.index().map_err(local)?;
     if req.paths.is_empty() {
@@ -267,6 +269,8 @@ pub(crate) fn commit(req: &CommitRequest<'_>) -> Result<Committed, GitError> {
             }
         }
     }
+    // Nothing is written when the rules the staging read may have come from elsewhere.
+    checked.verify()?;
     index.write().map_err(local)?;
     let tree_id = index.write_tree().map_err(local)?;
     let tree = repo.find_tree(tree_id).map_err(local)?;

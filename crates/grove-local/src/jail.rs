@@ -21,9 +21,36 @@ pub const DEFAULT_PIDS: u64 = 1024;
 /// Memory one runtime may use, unless the spec says otherwise.
 pub const DEFAULT_MEMORY_MB: u64 = 2048;
 
-/// Where per-runtime cgroups are made (cgroup v1 controllers).
+/// Where per-runtime cgroups are made (cgroup v1 controllers): under
+/// `<controller>/grove-local/<deployment>/`, one directory per deployment.
 const CGROUP_V1: &str = "/sys/fs/cgroup";
 const CGROUP_DIR: &str = "grove-local";
+/// The name prefix of the runtime directories of the layout before deployments: right
+/// under `grove-local/`, named from a `local:` backend id.
+const LEGACY_PREFIX: &str = "local_";
+
+/// Which grove deployment a jail's cgroups belong to: `home-` and 16 hex digits of the
+/// SHA-256 of its canonical `$GROVE_HOME` (no secret; the same path names the same
+/// deployment). Two deployments on one host with the same workspace keys get the
+/// same backend ids; their cgroups differ by this segment, so they never share limits
+/// and one never removes the other's (its sweep and destroy stay inside its own).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Deployment(String);
+
+impl Deployment {
+    /// The deployment of `$GROVE_HOME` at `home` (as given when it cannot be
+    /// canonicalized, e.g. not made yet).
+    pub fn of_home(home: &Path) -> Self {
+        let canonical = std::fs::canonicalize(home).unwrap_or_else(|_| home.to_path_buf());
+        let hash = grove_core::layout::short_hash(&canonical.to_string_lossy(), 16);
+        Self(format!("home-{hash}"))
+    }
+
+    /// The directory segment under `grove-local/`.
+    pub fn segment(&self) -> &str {
+        &self.0
+    }
+}
 
 /// How a runtime's resources are bounded.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,16 +69,18 @@ pub(crate) struct Jail {
     /// not root (bwrap then runs as the worker's own unprivileged uid).
     pub drop_to: Option<(u32, u32)>,
     pub limits: LimitMode,
+    /// Whose cgroups these are.
+    pub deployment: Deployment,
 }
 
 impl Jail {
-    pub fn detect(identity: (u32, u32)) -> Self {
+    pub fn detect(identity: (u32, u32), deployment: Deployment) -> Self {
         // SAFETY: geteuid has no preconditions and cannot fail.
         let root = unsafe { libc::geteuid() } == 0;
         let limits = if !root {
             LimitMode::Rlimits("the worker is not root; cgroups are not its to make".into())
         } else {
-            match probe_cgroup_v1() {
+            match probe_cgroup_v1(&deployment) {
                 Ok(()) => LimitMode::CgroupV1,
                 Err(why) => LimitMode::Rlimits(why),
             }
@@ -59,6 +88,7 @@ impl Jail {
         Self {
             drop_to: root.then_some(identity),
             limits,
+            deployment,
         }
     }
 
@@ -67,7 +97,7 @@ impl Jail {
         if self.limits != LimitMode::CgroupV1 {
             return Ok(None);
         }
-        Cgroup::make(name, pids, memory_mb).map(Some)
+        Cgroup::make(&self.deployment, name, pids, memory_mb).map(Some)
     }
 
     /// A command that runs `program args` with the seccomp program on a descriptor
@@ -102,9 +132,18 @@ impl Jail {
     /// Removes the cgroup `name` if it is empty and no handle holds it (best effort).
     pub fn remove_cgroup(&self, name: &str) {
         if self.limits == LimitMode::CgroupV1 {
-            let (pids, memory) = Cgroup::paths(name);
+            let (pids, memory) = Cgroup::paths(&self.deployment, name);
             Live::try_remove(&pids, &memory);
         }
+    }
+
+    /// The `pids` and `memory` directories the cgroup `name` has (or would have), when
+    /// limits are cgroups of our own.
+    pub fn cgroup_dirs(&self, name: &str) -> Option<[PathBuf; 2]> {
+        (self.limits == LimitMode::CgroupV1).then(|| {
+            let (pids, memory) = Cgroup::paths(&self.deployment, name);
+            [pids, memory]
+        })
     }
 
     /// What the jail adds, for `grove runtimes`.
@@ -114,7 +153,10 @@ impl Jail {
             None => "as the worker's own unprivileged user".into(),
         };
         let limits = match &self.limits {
-            LimitMode::CgroupV1 => "limits: cgroup v1 pids+memory per runtime".to_string(),
+            LimitMode::CgroupV1 => format!(
+                "limits: cgroup v1 pids+memory per runtime (under {CGROUP_DIR}/{})",
+                self.deployment.segment()
+            ),
             LimitMode::Rlimits(why) => format!("limits: RLIMIT_NPROC+RLIMIT_AS ({why})"),
         };
         format!("{who}; user namespace; no capabilities; no_new_privs; seccomp; {limits}")
@@ -348,7 +390,7 @@ mod acl {
     }
 }
 
-fn probe_cgroup_v1() -> Result<(), String> {
+fn probe_cgroup_v1(deployment: &Deployment) -> Result<(), String> {
     for controller in ["pids", "memory"] {
         let dir = Path::new(CGROUP_V1).join(controller);
         if !dir.join("cgroup.procs").is_file() {
@@ -357,11 +399,11 @@ fn probe_cgroup_v1() -> Result<(), String> {
                 dir.display()
             ));
         }
-        let ours = dir.join(CGROUP_DIR);
+        let ours = dir.join(CGROUP_DIR).join(deployment.segment());
         std::fs::create_dir_all(&ours)
             .map_err(|e| format!("cannot make {}: {e}", ours.display()))?;
     }
-    let removed = sweep_stale_cgroups();
+    let removed = sweep_stale_cgroups(deployment);
     if removed > 0 {
         tracing::debug!(
             removed,
@@ -446,26 +488,40 @@ impl Drop for Live {
     }
 }
 
-/// Removes every directory under `grove-local/` of both controllers that no handle
-/// of this process holds; one with processes in it fails to go and stays (a worker's
-/// start: runtimes of earlier workers whose handles are gone).
-pub(crate) fn sweep_stale_cgroups() -> usize {
+/// Removes every directory under `grove-local/<deployment>/` of both controllers that
+/// no handle of this process holds, and the empty runtime directories of the layout
+/// before deployments (`grove-local/local_*`, which no current worker makes); one with
+/// processes in it fails to go and stays (a worker's start: runtimes of earlier
+/// workers whose handles are gone). Another deployment's directories are never
+/// touched.
+pub(crate) fn sweep_stale_cgroups(deployment: &Deployment) -> usize {
     let live = live();
     let mut removed = 0;
     for controller in ["pids", "memory"] {
-        let ours = Path::new(CGROUP_V1).join(controller).join(CGROUP_DIR);
-        let Ok(entries) = std::fs::read_dir(&ours) else {
-            continue;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let pids = Path::new(CGROUP_V1)
+        let top = Path::new(CGROUP_V1).join(controller).join(CGROUP_DIR);
+        let ours = top.join(deployment.segment());
+        let pids_dir = |name: &OsStr| {
+            Path::new(CGROUP_V1)
                 .join("pids")
                 .join(CGROUP_DIR)
-                .join(entry.file_name());
-            let held = live.get(&pids).is_some_and(|w| w.strong_count() > 0);
+                .join(deployment.segment())
+                .join(name)
+        };
+        for entry in std::fs::read_dir(&ours).into_iter().flatten().flatten() {
+            let held = live
+                .get(&pids_dir(&entry.file_name()))
+                .is_some_and(|w| w.strong_count() > 0);
             if !held && entry.file_type().is_ok_and(|t| t.is_dir()) {
-                removed += usize::from(std::fs::remove_dir(&path).is_ok());
+                removed += usize::from(std::fs::remove_dir(entry.path()).is_ok());
+            }
+        }
+        for entry in std::fs::read_dir(&top).into_iter().flatten().flatten() {
+            let legacy = entry
+                .file_name()
+                .as_bytes()
+                .starts_with(LEGACY_PREFIX.as_bytes());
+            if legacy && entry.file_type().is_ok_and(|t| t.is_dir()) {
+                removed += usize::from(std::fs::remove_dir(entry.path()).is_ok());
             }
         }
     }
@@ -480,8 +536,8 @@ pub(crate) struct Hits {
 }
 
 impl Cgroup {
-    /// The `pids` and `memory` directories of `name`.
-    fn paths(name: &str) -> (PathBuf, PathBuf) {
+    /// The `pids` and `memory` directories of `name` in `deployment`.
+    fn paths(deployment: &Deployment, name: &str) -> (PathBuf, PathBuf) {
         let safe: String = name
             .chars()
             .map(|c| {
@@ -492,15 +548,23 @@ impl Cgroup {
                 }
             })
             .collect();
-        let base = Path::new(CGROUP_V1);
-        (
-            base.join("pids").join(CGROUP_DIR).join(&safe),
-            base.join("memory").join(CGROUP_DIR).join(&safe),
-        )
+        let under = |controller: &str| {
+            Path::new(CGROUP_V1)
+                .join(controller)
+                .join(CGROUP_DIR)
+                .join(deployment.segment())
+                .join(&safe)
+        };
+        (under("pids"), under("memory"))
     }
 
-    fn make(name: &str, pids: u64, memory_mb: u64) -> Result<Self, String> {
-        let (pids_dir, memory_dir) = Self::paths(name);
+    fn make(
+        deployment: &Deployment,
+        name: &str,
+        pids: u64,
+        memory_mb: u64,
+    ) -> Result<Self, String> {
+        let (pids_dir, memory_dir) = Self::paths(deployment, name);
         let mut live = live();
         let shared = live.get(&pids_dir).and_then(Weak::upgrade);
         let cg = Self {

@@ -96,11 +96,18 @@ impl std::fmt::Debug for SessionHolder {
 }
 
 impl LocalRuntimeProvider {
+    /// [`Self::detect_hiding`] for the deployment of `$GROVE_HOME` at `home`, hiding
+    /// `home` from commands (what the worker uses).
+    pub fn detect(home: &Path) -> Self {
+        Self::detect_hiding(home, vec![home.to_path_buf()])
+    }
+
     /// Finds bwrap (`$GROVE_BWRAP`, else `bwrap` on `PATH`) and checks once that it
-    /// works here. `hidden` are host dirs commands must not see (the worker passes
-    /// `$GROVE_HOME`); the spec's mounts inside them are bound back on top.
-    pub fn detect(hidden: Vec<PathBuf>) -> Self {
-        let (jail, identity_error) = make_jail();
+    /// works here. `home` is the deployment's `$GROVE_HOME`: its runtimes' cgroups live
+    /// under a directory of that deployment alone. `hidden` are host dirs commands must
+    /// not see; the spec's mounts inside them are bound back on top.
+    pub fn detect_hiding(home: &Path, hidden: Vec<PathBuf>) -> Self {
+        let (jail, identity_error) = make_jail(home);
         let isolation = match (find_bwrap(), identity_error) {
             (_, Some(why)) => Isolation::Unavailable(why),
             (None, None) => Isolation::Unavailable(format!(
@@ -182,12 +189,13 @@ impl LocalRuntimeProvider {
         agent::find_agent()
     }
 
-    /// A provider that never uses bwrap (tests of the refusal path).
-    pub fn without_isolation(hidden: Vec<PathBuf>) -> Self {
+    /// A provider of the deployment at `home` that never uses bwrap (tests of the
+    /// refusal path); `home` is hidden.
+    pub fn without_isolation(home: &Path) -> Self {
         Self {
             isolation: Isolation::Unavailable("isolation disabled by configuration".into()),
-            jail: make_jail().0,
-            hidden,
+            jail: make_jail(home).0,
+            hidden: vec![home.to_path_buf()],
             sessions: SessionHolder::default(),
             agents: None,
         }
@@ -210,6 +218,14 @@ impl LocalRuntimeProvider {
     /// How a runtime's processes and memory are bounded here.
     pub fn limit_mode(&self) -> &LimitMode {
         &self.jail.limits
+    }
+
+    /// The `pids` and `memory` cgroup directories of the runtime `backend_id` (made
+    /// while the runtime is in use), when limits are cgroups of our own: under
+    /// `/sys/fs/cgroup/<controller>/grove-local/<deployment>/`.
+    pub fn cgroup_dirs(&self, backend_id: &str) -> Option<[PathBuf; 2]> {
+        self.jail
+            .cgroup_dirs(&jail::cgroup_name(backend_id, Path::new("")))
     }
 
     /// The identity bwrap (and so every command) runs as when the worker is root;
@@ -716,7 +732,7 @@ impl Runtime for LocalRuntime {
 
 /// The jail of this process: the sandbox identity from the environment, and the
 /// reason isolation is off when that identity is invalid.
-fn make_jail() -> (std::sync::Arc<jail::Jail>, Option<String>) {
+fn make_jail(home: &Path) -> (std::sync::Arc<jail::Jail>, Option<String>) {
     let (identity, error) = match SandboxIdentity::from_env() {
         Ok(id) => (id, None),
         Err(e) => (
@@ -725,7 +741,10 @@ fn make_jail() -> (std::sync::Arc<jail::Jail>, Option<String>) {
         ),
     };
     (
-        std::sync::Arc::new(jail::Jail::detect((identity.uid, identity.gid))),
+        std::sync::Arc::new(jail::Jail::detect(
+            (identity.uid, identity.gid),
+            jail::Deployment::of_home(home),
+        )),
         error,
     )
 }

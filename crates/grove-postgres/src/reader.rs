@@ -2,9 +2,16 @@
 //!
 //! Positions come from a sequence drawn at insert time, so a transaction can commit
 //! events with a smaller position after a reader has moved past it. Readers therefore
-//! order by `(tx_id, position)` and read only events of transactions older than the
-//! current snapshot's `xmin`: every such transaction has committed or aborted, and every
-//! transaction still to commit has a larger `tx_id` than the cursor can have reached.
+//! order by `(tx_id, position)` and read only events of transactions below a horizon
+//! (`HORIZON`): the oldest transaction still running in *this* database (or, with
+//! none, the snapshot's `xmax`). Every transaction below it has committed or aborted or
+//! belongs to another database, which cannot write `grove.events`; every transaction
+//! still to commit here has a larger `tx_id` than the cursor can have reached.
+//!
+//! The snapshot's `xmin` alone (the horizon before) is cluster-wide: a transaction
+//! holding an xid in any other database of the cluster held every reader back, so an
+//! acquire answered and a read of its events right after could come back empty for as
+//! long as that transaction lasted.
 
 use grove_core::events::{Event, Metadata, RecordedEvent};
 use sqlx::postgres::PgRow;
@@ -27,6 +34,21 @@ impl Cursor {
         }
     }
 }
+
+/// The commit-safe horizon of the statement's snapshot: the smallest xid the snapshot
+/// sees as running (`pg_snapshot_xip`) that is not the xid of a backend connected to
+/// another database, else the snapshot's `xmax`. `pg_stat_activity` shows every
+/// backend's database and xid to every role; an xid it does not place in another
+/// database (ours, a prepared transaction, a backend that ended meanwhile) holds the
+/// horizon as the `xmin` did, so the answer errs only towards waiting. Backend xids are
+/// 32-bit: a running xid8 is matched by its low 32 bits, unique among running ones.
+const HORIZON: &str = "(SELECT coalesce(min(x), pg_snapshot_xmax(pg_current_snapshot()))
+    FROM pg_snapshot_xip(pg_current_snapshot()) AS x
+    WHERE NOT EXISTS (
+        SELECT 1 FROM pg_stat_activity a
+        WHERE a.backend_xid IS NOT NULL AND a.datid IS NOT NULL
+          AND a.datid <> (SELECT oid FROM pg_database WHERE datname = current_database())
+          AND a.backend_xid::text::bigint = (x::text::numeric % 4294967296)::bigint))";
 
 const EVENT_COLUMNS: &str = "position, tx_id::text::bigint AS tx_id, stream_id, stream_version, event_type, event_version, payload, metadata, recorded_at";
 
@@ -70,7 +92,7 @@ pub async fn read_after(
     let sql = format!(
         "SELECT {EVENT_COLUMNS} FROM grove.events
          WHERE (tx_id, position) > ($1::text::xid8, $2)
-           AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
+           AND tx_id < {HORIZON}
            AND ($3::text IS NULL OR stream_id = $3)
          ORDER BY tx_id, position
          LIMIT $4"
@@ -115,7 +137,7 @@ pub async fn read_workspace_after(
     let sql = format!(
         "SELECT {EVENT_COLUMNS} FROM grove.events
          WHERE (tx_id, position) > ($1::text::xid8, $2)
-           AND tx_id < pg_snapshot_xmin(pg_current_snapshot())
+           AND tx_id < {HORIZON}
            AND (stream_id = $3 OR stream_id IN (
                 SELECT 'runtime:' || (s.payload ->> 'runtime_id') FROM grove.events s
                 WHERE s.stream_id = $3 AND s.event_type = 'exec.started'))

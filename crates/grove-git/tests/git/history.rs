@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
+use grove_core::error::GitError;
 use grove_core::history::{HistoryPaths, HistoryPort, IgnoredFiles};
 use grove_core::ports::GitPort;
 use grove_git::Git2Adapter;
@@ -673,10 +674,13 @@ fn a_fifo_planted_as_gitignore_or_gitattributes_refuses_the_point_without_stalli
             mkfifo(&ws.join(rel));
         }
         let err = take().expect_err(rel).to_string();
-        assert!(
-            err.contains(rel) && err.contains("not a regular file"),
-            "{err}"
-        );
+        // A link is refused as a link, before anything follows it.
+        let why = if rel.starts_with("sub/deeper") {
+            "symbolic link"
+        } else {
+            "not a regular file"
+        };
+        assert!(err.contains(rel) && err.contains(why), "{err}");
         assert!(
             std::fs::symlink_metadata(ws.join(rel)).is_ok(),
             "left as it is"
@@ -688,6 +692,93 @@ fn a_fifo_planted_as_gitignore_or_gitattributes_refuses_the_point_without_stalli
         .history_file(&paths(&store, &ws, &cache), &snap.id, "sub/deeper/x.txt")
         .unwrap();
     assert_eq!(x.as_deref(), Some(&b"x\n"[..]));
+}
+
+/// A `.gitignore` (at the root or nested) or a `.gitattributes` that is a symbolic link
+/// to a host file is never followed (git itself no longer follows one in the tree):
+/// while it is there a point, the status tool and the dirty check refuse the walk, so
+/// the host file's lines never decide which workspace files are left out (a one-bit
+/// oracle on the host file), and nothing of it reaches the store; with the link gone the
+/// file a host line named is in the next point like any other. Host and workspace stay
+/// as they were.
+#[test]
+fn a_rule_file_linked_to_a_host_file_is_never_followed() {
+    let Checkout {
+        fx,
+        cache,
+        ws,
+        store,
+        git2,
+    } = Checkout::new("b");
+    let host = fx.path("host-rules");
+    let host_text = b"guessed-secret-line\n";
+    std::fs::write(&host, host_text).unwrap();
+    std::fs::write(ws.join("guessed-secret-line"), "the agent's file\n").unwrap();
+    std::fs::create_dir_all(ws.join("sub")).unwrap();
+    std::fs::write(ws.join("sub/kept.txt"), "kept\n").unwrap();
+    let p = paths(&store, &ws, &cache);
+    // The fixture's own `.gitignore` (`*.log`) is put back after the attacks.
+    let tracked = std::fs::read(ws.join(".gitignore")).unwrap();
+    for rel in [".gitignore", "sub/.gitignore", "sub/.gitattributes"] {
+        let _ = std::fs::remove_file(ws.join(rel));
+        std::os::unix::fs::symlink(&host, ws.join(rel)).unwrap();
+        let refused = |what: &str, r: Result<(), GitError>| {
+            let err = r.expect_err(what);
+            assert!(
+                matches!(err, GitError::Untrusted(_)) && err.to_string().contains(rel),
+                "{what} with {rel}: {err}"
+            );
+        };
+        refused(
+            "a point",
+            git2.snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
+                .map(drop),
+        );
+        refused("the status tool", git2.status(&ws).map(drop));
+        refused("the dirty check", git2.is_dirty(&ws).map(drop));
+        assert!(
+            std::fs::symlink_metadata(ws.join(rel))
+                .unwrap()
+                .file_type()
+                .is_symlink(),
+            "the link was touched"
+        );
+        std::fs::remove_file(ws.join(rel)).unwrap();
+    }
+    assert_eq!(
+        std::fs::read(&host).unwrap(),
+        host_text,
+        "the host file changed"
+    );
+    std::fs::write(ws.join(".gitignore"), tracked).unwrap();
+    let snap = git2
+        .snapshot(&p, Uuid::nil(), None, IgnoredFiles::Excluded)
+        .unwrap();
+    assert_eq!(
+        git2.history_file(&p, &snap.id, "guessed-secret-line")
+            .unwrap()
+            .as_deref(),
+        Some(&b"the agent's file\n"[..]),
+        "the file a host line named is left out of the point"
+    );
+    let untracked: Vec<String> = git2
+        .status(&ws)
+        .unwrap()
+        .entries
+        .iter()
+        .map(|e| e.path.clone())
+        .collect();
+    assert!(
+        untracked.iter().any(|p| p == "guessed-secret-line"),
+        "{untracked:?}"
+    );
+    let blob = git2::Oid::hash_object(git2::ObjectType::Blob, host_text).unwrap();
+    let stored = git2::Repository::open_bare(&store)
+        .unwrap()
+        .odb()
+        .unwrap()
+        .exists(blob);
+    assert!(!stored, "the host file's content is in the store");
 }
 
 /// The workspace's own `.git/info/exclude`, `.git/info/attributes` and `.git/config`

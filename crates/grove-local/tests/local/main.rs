@@ -42,7 +42,7 @@ fn scratch_root() -> tempfile::TempDir {
 /// The provider the worker would use: bwrap when it works, the scratch root hidden.
 fn detected() -> Local {
     let root = scratch_root();
-    let provider = LocalRuntimeProvider::detect(vec![root.path().to_path_buf()]);
+    let provider = LocalRuntimeProvider::detect(root.path());
     if let Some(why) = provider.isolation_unavailable_reason() {
         eprintln!("note: no OS isolation here ({why}); isolation checks will be skipped");
     }
@@ -58,7 +58,7 @@ fn detected_without_agent() -> Local {
 
 fn unisolated() -> Local {
     let root = scratch_root();
-    let provider = LocalRuntimeProvider::without_isolation(vec![root.path().to_path_buf()]);
+    let provider = LocalRuntimeProvider::without_isolation(root.path());
     Local { provider, root }
 }
 
@@ -329,9 +329,10 @@ async fn without_hidden_dirs_a_sibling_workspace_is_still_invisible() {
     ) {
         return;
     }
+    let root = scratch_root();
     let exposed = Local {
-        provider: LocalRuntimeProvider::detect(Vec::new()),
-        root: scratch_root(),
+        provider: LocalRuntimeProvider::detect_hiding(root.path(), Vec::new()),
+        root,
     };
     let fx = contract::Fixture::new(&exposed);
     let rt = exposed
@@ -762,13 +763,9 @@ fn cgroup_dirs(h: &Local, test: &str, id: &str) -> Option<[PathBuf; 2]> {
         eprintln!("skipped: {test}: no cgroups of our own ({why})");
         return None;
     }
-    let name = format!("local_{id}");
-    Some(["pids", "memory"].map(|c| {
-        Path::new("/sys/fs/cgroup")
-            .join(c)
-            .join("grove-local")
-            .join(&name)
-    }))
+    let dirs = h.provider.cgroup_dirs(&format!("local:{id}"));
+    assert!(dirs.is_some(), "cgroup limits without cgroup directories");
+    dirs
 }
 
 /// Waits up to 10 s for every path in `dirs` to be gone; whether they went.
@@ -841,15 +838,99 @@ async fn an_agents_cgroup_goes_with_the_agent_and_stale_ones_go_at_start() {
     h.provider.destroy(&format!("local:{id}")).await.unwrap();
     assert!(gone(&dirs).await, "{dirs:?} left after the agent ended");
 
-    // An empty directory an earlier worker left is removed when a provider starts.
+    // An empty directory an earlier worker of this deployment left is removed when a
+    // provider of the same home starts, and so is one of the layout before deployments;
+    // another deployment's empty directory is not.
     let stale = format!("cg-{}-stale", grove_runtime_contract::unique_token());
     let stale_dirs = cgroup_dirs(&h, test, &stale).unwrap();
-    for d in &stale_dirs {
-        std::fs::create_dir(d).unwrap();
+    let other = detected();
+    let foreign_dirs = cgroup_dirs(&other, test, &stale).unwrap();
+    let legacy_dirs = ["pids", "memory"].map(|c| {
+        Path::new("/sys/fs/cgroup")
+            .join(c)
+            .join("grove-local")
+            .join(format!("local_{stale}"))
+    });
+    for d in stale_dirs.iter().chain(&foreign_dirs).chain(&legacy_dirs) {
+        std::fs::create_dir_all(d).unwrap();
     }
-    let _later = detected();
+    let _later = LocalRuntimeProvider::detect(h.root.path());
+    let left = foreign_dirs.iter().all(|d| d.is_dir());
+    for d in &foreign_dirs {
+        let _ = std::fs::remove_dir(d);
+    }
     assert!(
         stale_dirs.iter().all(|d| !d.exists()),
         "a stale empty cgroup survived a provider's start"
+    );
+    assert!(
+        legacy_dirs.iter().all(|d| !d.exists()),
+        "an empty cgroup of the old layout survived a provider's start"
+    );
+    assert!(
+        left,
+        "a provider's start removed another deployment's cgroup"
+    );
+}
+
+/// Two deployments on one host (different `$GROVE_HOME`s) with a runtime of the same
+/// backend id: each gets a cgroup of its own with its own limits, and destroying one
+/// deployment's runtime leaves a command running in the other's undisturbed.
+#[tokio::test]
+async fn two_deployments_with_the_same_runtime_id_never_share_a_cgroup() {
+    let test = "two_deployments_with_the_same_runtime_id_never_share_a_cgroup";
+    let (a, b) = (detected_without_agent(), detected_without_agent());
+    let id = format!("cg-{}-shared", grove_runtime_contract::unique_token());
+    let (Some(dirs_a), Some(dirs_b)) = (cgroup_dirs(&a, test, &id), cgroup_dirs(&b, test, &id))
+    else {
+        return;
+    };
+    assert_ne!(dirs_a, dirs_b, "two deployments share one cgroup");
+    let spec = |h: &Local, pids: u64| {
+        let ws = handed_over(h);
+        let mut spec = default_spec(&ws, false, NetworkPolicy::None);
+        spec.labels.insert("grove.runtime".into(), id.clone());
+        spec.resources.pids = Some(pids);
+        spec
+    };
+    let rt_a = a.provider.create(spec(&a, 300)).await.expect("create a");
+    let rt_b = b.provider.create(spec(&b, 400)).await.expect("create b");
+    let pids_max = |dirs: &[PathBuf; 2]| std::fs::read_to_string(dirs[0].join("pids.max")).unwrap();
+    assert_eq!(pids_max(&dirs_a).trim(), "300");
+    assert_eq!(pids_max(&dirs_b).trim(), "400", "b runs under a's limits");
+
+    // b's command is running in b's cgroup when a's runtime is destroyed.
+    let running = tokio::spawn(async move {
+        rt_b.exec(request(&["sh", "-c", "sleep 2; echo done"]))
+            .await
+    });
+    let procs = dirs_b[0].join("cgroup.procs");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while std::fs::read_to_string(&procs)
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "b's command never joined b's cgroup"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(rt_a);
+    a.provider.destroy(&format!("local:{id}")).await.unwrap();
+    assert!(
+        gone(&dirs_a).await,
+        "{dirs_a:?} left after a's runtime was destroyed"
+    );
+    assert!(
+        dirs_b.iter().all(|d| d.is_dir()),
+        "a's destroy removed b's cgroup"
+    );
+    let r = running.await.unwrap().expect("b's exec");
+    assert_eq!(
+        (r.exit_code, r.stdout.as_slice()),
+        (0, &b"done\n"[..]),
+        "{r:?}"
     );
 }
