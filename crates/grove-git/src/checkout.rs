@@ -264,6 +264,10 @@ pub(crate) fn git_cli() -> Option<&'static Path> {
 }
 
 pub(crate) fn is_dirty(workspace_dir: &Path) -> Result<bool, GitError> {
+    crate::rules::retrying(|| is_dirty_once(workspace_dir))
+}
+
+fn is_dirty_once(workspace_dir: &Path) -> Result<bool, GitError> {
     let repo = crate::trusted::open_workspace(workspace_dir)?;
     // No rule file the status walk reads may block it (a FIFO named `.gitignore`).
     let checked = crate::rules::check_workspace(&repo, workspace_dir)?;

@@ -81,13 +81,33 @@ impl Checked {
     pub(crate) fn verify(&self) -> Result<(), GitError> {
         for (rel, before) in &self.seen {
             if stamp_beneath(self.root.as_fd(), rel).as_ref() != Some(before) {
-                return Err(GitError::Untrusted(format!(
-                    "{} changed while the workspace was walked; the walk's result is not used",
-                    display(rel)
-                )));
+                return Err(GitError::Untrusted(format!("{} {CHANGED}", display(rel))));
             }
         }
         Ok(())
+    }
+}
+
+/// The end of [`Checked::verify`]'s refusal.
+const CHANGED: &str = "changed while the workspace was walked; the walk's result is not used";
+/// How many times a walk whose directories changed under it is made before the change
+/// is answered as a refusal.
+const WALK_ATTEMPTS: u64 = 3;
+
+/// Runs `walk` (a [`check`], libgit2's walk, then [`Checked::verify`]) again when what
+/// it checked changed while it ran, as a process in the sandbox that adds or removes
+/// files does without any intent; refused after [`WALK_ATTEMPTS`]. Any other error is
+/// returned at once. `walk` must write nothing before its `verify`.
+pub(crate) fn retrying<T>(mut walk: impl FnMut() -> Result<T, GitError>) -> Result<T, GitError> {
+    let mut attempt = 1;
+    loop {
+        match walk() {
+            Err(GitError::Untrusted(m)) if m.ends_with(CHANGED) && attempt < WALK_ATTEMPTS => {
+                std::thread::sleep(std::time::Duration::from_millis(10 * attempt));
+                attempt += 1;
+            }
+            other => return other,
+        }
     }
 }
 
@@ -262,6 +282,38 @@ mod tests {
         std::fs::rename(ws.join("sub2"), ws.join("sub")).unwrap();
         assert!(moved.verify().is_err(), "a directory swapped and put back");
         checked(ws).unwrap().verify().expect("a fresh check stands");
+    }
+
+    /// A walk whose directories changed under it is made again, and refused only
+    /// when they keep changing; other refusals are not retried.
+    #[test]
+    fn a_walk_is_retried_while_its_tree_changes_then_refused() {
+        let calls = std::cell::Cell::new(0);
+        let changed = || GitError::Untrusted(format!("sub {CHANGED}"));
+        let once_changed = retrying(|| {
+            calls.set(calls.get() + 1);
+            if calls.get() == 1 {
+                Err(changed())
+            } else {
+                Ok(7)
+            }
+        });
+        assert_eq!(once_changed.unwrap(), 7);
+        assert_eq!(calls.get(), 2);
+        calls.set(0);
+        let always = retrying::<()>(|| {
+            calls.set(calls.get() + 1);
+            Err(changed())
+        });
+        assert!(matches!(always, Err(GitError::Untrusted(_))));
+        assert_eq!(calls.get(), WALK_ATTEMPTS as usize);
+        calls.set(0);
+        let linked = retrying::<()>(|| {
+            calls.set(calls.get() + 1);
+            Err(GitError::Untrusted(".gitignore is a symbolic link".into()))
+        });
+        assert!(linked.is_err());
+        assert_eq!(calls.get(), 1, "a link is refused at once");
     }
 
     /// A link as a rule file is refused before anything reads it, whatever it names.

@@ -81,6 +81,10 @@ fn resolve(repo: &Repository, name: &str) -> Result<Oid, GitError> {
 }
 
 pub(crate) fn status(dir: &Path) -> Result<GitStatus, GitError> {
+    crate::rules::retrying(|| status_once(dir))
+}
+
+fn status_once(dir: &Path) -> Result<GitStatus, GitError> {
     let repo = open(dir)?;
     let checked = crate::rules::check_workspace(&repo, dir)?;
     let mut opts = StatusOptions::new();
@@ -136,6 +140,15 @@ pub(crate) fn status(dir: &Path) -> Result<GitStatus, GitError> {
 }
 
 pub(crate) fn diff(
+    dir: &Path,
+    against: &DiffAgainst,
+    paths: &[String],
+    max_bytes: usize,
+) -> Result<GitDiff, GitError> {
+    crate::rules::retrying(|| diff_once(dir, against, paths, max_bytes))
+}
+
+fn diff_once(
     dir: &Path,
     against: &DiffAgainst,
     paths: &[String],
