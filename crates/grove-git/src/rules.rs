@@ -87,6 +87,12 @@ pub(crate) fn check_workspace(repo: &git2::Repository, dir: &Path) -> Result<(),
     check(&root, &|d| !repo.is_path_ignored(d).unwrap_or(false))
 }
 
+/// [`check`] for one directory below the root (at `rel`, opened without following a
+/// link): what a walk of a new subtree checks in each directory it enters.
+pub(crate) fn check_one(dir: &OwnedFd, rel: &Path) -> Result<(), GitError> {
+    check_dir(dir, rel, &RULE_FILES)
+}
+
 /// Refuses `dir` (at `rel`) when one of its files `names` is something a read blocks on.
 fn check_dir(dir: &OwnedFd, rel: &Path, names: &[&CStr]) -> Result<(), GitError> {
     for &name in names {
