@@ -25,7 +25,8 @@
 //! cherry-pick), computed in memory and written only when clean.
 //!
 //! `history` keeps a point per change of a workspace in its private history store
-//! (ADR 28): snapshots, diffs between points, rewind.
+//! (ADR 28): snapshots, diffs between points, rewind; a point reads only what the
+//! process's inotify change tracker of the workspace saw change, when it knows (ADR 32).
 //!
 //! `rules` checks, before libgit2 walks a workspace, that no `.gitignore` or
 //! `.gitattributes` it would open is a FIFO or a device (its blocking open would stall
@@ -147,7 +148,7 @@ impl Git2Adapter {
         tracing::debug!(transport = ?transport.transport, "git transport for repo caches");
         Self {
             transport,
-            watch_limits: WatchLimits::default(),
+            watch_limits: WatchLimits::from_env(),
         }
     }
 

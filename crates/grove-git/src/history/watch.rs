@@ -51,6 +51,22 @@ impl Default for WatchLimits {
     }
 }
 
+impl WatchLimits {
+    /// The default caps, the directory cap from `GROVE_HISTORY_WATCH_DIRS` when set (0:
+    /// no tracker, every point walks the tree; a value that does not parse is logged
+    /// and the default kept).
+    pub fn from_env() -> Self {
+        let mut limits = Self::default();
+        if let Ok(raw) = std::env::var("GROVE_HISTORY_WATCH_DIRS") {
+            match raw.trim().parse::<usize>() {
+                Ok(dirs) => limits.dirs = dirs,
+                Err(_) => tracing::error!(value = %raw, "GROVE_HISTORY_WATCH_DIRS ignored: not a number"),
+            }
+        }
+        limits
+    }
+}
+
 /// Watches the whole process holds at most (and never more than a quarter of the
 /// host's `fs.inotify.max_user_watches`, which every process of the user shares).
 const PROCESS_WATCHES: usize = 100_000;
@@ -234,6 +250,9 @@ pub(crate) fn take(id: Uuid, root: &OwnedFd, enter: Enter<'_>) -> Option<ChangeS
 /// a watch on every directory the walk enters. `false`: over a cap or refused (no
 /// tracker; the next point walks again).
 pub(crate) fn establish(id: Uuid, root: &OwnedFd, limits: WatchLimits, enter: Enter<'_>) -> bool {
+    if limits.dirs == 0 {
+        return false;
+    }
     let Some(mut r) = registry() else {
         return false;
     };
