@@ -60,7 +60,9 @@ impl WatchLimits {
         if let Ok(raw) = std::env::var("GROVE_HISTORY_WATCH_DIRS") {
             match raw.trim().parse::<usize>() {
                 Ok(dirs) => limits.dirs = dirs,
-                Err(_) => tracing::error!(value = %raw, "GROVE_HISTORY_WATCH_DIRS ignored: not a number"),
+                Err(_) => {
+                    tracing::error!(value = %raw, "GROVE_HISTORY_WATCH_DIRS ignored: not a number")
+                }
             }
         }
         limits
