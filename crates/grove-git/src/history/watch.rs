@@ -18,7 +18,7 @@
 //! A background thread drains the queue between points so that it does not overflow
 //! while nobody takes a point; both drain under the same lock.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::ffi::{CString, OsStr};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -96,16 +96,27 @@ const DIR_FLAGS: OFlags = OFlags::RDONLY
 /// a directory a nested repository: the tracker turns unknown.
 const RULE_NAMES: [&[u8]; 4] = [b".gitignore", b".gitattributes", b".gitmodules", b".git"];
 
-/// What changed in one working tree since its tracker's last point.
+/// What changed in one working tree since its tracker's last point, as a point takes
+/// it.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub(crate) struct ChangeSet {
     /// Files (or links, or paths now gone) to read again.
     pub files: BTreeSet<PathBuf>,
     /// Directories whose whole subtree is read again (created or removed ones).
     pub trees: BTreeSet<PathBuf>,
+    /// The registry's event count when the set was taken: a path changed again after
+    /// that (a later event for it) stays pending when the point settles.
+    pub seq: u64,
 }
 
-impl ChangeSet {
+/// A tracker's pending paths, each with the count of its latest event.
+#[derive(Debug, Default)]
+struct Pending {
+    files: BTreeMap<PathBuf, u64>,
+    trees: BTreeMap<PathBuf, u64>,
+}
+
+impl Pending {
     fn len(&self) -> usize {
         self.files.len() + self.trees.len()
     }
@@ -125,7 +136,7 @@ pub enum WatchState {
 pub(crate) type Enter<'a> = &'a dyn Fn(&Path, &OwnedFd) -> Result<bool, GitError>;
 
 struct Tracker {
-    changes: ChangeSet,
+    changes: Pending,
     /// Directories created or moved in since the last point, watched when it drains.
     new_dirs: BTreeSet<PathBuf>,
     wds: HashSet<i32>,
@@ -145,6 +156,8 @@ struct Registry {
     watches: usize,
     watch_cap: usize,
     paths: usize,
+    /// Events recorded so far (the order of changes, for [`settle`]).
+    seq: u64,
 }
 
 static REGISTRY: OnceLock<Option<Mutex<Registry>>> = OnceLock::new();
@@ -175,6 +188,7 @@ fn registry() -> Option<MutexGuard<'static, Registry>> {
             watches: 0,
             watch_cap: process_watch_cap(),
             paths: 0,
+            seq: 0,
         }))
     });
     let m = cell.as_ref()?;
@@ -245,7 +259,12 @@ pub(crate) fn take(id: Uuid, root: &OwnedFd, enter: Enter<'_>) -> Option<ChangeS
             return None;
         }
     }
-    r.trackers.get(&id).map(|t| t.changes.clone())
+    let seq = r.seq;
+    r.trackers.get(&id).map(|t| ChangeSet {
+        files: t.changes.files.keys().cloned().collect(),
+        trees: t.changes.trees.keys().cloned().collect(),
+        seq,
+    })
 }
 
 /// Starts workspace `id`'s tracker afresh (before the full walk that makes its point):
@@ -263,7 +282,7 @@ pub(crate) fn establish(id: Uuid, root: &OwnedFd, limits: WatchLimits, enter: En
     r.trackers.insert(
         id,
         Tracker {
-            changes: ChangeSet::default(),
+            changes: Pending::default(),
             new_dirs: BTreeSet::new(),
             wds: HashSet::new(),
             limits,
@@ -280,19 +299,27 @@ pub(crate) fn establish(id: Uuid, root: &OwnedFd, limits: WatchLimits, enter: En
     true
 }
 
-/// After a point read `read`: those paths leave the set, but `keep` (paths a point
-/// must read again every time, such as files over the size limit) stay.
+/// After a point read `read`: those paths leave the set unless an event came for them
+/// after it was taken (the point may have read them before that change), and `keep`
+/// (paths a point must read again every time, such as files over the size limit) stay.
 pub(crate) fn settle(id: Uuid, read: &ChangeSet, keep: &[PathBuf]) {
     let Some(mut r) = registry() else {
         return;
     };
+    let seq = r.seq;
     let Some(t) = r.trackers.get_mut(&id) else {
         return;
     };
     let before = t.held();
-    t.changes.files.retain(|p| !read.files.contains(p));
-    t.changes.trees.retain(|p| !read.trees.contains(p));
-    t.changes.files.extend(keep.iter().cloned());
+    t.changes
+        .files
+        .retain(|p, s| *s > read.seq || !read.files.contains(p));
+    t.changes
+        .trees
+        .retain(|p, s| *s > read.seq || !read.trees.contains(p));
+    for p in keep {
+        t.changes.files.entry(p.clone()).or_insert(seq);
+    }
     let after = t.held();
     r.paths = (r.paths + after).saturating_sub(before);
 }
@@ -375,6 +402,8 @@ impl Registry {
             return;
         };
         let before = t.held();
+        self.seq += 1;
+        let seq = self.seq;
         if flags.contains(ReadFlags::ISDIR) {
             if flags.contains(ReadFlags::MOVED_FROM) {
                 // Its watches (and those below) now name the wrong paths.
@@ -383,10 +412,10 @@ impl Registry {
                 t.new_dirs.insert(path);
             } else if flags.contains(ReadFlags::DELETE) {
                 // Empty when removed: its entries went one by one, each reported.
-                t.changes.trees.insert(path);
+                t.changes.trees.insert(path, seq);
             }
         } else {
-            t.changes.files.insert(path);
+            t.changes.files.insert(path, seq);
         }
         let (held, cap) = (t.held(), t.limits.paths);
         self.paths = (self.paths + held).saturating_sub(before);
@@ -425,8 +454,9 @@ impl Registry {
             }
             self.watch_subtree(id, fd, dir.to_path_buf(), enter)?;
         }
+        let seq = self.seq;
         let t = self.trackers.get_mut(&id).ok_or(Refused)?;
-        if t.changes.trees.insert(dir.to_path_buf()) {
+        if t.changes.trees.insert(dir.to_path_buf(), seq).is_none() {
             self.paths += 1;
         }
         Ok(())
