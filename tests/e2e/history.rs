@@ -873,3 +873,78 @@ fn store_of(env: &TestEnv, id: &str) -> PathBuf {
     assert_eq!(stores.len(), 1, "{stores:?}");
     stores[0].clone()
 }
+
+/// Every file of `tree` is at point `n` with its bytes (or link target), and the point
+/// counts `want` against the one before.
+async fn assert_point_is(env: &TestEnv, id: &str, n: usize, tree: &Tree, want: (u64, u64, u64)) {
+    let h = history(env, id, &["list", "--limit", "100"]).await;
+    let p = &h["points"][n];
+    let got = (
+        p["changes"]["added"].as_u64().unwrap(),
+        p["changes"]["modified"].as_u64().unwrap(),
+        p["changes"]["deleted"].as_u64().unwrap(),
+    );
+    assert_eq!(got, want, "point {n}: {p}");
+    for (path, entry) in tree {
+        let shown = history(env, id, &["show", &n.to_string(), path]).await;
+        let want = match entry {
+            Entry::File(bytes, _) => String::from_utf8_lossy(bytes).into_owned(),
+            Entry::Link(target) => target.to_string_lossy().into_owned(),
+        };
+        assert_eq!(shown["content"], want.as_str(), "point {n}, {path}");
+    }
+}
+
+/// The worker reads only what its change tracker saw change (ADR 32). Changes made
+/// between calls by a process outside any exec (as one an exec left running would:
+/// written here from the host, so that the runtime's own ending of a command's
+/// processes does not decide the test) are in the next call's point: new files, a
+/// `mkdir -p` with files inside, a renamed directory, a deleted one, and a watched
+/// directory swapped for a link to `/etc` (stored as a link, nothing of `/etc` read).
+#[tokio::test(flavor = "multi_thread")]
+async fn changes_made_between_calls_outside_any_exec_are_in_the_next_point_exactly() {
+    let mut env =
+        env_or_skip!("changes_made_between_calls_outside_any_exec_are_in_the_next_point_exactly");
+    let s = start(&mut env).await;
+    // The first change's point walks the tree and starts the tracker.
+    run_step(
+        &env,
+        &s.id,
+        &Step::Exec("mkdir -p keep/inner && echo k > keep/inner/k.txt"),
+    )
+    .await;
+    let mut prev = tree_of(&s.dir);
+
+    std::fs::write(s.dir.join("late.txt"), "written after the exec answered\n").unwrap();
+    std::fs::write(s.dir.join("README.md"), "# changed from outside\n").unwrap();
+    std::fs::create_dir_all(s.dir.join("x/y/z")).unwrap();
+    std::fs::write(s.dir.join("x/y/z/f.txt"), "deep\n").unwrap();
+    run_step(
+        &env,
+        &s.id,
+        &Step::Tool(&["write", "w.txt", "--content", "tool\n"]),
+    )
+    .await;
+    let now = tree_of(&s.dir);
+    assert_point_is(&env, &s.id, 2, &now, counts(&prev, &now)).await;
+    prev = now;
+
+    std::fs::rename(s.dir.join("x"), s.dir.join("x2")).unwrap();
+    std::fs::write(s.dir.join("x2/y/z/f.txt"), "moved and changed\n").unwrap();
+    run_step(&env, &s.id, &Step::Exec("true")).await;
+    let now = tree_of(&s.dir);
+    assert_point_is(&env, &s.id, 3, &now, counts(&prev, &now)).await;
+    prev = now;
+
+    std::fs::remove_dir_all(s.dir.join("x2")).unwrap();
+    std::fs::remove_dir_all(s.dir.join("keep")).unwrap();
+    std::os::unix::fs::symlink("/etc", s.dir.join("keep")).unwrap();
+    run_step(&env, &s.id, &Step::Exec("true")).await;
+    let now = tree_of(&s.dir);
+    assert_point_is(&env, &s.id, 4, &now, counts(&prev, &now)).await;
+    let (code, _) = history_fails(&env, &s.id, &["show", "4", "keep/passwd"]).await;
+    assert_eq!(code, 3, "no host file is in a point");
+
+    let verify = env.grove(&["replay", "--verify"]).await;
+    assert!(verify.status.success(), "{:?}", text(&verify));
+}

@@ -201,6 +201,24 @@ pub trait HistoryPort: Send + Sync {
         previous: Option<&str>,
         ignored: IgnoredFiles,
     ) -> Result<Snapshot, GitError>;
+    /// [`HistoryPort::snapshot`], reading only the paths this process's change tracker
+    /// of the workspace saw change since its last point (ADR 32); without one (a first
+    /// call, a worker restart, a tracker that lost track, ignored files kept) by a walk
+    /// of the whole tree, which (re)starts the tracker. The same point either way.
+    fn tracked_snapshot(
+        &self,
+        paths: &HistoryPaths<'_>,
+        workspace_id: Uuid,
+        previous: Option<&str>,
+        ignored: IgnoredFiles,
+    ) -> Result<Snapshot, GitError> {
+        self.snapshot(paths, workspace_id, previous, ignored)
+    }
+    /// Drops this process's change tracker of a workspace (released, evicted or
+    /// destroyed): its watches and pending paths go.
+    fn forget_tracker(&self, workspace_id: Uuid) {
+        let _ = workspace_id;
+    }
     /// The first point of a checkout grove has just made (nothing has run in it): the
     /// store's private index starts as a copy of the checkout's own, whose stat data
     /// grove wrote, so no file is hashed.

@@ -16,12 +16,15 @@
 
 mod beneath;
 mod ignored;
+mod incremental;
 mod pack;
 mod repack;
 mod rewind;
+mod watch;
 
+use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use git2::{Delta, DiffFormat, DiffOptions, Index, ObjectType, Oid, Repository, Signature};
 use grove_core::error::GitError;
@@ -35,6 +38,8 @@ use crate::saved::{add_alternate, copy_closure, private_dir};
 
 pub(crate) use pack::{loose_estimate, merge_packed_refs, pack};
 pub(crate) use rewind::rewind;
+pub(crate) use watch::{forget as forget_tracker, state as tracker_state};
+pub use watch::{WatchLimits, WatchState};
 
 /// The store's private index file (stat data of the last point's files).
 const INDEX_FILE: &str = "grove.index";
@@ -136,13 +141,92 @@ fn read_regular(path: &Path) -> Option<Vec<u8>> {
     Some(bytes)
 }
 
-/// Takes one point; see the module documentation.
+/// Takes one point by a walk of the whole tree; see the module documentation.
 pub(crate) fn snapshot(
     paths: &HistoryPaths<'_>,
     workspace_id: Uuid,
     previous: Option<&str>,
     ignored: IgnoredFiles,
 ) -> Result<Snapshot, GitError> {
+    let build = |store: &Repository, head: &git2::Tree<'_>| {
+        work_tree(store, paths, head, ignored, &|_, _, _| {})
+    };
+    Ok(point(paths, workspace_id, previous, build)?.0)
+}
+
+/// Takes one point reading only what the workspace's change tracker saw change since
+/// its last point (ADR 32); without a known tracker, by a walk of the whole tree that
+/// (re)starts one. A workspace keeping ignored files in its points is always walked.
+pub(crate) fn tracked_snapshot(
+    paths: &HistoryPaths<'_>,
+    workspace_id: Uuid,
+    previous: Option<&str>,
+    ignored: IgnoredFiles,
+    limits: WatchLimits,
+) -> Result<Snapshot, GitError> {
+    if ignored != IgnoredFiles::Excluded {
+        watch::forget(workspace_id);
+        return snapshot(paths, workspace_id, previous, ignored);
+    }
+    let mut read = watch::ChangeSet::default();
+    let build = |store: &Repository, head: &git2::Tree<'_>| {
+        tracked_tree(store, paths, head, workspace_id, limits, &mut read)
+    };
+    let (snap, built) = point(paths, workspace_id, previous, build)?;
+    // Only now, the point's ref written, do the paths it read leave the set.
+    watch::settle(workspace_id, &read, &built.oversized);
+    Ok(snap)
+}
+
+/// The tree of a point from the tracker's changes (`read` gets them), or by a full
+/// walk that first re-establishes the tracker's watches.
+fn tracked_tree(
+    store: &Repository,
+    paths: &HistoryPaths<'_>,
+    head: &git2::Tree<'_>,
+    workspace_id: Uuid,
+    limits: WatchLimits,
+    read: &mut watch::ChangeSet,
+) -> Result<Built, GitError> {
+    let (mut index, root) = open_index(store, paths)?;
+    let taken = {
+        let enter = |rel: &Path, fd: &OwnedFd| incremental::watched_dir(store, &index, fd, rel);
+        watch::take(workspace_id, &root, &enter)
+    };
+    if let Some(set) = taken {
+        match incremental::apply(store, &mut index, &root, &set) {
+            Ok(Some(walked)) => {
+                *read = set;
+                return finish(store, paths, index, walked, ignored::Fitted::default());
+            }
+            Ok(None) => {}
+            Err(e) => {
+                watch::forget(workspace_id);
+                return Err(e);
+            }
+        }
+    }
+    drop(index);
+    let establish = |store: &Repository, index: &Index, root: &OwnedFd| {
+        let enter = |rel: &Path, fd: &OwnedFd| incremental::watched_dir(store, index, fd, rel);
+        if !watch::establish(workspace_id, root, limits, &enter) {
+            tracing::debug!(workspace = %workspace_id, "no change tracker: points walk the tree");
+        }
+    };
+    work_tree(store, paths, head, IgnoredFiles::Excluded, &establish)
+}
+
+/// The parts of a point around its tree: HEAD and branch read from the workspace (its
+/// commits copied into the store), the tree `build` makes, the commit and its ref.
+fn point<F>(
+    paths: &HistoryPaths<'_>,
+    workspace_id: Uuid,
+    previous: Option<&str>,
+    build: F,
+) -> Result<(Snapshot, Built), GitError>
+where
+    F: FnOnce(&Repository, &git2::Tree<'_>) -> Result<Built, GitError>,
+{
     let store = open_store(paths.store_dir, paths.cache_dir)?;
     let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
     let head = ws
@@ -155,7 +239,7 @@ pub(crate) fn snapshot(
     copy_closure(&ws, &store.odb().map_err(local)?, head)?;
     drop(ws);
     let head_commit = store.find_commit(head).map_err(local)?;
-    let built = work_tree(&store, paths, &head_commit.tree().map_err(local)?, ignored)?;
+    let built = build(&store, &head_commit.tree().map_err(local)?)?;
     let sig = Signature::now("grove", "grove@grove.invalid").map_err(local)?;
     let message = point_message(workspace_id, branch.as_deref());
     let tree_obj = store.find_tree(built.tree).map_err(local)?;
@@ -170,15 +254,16 @@ pub(crate) fn snapshot(
         None => None,
     };
     let changes = counts(&store, before, built.tree)?;
-    Ok(Snapshot {
+    let snap = Snapshot {
         id: id.to_string(),
         head: head.to_string(),
         branch,
         changes,
         // A file too large for the point is a change the point does not hold.
-        dirty: built.plain != head_commit.tree_id() || built.oversized,
+        dirty: built.plain != head_commit.tree_id() || !built.oversized.is_empty(),
         ignored_omitted: built.ignored_omitted,
-    })
+    };
+    Ok((snap, built))
 }
 
 /// The trees of one walk of the working tree.
@@ -188,9 +273,25 @@ struct Built {
     /// The same without ignored files (equal to `tree` unless they are kept).
     plain: Oid,
     ignored_omitted: u32,
-    /// A file (not an ignored one) was left out over [`MAX_POINT_FILE_BYTES`].
-    oversized: bool,
+    /// Files (not ignored ones) left out over [`MAX_POINT_FILE_BYTES`].
+    oversized: Vec<PathBuf>,
 }
+
+/// The store's private index, the store's work tree set to the workspace, and the
+/// workspace root opened without following a link.
+fn open_index(store: &Repository, paths: &HistoryPaths<'_>) -> Result<(Index, OwnedFd), GitError> {
+    store
+        .set_workdir(paths.workspace_dir, false)
+        .map_err(local)?;
+    let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
+    store.set_index(&mut index).map_err(local)?;
+    let index = store.index().map_err(local)?;
+    Ok((index, beneath::open_root(paths.workspace_dir)?))
+}
+
+/// Runs between a full walk's rule-file check and the walk itself (a tracker's watches
+/// are added there, so what changes during the walk is queued).
+type BeforeWalk<'a> = &'a dyn Fn(&Repository, &Index, &OwnedFd);
 
 /// The working tree as a tree of the store, through the store's private index.
 fn work_tree(
@@ -198,13 +299,9 @@ fn work_tree(
     paths: &HistoryPaths<'_>,
     head: &git2::Tree<'_>,
     ignored: IgnoredFiles,
+    before_walk: BeforeWalk<'_>,
 ) -> Result<Built, GitError> {
-    store
-        .set_workdir(paths.workspace_dir, false)
-        .map_err(local)?;
-    let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
-    store.set_index(&mut index).map_err(local)?;
-    let mut index = store.index().map_err(local)?;
+    let (mut index, root) = open_index(store, paths)?;
     let budget = match ignored {
         IgnoredFiles::Excluded => None,
         IgnoredFiles::Included { budget_bytes } => Some(budget_bytes),
@@ -218,22 +315,36 @@ fn work_tree(
         .include_ignored(budget.is_some())
         .recurse_ignored_dirs(budget.is_some())
         .update_index(true);
-    let root = beneath::open_root(paths.workspace_dir)?;
     // No rule file the walk reads may block it (a FIFO named `.gitignore`).
     let ignored_too = budget.is_some();
     let checked = crate::rules::check(&root, &|dir| {
         ignored_too || !store.is_path_ignored(dir).unwrap_or(false)
     })?;
+    before_walk(store, &index, &root);
     let diff = store
         .diff_index_to_workdir(Some(&index), Some(&mut opts))
         .map_err(local)?;
     // A rule file swapped while libgit2 read it: the walk may rest on another file's rules.
     checked.verify()?;
-    let walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
+    let mut walked = apply_walk(store, &mut index, &root, &diff, head, budget.is_some())?;
     let fitted = match budget {
-        Some(budget) => ignored::fit(store, &mut index, &root, head, walked.ignored, budget)?,
+        Some(budget) => {
+            let fresh = std::mem::take(&mut walked.ignored);
+            ignored::fit(store, &mut index, &root, head, fresh, budget)?
+        }
         None => ignored::Fitted::default(),
     };
+    finish(store, paths, index, walked, fitted)
+}
+
+/// Writes the point's tree (and the index, when it changed) from what was applied.
+fn finish(
+    store: &Repository,
+    paths: &HistoryPaths<'_>,
+    mut index: Index,
+    walked: Walked,
+    fitted: ignored::Fitted,
+) -> Result<Built, GitError> {
     let tree = index.write_tree().map_err(local)?;
     let plain = if fitted.kept.is_empty() {
         tree
@@ -252,13 +363,14 @@ fn work_tree(
 }
 
 /// What one walk changed in the private index.
+#[derive(Default)]
 struct Walked {
     changed: bool,
     /// Ignored files new or changed since the last point (when they are kept), for the
     /// budget to weigh.
     ignored: Vec<Vec<u8>>,
-    /// A file was left out over [`MAX_POINT_FILE_BYTES`].
-    oversized: bool,
+    /// Files left out over [`MAX_POINT_FILE_BYTES`].
+    oversized: Vec<PathBuf>,
 }
 
 /// Applies the walk's `diff` to `index`: deleted files removed, changed and new ones
@@ -272,11 +384,7 @@ fn apply_walk(
     head: &git2::Tree<'_>,
     keep_ignored: bool,
 ) -> Result<Walked, GitError> {
-    let mut walked = Walked {
-        changed: false,
-        ignored: Vec::new(),
-        oversized: false,
-    };
+    let mut walked = Walked::default();
     for delta in diff.deltas() {
         let Some(path) = delta.new_file().path().or(delta.old_file().path()) else {
             continue;
@@ -297,7 +405,7 @@ fn apply_walk(
                 }
                 beneath::Added::OverLimit => {
                     let _ = index.remove_path(path);
-                    walked.oversized = true;
+                    walked.oversized.push(path.to_path_buf());
                 }
             },
         }

@@ -25,7 +25,8 @@
 //! cherry-pick), computed in memory and written only when clean.
 //!
 //! `history` keeps a point per change of a workspace in its private history store
-//! (ADR 28): snapshots, diffs between points, rewind.
+//! (ADR 28): snapshots, diffs between points, rewind; a point reads only what the
+//! process's inotify change tracker of the workspace saw change, when it knows (ADR 32).
 //!
 //! `rules` checks, before libgit2 walks a workspace, that no `.gitignore` or
 //! `.gitattributes` it would open is a FIFO or a device (its blocking open would stall
@@ -75,7 +76,7 @@ use grove_core::tools::{Committed, DiffAgainst, GitDiff, GitStatus, LogEntry, Pu
 use grove_core::transfer::TransferWatch;
 
 pub use fsutil::dir_size_bytes;
-pub use history::MAX_POINT_FILE_BYTES;
+pub use history::{WatchLimits, WatchState, MAX_POINT_FILE_BYTES};
 pub use transport::{Transport, TransportConfig};
 
 /// Sets libgit2's process-wide network timeouts: `connect` for opening a connection,
@@ -113,11 +114,13 @@ pub unsafe fn trust_foreign_owners() -> Result<(), GitError> {
 }
 
 /// The git2 implementation of [`GitPort`], with the git CLI moving repo caches'
-/// objects where one is installed. Holds only its transport settings: every call opens
-/// what it needs.
+/// objects where one is installed. Holds only its transport settings and the caps of
+/// its change trackers: every call opens what it needs (the trackers themselves are
+/// the process's, ADR 32).
 #[derive(Debug, Clone)]
 pub struct Git2Adapter {
     transport: TransportConfig,
+    watch_limits: WatchLimits,
 }
 
 impl Default for Git2Adapter {
@@ -143,7 +146,21 @@ impl Git2Adapter {
     pub fn with_transport(transport: TransportConfig) -> Self {
         trusted::init();
         tracing::debug!(transport = ?transport.transport, "git transport for repo caches");
-        Self { transport }
+        Self {
+            transport,
+            watch_limits: WatchLimits::from_env(),
+        }
+    }
+
+    /// The same adapter with other caps for each workspace's change tracker.
+    pub fn with_watch_limits(mut self, limits: WatchLimits) -> Self {
+        self.watch_limits = limits;
+        self
+    }
+
+    /// This process's change tracker of a workspace (tests and diagnostics).
+    pub fn tracker_state(&self, workspace_id: uuid::Uuid) -> WatchState {
+        history::tracker_state(workspace_id)
     }
 
     pub fn transport(&self) -> &TransportConfig {
@@ -160,6 +177,18 @@ impl grove_core::history::HistoryPort for Git2Adapter {
         ignored: grove_core::history::IgnoredFiles,
     ) -> Result<grove_core::history::Snapshot, GitError> {
         history::snapshot(paths, workspace_id, previous, ignored)
+    }
+    fn tracked_snapshot(
+        &self,
+        paths: &grove_core::history::HistoryPaths<'_>,
+        workspace_id: uuid::Uuid,
+        previous: Option<&str>,
+        ignored: grove_core::history::IgnoredFiles,
+    ) -> Result<grove_core::history::Snapshot, GitError> {
+        history::tracked_snapshot(paths, workspace_id, previous, ignored, self.watch_limits)
+    }
+    fn forget_tracker(&self, workspace_id: uuid::Uuid) {
+        history::forget_tracker(workspace_id);
     }
     fn first_snapshot(
         &self,

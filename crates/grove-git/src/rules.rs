@@ -200,6 +200,13 @@ pub(crate) fn check_workspace(repo: &git2::Repository, dir: &Path) -> Result<Che
     check(&root, &|d| !repo.is_path_ignored(d).unwrap_or(false))
 }
 
+/// [`check`] for one directory below the root (at `rel`, opened without following a
+/// link): what a walk of a new subtree checks in each directory it enters. Nothing is
+/// recorded to verify afterwards.
+pub(crate) fn check_one(dir: &OwnedFd, rel: &Path) -> Result<(), GitError> {
+    check_dir(dir, rel, &RULE_FILES, &mut Vec::new())
+}
+
 /// Refuses `dir` (at `rel`) when one of its files `names` is a link or something a
 /// read blocks on; records `dir` and its rule files in `seen`.
 fn check_dir(

@@ -58,6 +58,7 @@ fn not_found(what: String) -> CommandError {
 impl JobContext {
     /// Deletes a destroyed workspace's history store (failures are logged).
     pub(crate) async fn discard_workspace_history(&self, ws: &WorkspaceRow) {
+        self.drop_tracker(ws.id).await;
         let git = self.git.clone();
         let store = self.history_dir(ws);
         if let Err(e) = blocking(move || git.discard_history(&store)).await {
@@ -200,7 +201,8 @@ impl JobContext {
         Ok(points)
     }
 
-    /// Takes a snapshot (recorded by the caller's event, or not at all).
+    /// Takes a snapshot (recorded by the caller's event, or not at all), from what this
+    /// process's change tracker saw change when it knows (ADR 32), else by a walk.
     async fn take(
         &self,
         ws: &WorkspaceRow,
@@ -227,9 +229,21 @@ impl JobContext {
                 workspace_dir: &workspace,
                 cache_dir: &cache,
             };
-            git.snapshot(&paths, id, previous.as_deref(), ignored)
+            git.tracked_snapshot(&paths, id, previous.as_deref(), ignored)
         })
         .await
+    }
+
+    /// Drops this process's change tracker of a workspace (ADR 32): released, evicted
+    /// or destroyed. Another process's tracker of it turns unknown by itself when the
+    /// checkout moves or goes (its root's watch reports it).
+    pub(crate) async fn drop_tracker(&self, id: Uuid) {
+        let git = self.git.clone();
+        let _ = blocking(move || {
+            git.forget_tracker(id);
+            Ok(())
+        })
+        .await;
     }
 
     /// The snapshot of the workspace's newest point: one index probe, not a fold of

@@ -28,6 +28,7 @@ impl JobContext {
         let mut events = self
             .runtime_events(lock.conn(), ws.id, destroy_runtime, "session released")
             .await?;
+        self.drop_tracker(ws.id).await;
         events.push(Event::WorkspaceReleased {
             workspace_id: ws.id,
         });

@@ -292,6 +292,7 @@ impl JobContext {
             (None, Vec::new())
         };
         let moved = self.move_to_trash(command_id, &ws, cause, saved).await?;
+        self.drop_tracker(ws.id).await;
         if moved.1.is_some() {
             info!(workspace = %ws.id, reason = %describe(&action.reason), "workspace evicted");
         }

@@ -10,4 +10,5 @@ mod preserve;
 mod saved;
 mod support;
 mod transport;
+mod watch;
 mod workdir;
