@@ -169,7 +169,9 @@ impl Worker {
             }
         }
         // Outcomes recorded from here claim nothing more.
-        chain.open.store(false, std::sync::atomic::Ordering::Release);
+        chain
+            .open
+            .store(false, std::sync::atomic::Ordering::Release);
         self.stop(running).await;
         maintenance.abort();
         listener.abort();

@@ -233,19 +233,18 @@ impl AdvisoryLock {
         let mut guard = Self::checkout(pool, key, shared).await?;
         let started = Instant::now();
         let flush = commit == LeaseCommit::Flushed;
-        let row = sqlx::query(
-            "SELECT * FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7)",
-        )
-            .bind(key)
-            .bind(shared)
-            .bind(millis(timeout))
-            .bind(id)
-            .bind(guard.fence.holder)
-            .bind(millis(lease_length()))
-            .bind(flush)
-            .fetch_optional(guard.conn())
-            .instrument(lock_span(scope, shared))
-            .await;
+        let row =
+            sqlx::query("SELECT * FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7)")
+                .bind(key)
+                .bind(shared)
+                .bind(millis(timeout))
+                .bind(id)
+                .bind(guard.fence.holder)
+                .bind(millis(lease_length()))
+                .bind(flush)
+                .fetch_optional(guard.conn())
+                .instrument(lock_span(scope, shared))
+                .await;
         waited(scope, &row, started);
         let row = row.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;

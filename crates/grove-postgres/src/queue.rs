@@ -659,7 +659,12 @@ pub async fn finish_claiming(
         if !record_outcome(&mut *conn, job, done.worker_id, done.outcome).await? {
             return superseded();
         }
-        crate::telemetry::finished(job.kind, done.outcome, done.events, job.claimed_at.elapsed());
+        crate::telemetry::finished(
+            job.kind,
+            done.outcome,
+            done.events,
+            job.claimed_at.elapsed(),
+        );
         return Ok(Finished {
             recorded: true,
             next: Vec::new(),
@@ -686,7 +691,12 @@ pub async fn finish_claiming(
         tx.commit().await?;
         break (rows, began);
     };
-    crate::telemetry::finished(job.kind, done.outcome, done.events, job.claimed_at.elapsed());
+    crate::telemetry::finished(
+        job.kind,
+        done.outcome,
+        done.events,
+        job.claimed_at.elapsed(),
+    );
     // The outcome is committed whatever happens here: claimed jobs this worker cannot
     // take up are handed back by its sweep of its own stale jobs.
     let next = starts(conn, rows, (began, std::time::SystemTime::now()))
