@@ -153,3 +153,72 @@ async fn writes_under_a_lock_whose_lease_was_taken_over_are_refused() {
     tx.rollback().await.unwrap();
     lock.release().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lease_riding_on_the_next_commit_fences_like_a_flushed_one() {
+    use grove_postgres::locks::LeaseCommit;
+    let env = env_or_skip!("a_lease_riding_on_the_next_commit_fences_like_a_flushed_one");
+    let short = Duration::from_millis(300);
+    let id = uuid::Uuid::now_v7();
+    let (mut held, row) = AdvisoryLock::acquire_workspace_with(
+        &env.pool,
+        id,
+        false,
+        short,
+        LeaseCommit::WithNextCommit,
+    )
+    .await
+    .unwrap();
+    assert!(row.is_none(), "no such workspace");
+    // The lease is there for every other taker as soon as the lock is reported taken.
+    let fence = held.fence();
+    let leases: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.lock_leases WHERE key = $1 AND holder = $2 AND exclusive",
+    )
+    .bind(fence.key)
+    .bind(fence.holder)
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(leases, 1);
+    let err = AdvisoryLock::acquire_workspace(&env.pool, id, true, short)
+        .await
+        .err()
+        .expect("a second holder got in");
+    assert!(matches!(err, StoreError::Locked(_)), "{err:?}");
+    held.make_durable().await.unwrap();
+    // A lease lost before it reached disk (the database crashed) is a lost lease: making
+    // it durable and writing under it are refused.
+    let (mut lost, _) = {
+        held.release().await.unwrap();
+        AdvisoryLock::acquire_workspace_with(
+            &env.pool,
+            id,
+            false,
+            short,
+            LeaseCommit::WithNextCommit,
+        )
+        .await
+        .unwrap()
+    };
+    let fence = lost.fence();
+    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
+        .bind(fence.key)
+        .bind(fence.holder)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let err = lost
+        .make_durable()
+        .await
+        .err()
+        .expect("a lost lease was made durable");
+    assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
+    let mut conn = env.pool.acquire().await.unwrap();
+    let err = grove_postgres::store::check_fences(&mut conn, &[fence])
+        .await
+        .err()
+        .expect("a write under a lost lease passed the fence");
+    assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
+    let _ = lost.release().await;
+}

@@ -301,3 +301,178 @@ async fn one_claim_starts_due_jobs_closes_finished_ones_and_kills_unreadable_one
         ("succeeded", "Done", 0)
     );
 }
+
+/// The state of a command's ledger row and job: (ledger status, worker, attempts, job
+/// status, job lock).
+async fn ledger_and_job(
+    pool: &sqlx::PgPool,
+    command_id: uuid::Uuid,
+) -> (String, Option<String>, i32, String, Option<String>) {
+    sqlx::query_as(
+        "SELECT c.status, c.worker_id, c.attempts, j.status, j.lock_by
+         FROM grove.commands c JOIN apalis.jobs j ON j.id = c.job_id WHERE c.command_id = $1",
+    )
+    .bind(command_id)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_job_claimed_with_an_outcome_is_started_and_recovered_like_any_claimed_job() {
+    use grove_core::commands::{Command, CommandResult};
+    use grove_postgres::queue::{self, Finished, NextClaim, Outcome, Start};
+    let env =
+        env_or_skip!("a_job_claimed_with_an_outcome_is_started_and_recovered_like_any_claimed_job");
+    let pool = &env.pool;
+    let q = queue::node_queue("chaintest");
+    let queues = vec![queue::node_queue("chaintest-empty"), q.clone()];
+    for w in ["w-chain", "w-live", "w-stranger"] {
+        queue::register_worker(pool, w, std::slice::from_ref(&q))
+            .await
+            .unwrap();
+    }
+    let hibernate = |i: u128| Command::HibernateRuntime {
+        workspace_id: uuid::Uuid::from_u128(i),
+    };
+    let ids: Vec<uuid::Uuid> = (0..3).map(|_| uuid::Uuid::now_v7()).collect();
+    let mut conn = pool.acquire().await.unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        queue::enqueue(&mut conn, *id, &hibernate(i as u128 + 1), &q, None)
+            .await
+            .unwrap();
+    }
+    let claimed = queue::claim_and_start(pool, "w-chain", &q, 1)
+        .await
+        .unwrap();
+    let (first, _) = claimed.into_iter().next().expect("a due job");
+    assert_eq!(first.command_id, ids[0], "the oldest due job first");
+    assert_eq!(
+        ledger_and_job(pool, ids[0]).await,
+        (
+            "running".into(),
+            Some("w-chain".into()),
+            1,
+            "Running".into(),
+            Some("w-chain".into())
+        ),
+        "the claim writes the job straight to Running"
+    );
+    let ok: Result<CommandResult, grove_core::error::CommandError> = Ok(CommandResult::Done);
+    let md = |id, worker: &str| grove_core::events::Metadata {
+        command_id: id,
+        correlation: Default::default(),
+        worker_id: worker.into(),
+        node: "chaintest".into(),
+    };
+    let next = NextClaim {
+        queues: &queues,
+        limit: 1,
+    };
+
+    // An outcome that is not recorded (another worker's attempt) claims nothing.
+    let md_stranger = md(ids[0], "w-stranger");
+    let stranger = Outcome {
+        job: &first,
+        worker_id: "w-stranger",
+        outcome: &ok,
+        events: &[],
+        metadata: &md_stranger,
+        at: chrono::Utc::now(),
+    };
+    let Finished {
+        recorded,
+        next: got,
+    } = queue::finish_claiming(&mut conn, &stranger, &[], Some(&next))
+        .await
+        .unwrap();
+    assert!(!recorded && got.is_empty(), "{got:?}");
+    assert_eq!(ledger_and_job(pool, ids[1]).await.0, "queued");
+
+    // The owner's outcome records the job and starts the next one in one transaction.
+    let md_chain = md(ids[0], "w-chain");
+    let done = Outcome {
+        worker_id: "w-chain",
+        metadata: &md_chain,
+        ..stranger
+    };
+    let Finished {
+        recorded,
+        next: got,
+    } = queue::finish_claiming(&mut conn, &done, &[], Some(&next))
+        .await
+        .unwrap();
+    assert!(recorded);
+    assert_eq!(ledger_and_job(pool, ids[0]).await.3, "Done");
+    assert_eq!(got.len(), 1, "{got:?}");
+    let (second, start) = &got[0];
+    assert_eq!(second.command_id, ids[1]);
+    assert!(
+        matches!(
+            start,
+            Start::Run {
+                attempt: 1,
+                resumed: false,
+                ..
+            }
+        ),
+        "{start:?}"
+    );
+    assert_eq!(
+        ledger_and_job(pool, ids[1]).await,
+        (
+            "running".into(),
+            Some("w-chain".into()),
+            1,
+            "Running".into(),
+            Some("w-chain".into())
+        )
+    );
+    assert_eq!(
+        ledger_and_job(pool, ids[2]).await.0,
+        "queued",
+        "one job per slot"
+    );
+
+    // The worker dies holding the job it claimed with that outcome: orphan recovery hands
+    // it back, and its next delivery is a resumed attempt (an exec or an edit would end
+    // as worker_lost, an idempotent command runs again).
+    sqlx::query(
+        "UPDATE apalis.workers SET last_seen = now() - interval '1 hour' WHERE id = 'w-chain'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let recovered = queue::recover_orphans(pool, Duration::from_secs(15))
+        .await
+        .unwrap();
+    assert_eq!(recovered, 1);
+    assert_eq!(
+        ledger_and_job(pool, ids[1]).await,
+        (
+            "running".into(),
+            Some("w-chain".into()),
+            1,
+            "Pending".into(),
+            None
+        )
+    );
+    let again = queue::claim_and_start(pool, "w-live", &q, 2).await.unwrap();
+    let resumed: Vec<_> = again
+        .iter()
+        .filter(|(j, _)| j.command_id == ids[1])
+        .collect();
+    assert_eq!(resumed.len(), 1, "{again:?}");
+    assert!(
+        matches!(
+            resumed[0].1,
+            Start::Run {
+                attempt: 2,
+                resumed: true,
+                ..
+            }
+        ),
+        "{:?}",
+        resumed[0].1
+    );
+}

@@ -20,7 +20,7 @@ use crate::context::{now, Handled, JobContext};
 mod inline;
 mod outcome;
 pub use inline::InlineWriter;
-use outcome::run_job;
+use outcome::{run_job, Chain};
 
 /// What one step of the worker did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -85,7 +85,7 @@ impl Worker {
             let jobs =
                 queue::claim_and_start(&self.deps.pool, &self.deps.config.worker_id, q, 1).await?;
             if let Some((job, start)) = jobs.into_iter().next() {
-                run_job(self.deps.clone(), job, start).await;
+                run_job(self.deps.clone(), job, start, None).await;
                 return Ok(Outcome::Done);
             }
         }
@@ -109,6 +109,7 @@ impl Worker {
             d.move_saved_work_out_of_caches().await
         });
 
+        let chain = Arc::new(Chain::new(self.queues.clone()));
         let permits = Arc::new(Semaphore::new(cfg.concurrency));
         let mut claim_failures = Backoff::default();
         let mut running = tokio::task::JoinSet::new();
@@ -134,8 +135,17 @@ impl Worker {
                                 .expect("semaphore open");
                             let deps = deps.clone();
                             let wake = wake.clone();
+                            let chain = chain.clone();
                             running.spawn(async move {
-                                run_job(deps, job, start).await;
+                                // Each outcome claims this slot's next job in its own
+                                // transaction (ADR 33): the task runs jobs until none
+                                // is due.
+                                let mut next = vec![(job, start)];
+                                while let Some((job, start)) = next.pop() {
+                                    let claimed =
+                                        run_job(deps.clone(), job, start, Some(&chain)).await;
+                                    next.extend(claimed);
+                                }
                                 drop(permit);
                                 // A slot is free: look for more work at once.
                                 wake.notify_one();
@@ -158,6 +168,10 @@ impl Worker {
                 _ = tokio::time::sleep(pause.unwrap_or(cfg.poll_every)) => {}
             }
         }
+        // Outcomes recorded from here claim nothing more.
+        chain
+            .open
+            .store(false, std::sync::atomic::Ordering::Release);
         self.stop(running).await;
         maintenance.abort();
         listener.abort();

@@ -7,7 +7,7 @@
 //! second ensure next to the same command submitted in-process through the queue.
 
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use crate::cases::worktree_add_floor;
 use crate::ctx::{ms, Ctx, REPO};
 use crate::http::{first_file, Api};
-use crate::stats::{latency, skipped};
+use crate::stats::{latency, round, skipped};
 use crate::Out;
 
 /// 88 bytes, the size the latency issue measured a file write with.
@@ -68,27 +68,33 @@ async fn http_rows(ctx: &mut Ctx, api: &Api, fleet: usize, out: &mut Out) -> Res
     let row = timed_pair(n, || api.post(&view_path, view.clone()), || read_floor(&on_disk));
     emit(out, "call", "view", fleet, row.await?, "open + read");
     search_row(api, &tools, &dir, fleet, n, out).await?;
+    let flushes = Flushes::start(ctx).await?;
     let row = timed_pair(
         n,
         || api.post(&write_path, write.clone()),
         || write_floor(&written),
     );
-    emit(out, "call", "write_file", fleet, row.await?, "open + write");
+    let row = row.await?;
+    let per_call = flushes.per_call(ctx, n + 1).await?;
+    emit_counted(out, "write_file", fleet, row, "open + write", per_call);
     let exec_path = format!("/v1/workspaces/{ws}/exec");
     for kind in ["write", "read"] {
         let body = json!({"argv": ["true"], "kind": kind});
+        let flushes = Flushes::start(ctx).await?;
         let row = timed_pair(
             n,
             || checked_exec(api, &exec_path, body.clone()),
             spawn_true,
         );
-        emit(
+        let row = row.await?;
+        let per_call = flushes.per_call(ctx, n + 1).await?;
+        emit_counted(
             out,
-            "call",
             &format!("exec_{kind}"),
             fleet,
-            row.await?,
+            row,
             "spawn `true`",
+            per_call,
         );
     }
     queued_rows(ctx, api, fleet, out).await?;
@@ -247,6 +253,55 @@ where
         f.push(ms(t));
     }
     Ok((g, f))
+}
+
+/// The server's WAL flushes (`pg_stat_wal.wal_sync`) at the start of a loop of calls,
+/// when `--count-flushes` asks for them.
+struct Flushes(Option<i64>);
+
+impl Flushes {
+    async fn read(ctx: &Ctx) -> Result<i64> {
+        // Backends report their WAL counters when idle, at most once a second and at
+        // the latest after ten: wait for every report.
+        tokio::time::sleep(Duration::from_secs(11)).await;
+        Ok(sqlx::query_scalar("SELECT wal_sync FROM pg_stat_wal")
+            .fetch_one(&ctx.pool)
+            .await?)
+    }
+
+    async fn start(ctx: &Ctx) -> Result<Self> {
+        if !ctx.args.count_flushes {
+            return Ok(Self(None));
+        }
+        Ok(Self(Some(Self::read(ctx).await?)))
+    }
+
+    /// Flushes per call over the `calls` made since the start.
+    async fn per_call(self, ctx: &Ctx, calls: usize) -> Result<Option<f64>> {
+        let Some(before) = self.0 else {
+            return Ok(None);
+        };
+        let after = Self::read(ctx).await?;
+        Ok(Some((after - before) as f64 / calls as f64))
+    }
+}
+
+/// [`emit`] of an HTTP call's row with its WAL flushes per call, if counted.
+fn emit_counted(
+    out: &mut Out,
+    call: &str,
+    fleet: usize,
+    times: (Vec<f64>, Vec<f64>),
+    floor_is: &str,
+    flushes_per_call: Option<f64>,
+) {
+    let mut row = latency(&format!("call_{call}@{fleet}"), &times.0, &times.1);
+    row.insert("floor_is".into(), json!(floor_is));
+    row.insert("workspaces".into(), json!(fleet));
+    if let Some(f) = flushes_per_call {
+        row.insert("wal_flushes_per_call".into(), round(f));
+    }
+    out.emit(row);
 }
 
 fn emit(

@@ -137,6 +137,12 @@ pub struct Args {
     /// Iterations of each agent_calls call (the CLI's at most 100).
     #[arg(long, default_value_t = 200)]
     pub calls_n: usize,
+    /// agent_calls also counts the WAL flushes of the server per HTTP call
+    /// (`pg_stat_wal.wal_sync`, read 11 s after each loop so every backend has
+    /// reported): exact only on a server nothing else uses, with a long
+    /// `wal_writer_delay`.
+    #[arg(long)]
+    pub count_flushes: bool,
     /// Workspace records during the console_pages case.
     #[arg(long, default_value_t = 10_000)]
     pub console_workspaces: i64,

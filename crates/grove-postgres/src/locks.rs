@@ -92,6 +92,21 @@ pub struct Fence {
     pub holder: Uuid,
 }
 
+/// When the commit that takes a lock's lease reaches disk (ADR 33).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseCommit {
+    /// Before the lock is reported taken (a synchronous commit, ADR 21): for holders
+    /// whose effect may start at once.
+    Flushed,
+    /// With the holder's next flushed commit: the WAL is flushed in order, so any later
+    /// synchronous commit makes the lease durable too (the WAL writer flushes it within
+    /// a few hundred milliseconds anyway). The holder makes a flushed commit on the
+    /// lock's connection, or calls [`AdvisoryLock::make_durable`], before any effect
+    /// outside the database: if the database dies before that commit, the lock's
+    /// connection dies with it, the commit fails and the effect never starts.
+    WithNextCommit,
+}
+
 /// The lease of a held lock and the task that renews it.
 struct Lease {
     lost: watch::Receiver<bool>,
@@ -109,6 +124,9 @@ pub struct AdvisoryLock {
     /// Whether the statement that takes the lease succeeded (so a row may exist even
     /// when renewing it never started).
     taken: bool,
+    /// Whether the lease is known to be on disk (its own synchronous commit, or a
+    /// synchronous renewal since); see [`LeaseCommit`].
+    flushed: bool,
     lease: Option<Lease>,
 }
 
@@ -156,6 +174,7 @@ impl AdvisoryLock {
             },
             shared,
             taken: false,
+            flushed: true,
             lease: None,
         })
     }
@@ -198,23 +217,38 @@ impl AdvisoryLock {
         shared: bool,
         timeout: Duration,
     ) -> Result<(Self, Option<WorkspaceRow>), StoreError> {
+        Self::acquire_workspace_with(pool, id, shared, timeout, LeaseCommit::Flushed).await
+    }
+
+    /// [`Self::acquire_workspace`] with the lease's commit flushed as `commit` says.
+    pub async fn acquire_workspace_with(
+        pool: &PgPool,
+        id: Uuid,
+        shared: bool,
+        timeout: Duration,
+        commit: LeaseCommit,
+    ) -> Result<(Self, Option<WorkspaceRow>), StoreError> {
         let scope = LockScope::WorkspaceCommands;
         let key = lock_key(scope, &id.to_string());
         let mut guard = Self::checkout(pool, key, shared).await?;
         let started = Instant::now();
-        let row = sqlx::query("SELECT * FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6)")
-            .bind(key)
-            .bind(shared)
-            .bind(millis(timeout))
-            .bind(id)
-            .bind(guard.fence.holder)
-            .bind(millis(lease_length()))
-            .fetch_optional(guard.conn())
-            .instrument(lock_span(scope, shared))
-            .await;
+        let flush = commit == LeaseCommit::Flushed;
+        let row =
+            sqlx::query("SELECT * FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7)")
+                .bind(key)
+                .bind(shared)
+                .bind(millis(timeout))
+                .bind(id)
+                .bind(guard.fence.holder)
+                .bind(millis(lease_length()))
+                .bind(flush)
+                .fetch_optional(guard.conn())
+                .instrument(lock_span(scope, shared))
+                .await;
         waited(scope, &row, started);
         let row = row.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
+        guard.flushed = flush;
         let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
         guard.keep_lease(started).await?;
         Ok((guard, row))
@@ -235,6 +269,7 @@ impl AdvisoryLock {
                     "the lock's lease lapsed as it was taken".into(),
                 ));
             }
+            self.flushed = true;
         }
         let (tx, rx) = watch::channel(false);
         let deadline = since + lease - lease_margin(lease);
@@ -247,6 +282,27 @@ impl AdvisoryLock {
         ));
         self.lease = Some(Lease { lost: rx, renewer });
         Ok(())
+    }
+
+    /// Makes a lease taken with [`LeaseCommit::WithNextCommit`] durable now (a
+    /// synchronous renewal, one flushed commit), for a holder about to act outside the
+    /// database before any flushed commit of its own. Nothing to do for a flushed lease.
+    pub async fn make_durable(&mut self) -> Result<(), StoreError> {
+        if self.flushed {
+            return Ok(());
+        }
+        let fence = self.fence;
+        if !renew(self.conn(), fence, lease_length()).await? {
+            return Err(StoreError::Fenced("the lock's lease is gone".into()));
+        }
+        self.flushed = true;
+        Ok(())
+    }
+
+    /// Records that a synchronous commit on this lock's connection made the lease
+    /// durable with it (see [`LeaseCommit::WithNextCommit`]).
+    pub fn flushed_by_commit(&mut self) {
+        self.flushed = true;
     }
 
     /// This lock's fencing identity, for the writes made under it.

@@ -333,10 +333,11 @@ pub struct ClaimedJob {
 }
 
 /// Claims up to `limit` due jobs of `queue` for `worker_id` and starts each, in one
-/// statement and one transaction (`grove.claim_jobs`): apalis' claim, then, per job, what
+/// statement and one transaction (`grove.claim_jobs`): the claim, then, per job, what
 /// starting means: the ledger row locked, marked `running` with `attempts + 1` and this
-/// worker, the job `Running`, the token (if any) read. A job whose command already has its outcome (a duplicate delivery) or
-/// that has no ledger row comes back closed, as [`Start::AlreadyFinished`].
+/// worker, the job `Running`, the token (if any) read. A job whose command already has
+/// its outcome (a duplicate delivery) or that has no ledger row comes back closed, as
+/// [`Start::AlreadyFinished`].
 pub async fn claim_and_start(
     pool: &PgPool,
     worker_id: &str,
@@ -344,6 +345,7 @@ pub async fn claim_and_start(
     limit: i32,
 ) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
     let began = std::time::SystemTime::now();
+    let mut conn = pool.acquire().await?;
     let rows = sqlx::query(
         "SELECT job_id, queue, command_id, action, payload, prior_status, attempt, max_attempts, token
          FROM grove.claim_jobs($1, $2, $3)",
@@ -351,9 +353,48 @@ pub async fn claim_and_start(
     .bind(worker_id)
     .bind(queue)
     .bind(limit)
-    .fetch_all(pool)
+    .fetch_all(&mut *conn)
     .await?;
     let claim_window = (began, std::time::SystemTime::now());
+    starts(&mut conn, rows, claim_window).await
+}
+
+/// A worker's next claim, made in the transaction of the outcome it records (ADR 33):
+/// up to `limit` due jobs of `queues`, in that order, for the recording worker.
+#[derive(Debug, Clone, Copy)]
+pub struct NextClaim<'a> {
+    pub queues: &'a [String],
+    pub limit: i32,
+}
+
+/// `grove.claim_next` in the caller's open transaction: the claim and the start of each
+/// job, committed (and flushed) with that transaction.
+async fn claim_in(
+    tx: &mut PgConnection,
+    worker_id: &str,
+    next: &NextClaim<'_>,
+) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
+    if next.limit <= 0 || next.queues.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(sqlx::query(
+        "SELECT job_id, queue, command_id, action, payload, prior_status, attempt, max_attempts, token
+         FROM grove.claim_next($1, $2, $3)",
+    )
+    .bind(worker_id)
+    .bind(next.queues)
+    .bind(next.limit)
+    .fetch_all(tx)
+    .await?)
+}
+
+/// The claimed jobs of committed claim rows. A payload this worker cannot read fails
+/// its command for good, on `conn` (outside a transaction).
+async fn starts(
+    conn: &mut PgConnection,
+    rows: Vec<sqlx::postgres::PgRow>,
+    claim_window: (std::time::SystemTime, std::time::SystemTime),
+) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
     let mut jobs = Vec::with_capacity(rows.len());
     for row in rows {
         let command_id: Option<Uuid> = row.try_get("command_id")?;
@@ -379,7 +420,7 @@ pub async fn claim_and_start(
                     ErrorKind::InvalidInput,
                     format!("undecodable command payload: {e}"),
                 );
-                let mut tx = pool.begin().await?;
+                let mut tx = sqlx::Connection::begin(&mut *conn).await?;
                 finish_ledger(&mut tx, job.command_id, None, Some(&error)).await?;
                 close_job(&mut tx, &job.job_id, false).await?;
                 tx.commit().await?;
@@ -556,10 +597,6 @@ pub async fn finish_on(
 /// `fences` still holds its lease (`store::check_fences`), else [`StoreError::Fenced`]
 /// and nothing is written.
 #[allow(clippy::too_many_arguments)]
-#[tracing::instrument(
-    target = TARGET, name = "grove.commit", level = "trace", skip_all,
-    fields(command_id = %job.command_id, events = events.len())
-)]
 pub async fn finish_fenced(
     conn: &mut PgConnection,
     job: &ClaimedJob,
@@ -570,35 +607,108 @@ pub async fn finish_fenced(
     at: DateTime<Utc>,
     fences: &[crate::locks::Fence],
 ) -> Result<bool, StoreError> {
+    let done = Outcome {
+        job,
+        worker_id,
+        outcome,
+        events,
+        metadata,
+        at,
+    };
+    Ok(finish_claiming(conn, &done, fences, None).await?.recorded)
+}
+
+/// A finished job's outcome, as [`finish_fenced`] records it.
+pub struct Outcome<'a> {
+    pub job: &'a ClaimedJob,
+    pub worker_id: &'a str,
+    pub outcome: &'a Result<CommandResult, CommandError>,
+    pub events: &'a [Event],
+    pub metadata: &'a Metadata,
+    pub at: DateTime<Utc>,
+}
+
+/// What [`finish_claiming`] did: whether the outcome was recorded, and the jobs claimed
+/// in its transaction (started, this worker's to run).
+#[derive(Debug, Default)]
+pub struct Finished {
+    pub recorded: bool,
+    pub next: Vec<(ClaimedJob, Start)>,
+}
+
+/// [`finish_fenced`] that also claims the worker's next jobs (`next`) in the outcome's
+/// transaction (ADR 33): one flushed commit records this job and starts the next. A
+/// claim in an outcome that is not recorded (another attempt owns the command, a lost
+/// lease) is rolled back with it.
+#[tracing::instrument(
+    target = TARGET, name = "grove.commit", level = "trace", skip_all,
+    fields(command_id = %done.job.command_id, events = done.events.len())
+)]
+pub async fn finish_claiming(
+    conn: &mut PgConnection,
+    done: &Outcome<'_>,
+    fences: &[crate::locks::Fence],
+    next: Option<&NextClaim<'_>>,
+) -> Result<Finished, StoreError> {
+    let job = done.job;
     let superseded = || {
         tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
-        Ok(false)
+        Ok(Finished::default())
     };
-    if events.is_empty() && fences.is_empty() {
-        if !record_outcome(&mut *conn, job, worker_id, outcome).await? {
+    if done.events.is_empty() && fences.is_empty() && next.is_none() {
+        if !record_outcome(&mut *conn, job, done.worker_id, done.outcome).await? {
             return superseded();
         }
-        crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
-        return Ok(true);
+        crate::telemetry::finished(
+            job.kind,
+            done.outcome,
+            done.events,
+            job.claimed_at.elapsed(),
+        );
+        return Ok(Finished {
+            recorded: true,
+            next: Vec::new(),
+        });
     }
     let mut tries = 0;
-    loop {
+    let (rows, began) = loop {
         tries += 1;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
         store::check_fences(&mut tx, fences).await?;
-        if !record_outcome(&mut *tx, job, worker_id, outcome).await? {
+        if !record_outcome(&mut *tx, job, done.worker_id, done.outcome).await? {
             return superseded();
         }
-        match store::append(&mut tx, events, metadata, at).await {
-            Ok(()) => {
-                tx.commit().await?;
-                crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
-                return Ok(true);
-            }
+        match store::append(&mut tx, done.events, done.metadata, done.at).await {
+            Ok(()) => {}
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
             Err(e) => return Err(e),
         }
-    }
+        let began = std::time::SystemTime::now();
+        let rows = match next {
+            Some(next) => claim_in(&mut tx, done.worker_id, next).await?,
+            None => Vec::new(),
+        };
+        tx.commit().await?;
+        break (rows, began);
+    };
+    crate::telemetry::finished(
+        job.kind,
+        done.outcome,
+        done.events,
+        job.claimed_at.elapsed(),
+    );
+    // The outcome is committed whatever happens here: claimed jobs this worker cannot
+    // take up are handed back by its sweep of its own stale jobs.
+    let next = starts(conn, rows, (began, std::time::SystemTime::now()))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the jobs claimed with an outcome failed");
+            Vec::new()
+        });
+    Ok(Finished {
+        recorded: true,
+        next,
+    })
 }
 
 /// Announces a recorded outcome on [`DONE_CHANNEL`], in a statement of its own after the

@@ -18,12 +18,16 @@ use grove_core::ports::{
     ExecRequest, ExecResult, Mount, NetworkPolicy, ResourceHints, RuntimeProvider, RuntimeSpec,
 };
 use grove_core::state::RuntimeState;
-use grove_postgres::locks::AdvisoryLock;
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit};
 use grove_postgres::queue::{self, ClaimedJob};
 use grove_postgres::{rows, store};
 use uuid::Uuid;
 
 use crate::context::{correlation_of, internal, now, store_error, Handled, InFlight, JobContext};
+
+/// An exec's lease is flushed by its start's commit, which precedes every effect (the
+/// runtime's creation, the command): one flushed commit fewer per exec (ADR 33).
+const START_COMMITS_LEASE: LeaseCommit = LeaseCommit::WithNextCommit;
 
 /// An exec decided and locked, before its start is recorded.
 struct Prepared {
@@ -239,7 +243,7 @@ impl JobContext {
         let (ws, early_lock) = match e.kind {
             Some(kind) => {
                 let (ws, lock) = self
-                    .lock_workspace(e.workspace_id, !kind.is_mutating())
+                    .lock_workspace_with(e.workspace_id, !kind.is_mutating(), START_COMMITS_LEASE)
                     .await?;
                 (ws, Some(lock))
             }
@@ -267,7 +271,10 @@ impl JobContext {
         // existence).
         let (ws, mut lock) = match early_lock {
             Some(lock) => (ws, lock),
-            None => self.lock_workspace(ws.id, !kind.is_mutating()).await?,
+            None => {
+                self.lock_workspace_with(ws.id, !kind.is_mutating(), START_COMMITS_LEASE)
+                    .await?
+            }
         };
         let existing = self.runtime_of(&mut lock, &ws, provider.as_ref()).await?;
         let runtime_id = existing
@@ -524,6 +531,7 @@ async fn start_inline_on(
         .await
         .map_err(store_error)?;
     tx.commit().await.map_err(|e| store_error(e.into()))?;
+    lock.flushed_by_commit();
     Ok(Some(job))
 }
 
@@ -539,7 +547,9 @@ async fn record_on(
     store::append(&mut tx, events, metadata, now())
         .await
         .map_err(store_error)?;
-    tx.commit().await.map_err(|e| store_error(e.into()))
+    tx.commit().await.map_err(|e| store_error(e.into()))?;
+    lock.flushed_by_commit();
+    Ok(())
 }
 
 fn exec_request(e: &Exec, kind: ExecKind) -> ExecRequest {

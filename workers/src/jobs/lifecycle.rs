@@ -11,7 +11,7 @@ use grove_core::events::Event;
 use grove_core::model::WorkspaceRow;
 use grove_core::placement::Placement;
 use grove_core::state::RuntimeState;
-use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
 
@@ -26,7 +26,7 @@ impl JobContext {
     ) -> Result<Handled, CommandError> {
         let (ws, mut lock) = self.lock_workspace(workspace_id, false).await?;
         let mut events = self
-            .runtime_events(lock.conn(), ws.id, destroy_runtime, "session released")
+            .runtime_events(&mut lock, ws.id, destroy_runtime, "session released")
             .await?;
         self.drop_tracker(ws.id).await;
         events.push(Event::WorkspaceReleased {
@@ -46,14 +46,18 @@ impl JobContext {
         workspace_id: Uuid,
         destroy: bool,
     ) -> Result<Handled, CommandError> {
-        let (ws, mut lock) = self.lock_workspace(workspace_id, false).await?;
+        // Its lease rides on the outcome's commit unless a runtime must be stopped first
+        // (`runtime_events` makes it durable before that effect; ADR 33).
+        let (ws, mut lock) = self
+            .lock_workspace_with(workspace_id, false, LeaseCommit::WithNextCommit)
+            .await?;
         let reason = if destroy {
             "destroy requested"
         } else {
             "hibernate requested"
         };
         let events = self
-            .runtime_events(lock.conn(), ws.id, destroy, reason)
+            .runtime_events(&mut lock, ws.id, destroy, reason)
             .await?;
         Ok(Handled {
             result: Ok(CommandResult::Done),
@@ -65,15 +69,16 @@ impl JobContext {
 
     /// Stops or destroys each runtime of a workspace through its provider (the local
     /// runtime has nothing to stop: one process tree per exec) and returns the events.
-    /// The runtimes are read on `conn`, the connection of the workspace's lock.
+    /// The runtimes are read on the connection of the workspace's lock, whose lease is
+    /// made durable before the first provider call.
     async fn runtime_events(
         &self,
-        conn: &mut sqlx::PgConnection,
+        lock: &mut AdvisoryLock,
         workspace_id: Uuid,
         destroy: bool,
         reason: &str,
     ) -> Result<Vec<Event>, CommandError> {
-        let runtimes = rows::runtimes_of(conn, workspace_id)
+        let runtimes = rows::runtimes_of(lock.conn(), workspace_id)
             .await
             .map_err(store_error)?;
         let mut events = Vec::new();
@@ -84,6 +89,7 @@ impl JobContext {
             // A runtime of a provider this worker lacks is still recorded as gone: its
             // backend is left to that provider's orphan sweep.
             if let Some(provider) = self.runtimes.get(&r.backend_kind) {
+                lock.make_durable().await.map_err(store_error)?;
                 let effect = if destroy {
                     provider.destroy(&r.backend_runtime_id).await
                 } else {
@@ -123,7 +129,7 @@ impl JobContext {
             return self.destroy_remote(ws, vec![lock, key_lock]).await;
         }
         let mut events = self
-            .runtime_events(lock.conn(), ws.id, true, "workspace destroyed")
+            .runtime_events(&mut lock, ws.id, true, "workspace destroyed")
             .await?;
         let git = self.git.clone();
         let dir = PathBuf::from(&ws.local_path);

@@ -9,7 +9,7 @@ use grove_core::error::{CommandError, ErrorKind};
 use grove_core::model::WorkspaceRow;
 use grove_core::placement::Placement;
 use grove_core::ports::RuntimeProvider;
-use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use uuid::Uuid;
 
 use crate::context::{store_error, JobContext};
@@ -47,7 +47,20 @@ impl JobContext {
         id: Uuid,
         shared: bool,
     ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
-        let (ws, lock) = self.lock_workspace_any(id, shared).await?;
+        self.lock_workspace_with(id, shared, LeaseCommit::Flushed)
+            .await
+    }
+
+    /// [`Self::lock_workspace`] with the lease's commit flushed as `commit` says: a
+    /// holder taking [`LeaseCommit::WithNextCommit`] makes a flushed commit on the
+    /// lock's connection (or `make_durable`) before any effect outside the database.
+    pub(crate) async fn lock_workspace_with(
+        &self,
+        id: Uuid,
+        shared: bool,
+        commit: LeaseCommit,
+    ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
+        let (ws, lock) = self.lock_workspace_any_with(id, shared, commit).await?;
         if !ws.state.has_files() {
             lock.release().await.ok();
             return Err(evicted(id));
@@ -61,11 +74,34 @@ impl JobContext {
         id: Uuid,
         shared: bool,
     ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
+        self.lock_workspace_any_with(id, shared, LeaseCommit::Flushed)
+            .await
+    }
+
+    async fn lock_workspace_any_with(
+        &self,
+        id: Uuid,
+        shared: bool,
+        commit: LeaseCommit,
+    ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
         // The lock and the row in one statement, on the lock's connection.
-        let (lock, ws) =
-            AdvisoryLock::acquire_workspace(&self.pool, id, shared, self.config.lock_timeout)
-                .await
-                .map_err(store_error)?;
+        let (mut lock, ws) = AdvisoryLock::acquire_workspace_with(
+            &self.pool,
+            id,
+            shared,
+            self.config.lock_timeout,
+            commit,
+        )
+        .await
+        .map_err(store_error)?;
+        // Recovering an interrupted merge-back is an effect on the workspace's files:
+        // its lease must be on disk first.
+        if ws.is_some() && self.journal_path(id).exists() {
+            if let Err(e) = lock.make_durable().await {
+                lock.release().await.ok();
+                return Err(store_error(e));
+            }
+        }
         match ws {
             Some(ws) => match self.recover_merge_back(&ws).await {
                 Ok(()) => Ok((ws, lock)),

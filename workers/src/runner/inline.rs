@@ -21,7 +21,7 @@ use grove_core::events::{Correlation, Metadata};
 use grove_core::inline::{is_inline_write, InlineWrites};
 use grove_core::model::WorkspaceRow;
 use grove_core::tools::ToolRequest;
-use grove_postgres::locks::AdvisoryLock;
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit};
 use grove_postgres::queue::{self, ClaimedJob};
 use grove_postgres::trace_context::TARGET;
 use tracing::Instrument;
@@ -117,7 +117,12 @@ async fn record(
     let (answer, recorded) = match handled {
         Ok(handled) => {
             let answer = handled.result.clone();
-            (answer, record_handled(deps, job, handled, now()).await)
+            (
+                answer,
+                record_handled(deps, job, handled, now(), None)
+                    .await
+                    .map(drop),
+            )
         }
         Err(e) => {
             let md = metadata(deps, job, Correlation::default());
@@ -152,7 +157,11 @@ async fn tool(
     command: &Command,
     req: &ToolRequest,
 ) -> Result<Option<CommandResult>, CommandError> {
-    let (ws, mut lock) = deps.lock_workspace(req.workspace_id, false).await?;
+    // The lease rides on the call's first flushed commit (ADR 33): an edit's ledger row
+    // before the edit, a `write_file`'s one commit after the write.
+    let (ws, mut lock) = deps
+        .lock_workspace_with(req.workspace_id, false, LeaseCommit::WithNextCommit)
+        .await?;
     if let Err(refused) = check_tool_target(deps, &ws, req) {
         lock.release().await.ok();
         return Err(refused);
@@ -170,7 +179,10 @@ async fn tool(
     )
     .await;
     let job = match started {
-        Ok(Some(job)) => job,
+        Ok(Some(job)) => {
+            lock.flushed_by_commit();
+            job
+        }
         Ok(None) => {
             lock.release().await.ok();
             return Ok(None);

@@ -23,8 +23,16 @@ use crate::context::{correlation_of, now, Handled, JobContext};
 /// the retry the next delivery makes. A handler that panics ends its job as failed
 /// with `internal` (retried later when its kind is idempotent and attempts remain);
 /// either way the job leaves the in-flight set.
-pub(super) async fn run_job(deps: Arc<JobContext>, job: ClaimedJob, start: Start) {
+/// Returns the jobs claimed in its outcome's transaction when `chain` is open (ADR 33):
+/// started, in the in-flight set already, for the caller to run next.
+pub(super) async fn run_job(
+    deps: Arc<JobContext>,
+    job: ClaimedJob,
+    start: Start,
+    chain: Option<&Chain>,
+) -> Vec<(ClaimedJob, Start)> {
     use futures::FutureExt;
+    let mut next = Vec::new();
     deps.inflight
         .lock()
         .expect("inflight set")
@@ -39,11 +47,14 @@ pub(super) async fn run_job(deps: Arc<JobContext>, job: ClaimedJob, start: Start
         Start::AlreadyFinished => None,
     };
     let span = crate::trace::job_span(&deps.pool, &job).await;
-    let ran = std::panic::AssertUnwindSafe(run_job_inner(&deps, &job, start).instrument(span))
-        .catch_unwind()
-        .await;
+    let claim = chain.and_then(Chain::claim);
+    let ran = std::panic::AssertUnwindSafe(
+        run_job_inner(&deps, &job, start, claim.as_ref()).instrument(span),
+    )
+    .catch_unwind()
+    .await;
     match ran {
-        Ok(Ok(())) => {}
+        Ok(Ok(claimed)) => next = claimed,
         Ok(Err(e)) => {
             // The outcome could not be recorded even after waiting for the database.
             // The ledger row is left as it is: the next delivery of this job then sees
@@ -69,10 +80,41 @@ pub(super) async fn run_job(deps: Arc<JobContext>, job: ClaimedJob, start: Start
             }
         }
     }
-    deps.inflight
-        .lock()
-        .expect("inflight set")
-        .remove(&job.job_id);
+    let mut inflight = deps.inflight.lock().expect("inflight set");
+    // The next jobs are this worker's from their claim's commit: in flight before this
+    // one leaves, so no sweep of our own stale jobs ever sees them unowned.
+    for (next_job, _) in &next {
+        inflight.insert(next_job.job_id.clone());
+    }
+    inflight.remove(&job.job_id);
+    drop(inflight);
+    next
+}
+
+/// Where a worker's job tasks claim their next job, in the transaction of the outcome
+/// they record (ADR 33): the worker's queues in its order, while it is not stopping.
+pub(crate) struct Chain {
+    pub(crate) queues: Vec<String>,
+    pub(crate) open: std::sync::atomic::AtomicBool,
+}
+
+impl Chain {
+    pub(crate) fn new(queues: Vec<String>) -> Self {
+        Self {
+            queues,
+            open: std::sync::atomic::AtomicBool::new(true),
+        }
+    }
+
+    /// One job, unless the worker is stopping.
+    fn claim(&self) -> Option<queue::NextClaim<'_>> {
+        self.open
+            .load(std::sync::atomic::Ordering::Acquire)
+            .then_some(queue::NextClaim {
+                queues: &self.queues,
+                limit: 1,
+            })
+    }
 }
 
 /// Ends a job whose handler panicked: a retry later for an idempotent kind with
@@ -131,11 +173,13 @@ pub(super) async fn close_started_execs(
 }
 
 /// Runs a job that `queue::claim_and_start` claimed and started.
+/// Returns the jobs claimed with its outcome (`next`).
 async fn run_job_inner(
     deps: &JobContext,
     job: &ClaimedJob,
     start: Start,
-) -> Result<(), StoreError> {
+    next: Option<&queue::NextClaim<'_>>,
+) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
     let Start::Run {
         command,
         attempt,
@@ -144,11 +188,13 @@ async fn run_job_inner(
         token,
     } = start
     else {
-        return Ok(());
+        return Ok(Vec::new());
     };
     let at = now();
     if resumed && !command.is_idempotent() {
-        return finish_worker_lost(deps, job, &command).await;
+        return finish_worker_lost(deps, job, &command)
+            .await
+            .map(|()| Vec::new());
     }
     if resumed && attempt > max_attempts {
         // Every attempt so far died with its worker: stop redelivering it.
@@ -169,7 +215,8 @@ async fn run_job_inner(
             &md,
             at,
         )
-        .await;
+        .await
+        .map(|()| Vec::new());
     }
     let outcome = match command.validate() {
         Err(e) => Err(CommandError::from(e)),
@@ -188,12 +235,14 @@ async fn run_job_inner(
             } else {
                 at
             };
-            record_handled(deps, job, handled, at).await
+            record_handled(deps, job, handled, at, next).await
         }
         Err(e) if e.transient && attempt < max_attempts => {
             let delay = queue::backoff(attempt);
             info!(command = %job.command_id, attempt, delay_ms = delay.as_millis() as u64, error = %e.message, "retrying later");
-            queue::retry_later(&deps.pool, job, &e, delay).await
+            queue::retry_later(&deps.pool, job, &e, delay)
+                .await
+                .map(|()| Vec::new())
         }
         Err(e) => {
             let md = metadata(deps, job, Correlation::default());
@@ -202,47 +251,49 @@ async fn run_job_inner(
                 Command::Exec(_) => close_started_execs(deps, job, "rejected").await?,
                 _ => Vec::new(),
             };
-            finish_patiently(deps, job, &Err(e), &events, &md, at, &[]).await
+            finish_patiently(deps, job, &Err(e), &events, &md, at, &[])
+                .await
+                .map(|()| Vec::new())
         }
     }
 }
 
 /// Records a handled job's outcome with its events, its locks still held, and frees
 /// the locks after. First on the first lock's connection (no further checkout),
-/// announced in the round trip that frees that lock; if that connection failed (the
-/// database restarted while the effect ran), through [`finish_patiently`]. Every write
-/// checks that the locks still hold their leases.
+/// announced in the round trip that frees that lock, claiming the worker's `next` jobs
+/// in the same transaction (ADR 33); if that connection failed (the database restarted
+/// while the effect ran), through [`finish_patiently`], which claims nothing. Every
+/// write checks that the locks still hold their leases. Returns the jobs claimed.
 pub(super) async fn record_handled(
     deps: &JobContext,
     job: &ClaimedJob,
     handled: Handled,
     at: chrono::DateTime<chrono::Utc>,
-) -> Result<(), StoreError> {
+    next: Option<&queue::NextClaim<'_>>,
+) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
     let md = metadata(deps, job, handled.correlation);
     let fences: Vec<Fence> = handled.locks.iter().map(|l| l.fence()).collect();
     let mut locks = handled.locks.into_iter();
-    let Some(mut first) = locks.next() else {
-        return finish_patiently(deps, job, &handled.result, &handled.events, &md, at, &[]).await;
-    };
-    let fast = queue::finish_fenced(
-        first.conn(),
+    let done = queue::Outcome {
         job,
-        &deps.config.worker_id,
-        &handled.result,
-        &handled.events,
-        &md,
+        worker_id: &deps.config.worker_id,
+        outcome: &handled.result,
+        events: &handled.events,
+        metadata: &md,
         at,
-        &fences,
-    )
-    .await;
+    };
+    let Some(mut first) = locks.next() else {
+        return record_unlocked(deps, &done, next).await;
+    };
+    let fast = queue::finish_claiming(first.conn(), &done, &fences, next).await;
     let res = match fast {
-        Ok(recorded) => {
-            let _ = if recorded {
+        Ok(finished) => {
+            let _ = if finished.recorded {
                 first.release_announcing(job.command_id).await
             } else {
                 first.release().await
             };
-            Ok(())
+            Ok(finished.next)
         }
         Err(e) => {
             debug!(command = %job.command_id, error = %e, "recording on the lock's connection failed; retrying on others");
@@ -257,13 +308,40 @@ pub(super) async fn record_handled(
             )
             .await;
             let _ = first.release().await;
-            res
+            res.map(|()| Vec::new())
         }
     };
     for lock in locks {
         let _ = lock.release().await;
     }
     res
+}
+
+/// [`record_handled`] for a job that holds no lock: once on a pool connection with the
+/// next claim, else through [`finish_patiently`].
+async fn record_unlocked(
+    deps: &JobContext,
+    done: &queue::Outcome<'_>,
+    next: Option<&queue::NextClaim<'_>>,
+) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
+    let fast = async {
+        let mut conn = deps.pool.acquire().await?;
+        let finished = queue::finish_claiming(&mut conn, done, &[], next).await?;
+        if finished.recorded {
+            queue::announce(&mut conn, done.job.command_id).await;
+        }
+        Ok::<_, StoreError>(finished.next)
+    };
+    match fast.await {
+        Ok(next) => Ok(next),
+        Err(e) => {
+            debug!(command = %done.job.command_id, error = %e, "recording an outcome failed; retrying patiently");
+            let (job, result, events, md) = (done.job, done.outcome, done.events, done.metadata);
+            finish_patiently(deps, job, result, events, md, done.at, &[])
+                .await
+                .map(|()| Vec::new())
+        }
+    }
 }
 
 /// How long a worker keeps trying to record an outcome while the database is away.
