@@ -177,15 +177,9 @@ impl AppState {
         self
     }
 
-    /// Enqueues `command` under `command_id` (once) and waits for its outcome.
-    pub async fn submit(
-        &self,
-        command: &Command,
-        command_id: Uuid,
-        token: Option<&str>,
-    ) -> Result<CommandResult, ApiError> {
-        // API callers never hold the operator's grant: a local repository URL must lie
-        // under the allow-list. Refused here before anything is enqueued.
+    /// API callers never hold the operator's grant: a local repository URL must lie
+    /// under the allow-list. Refused before anything is enqueued or run inline.
+    pub(crate) fn check_repo_source(&self, command: &Command) -> Result<(), ApiError> {
         if let Some(url) = grove_core::local_repo::command_repo_url(command) {
             self.local_repos
                 .check(url, grove_core::local_repo::Requester::Caller, |p| {
@@ -193,6 +187,17 @@ impl AppState {
                 })
                 .map_err(|e| CommandError::new(ErrorKind::Rejected, e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// Enqueues `command` under `command_id` (once) and waits for its outcome.
+    pub async fn submit(
+        &self,
+        command: &Command,
+        command_id: Uuid,
+        token: Option<&str>,
+    ) -> Result<CommandResult, ApiError> {
+        self.check_repo_source(command)?;
         let mut wake = self.notifier.subscribe(command_id);
         Ok(submit::submit(
             &self.pool,
