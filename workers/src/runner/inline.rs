@@ -317,7 +317,7 @@ async fn write_once(
     }
 }
 
-/// A finished `write_file`, to record.
+/// A finished `write_file` (or a reuse, ADR 32), to record.
 pub(super) struct Written<'a> {
     pub(super) command_id: Uuid,
     pub(super) command: &'a Command,
