@@ -32,8 +32,10 @@
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect but interactive sessions (runtime state, through the `Sessions` port of the
-//! registry it is given, never an adapter crate) and inline reads (through the
-//! `InlineReads` port the worker gives it, which changes nothing); it enqueues through
+//! registry it is given, never an adapter crate), inline reads (through the
+//! `InlineReads` port the worker gives it, which changes nothing) and inline writes and
+//! reuses (through its `InlineWrites` port: the worker's handler code records them,
+//! ADR 31 and 32); it enqueues through
 //! `grove_postgres::submit` and reads rows and the log (and, for a pull request read,
 //! the git platform through its port). No bearer or git token reaches a log line, a
 //! response or an error message.
