@@ -13,6 +13,7 @@ mod docker;
 mod eviction;
 mod fencing;
 mod history;
+mod inline_acquire;
 mod inline_reads;
 mod inline_writes;
 mod input;

@@ -4,7 +4,10 @@
 //! ends `worker_lost` and never runs again, also when retried with its key; every
 //! acknowledged write survives with exactly one event; no write is half-recorded (an
 //! event whose file is not what it says); a write cut off by the kill, retried with its
-//! key, completes; no command is left undecided; replay verifies.
+//! key, completes; no command is left undecided; replay verifies. Warm acquires of the
+//! writes' workspace run inline beside them (ADR 34): each answered one is recorded
+//! with exactly one `workspace.acquired`, one cut off by the kill has at most one and,
+//! retried with its key, answers that workspace with one.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -165,6 +168,91 @@ async fn account_writes(
     }
 }
 
+/// The session body of the writes' workspace, `c2`, with an idempotency key.
+fn warm_acquire_body(url: &str, key: &str) -> Value {
+    json!({"project_id": "p1", "repo_name": "o/fixture", "repo_url": url, "base_ref": "main",
+           "mode": "edit", "conversation_id": "c2", "idempotency_key": key})
+}
+
+/// Acquires `c2` again and again, each under a key of its own, until the server stops
+/// answering; records each key and whether it was answered with that workspace.
+async fn acquirer(client: Client, url: String, ws: String, round: u64, answers: Answers) {
+    for i in 0.. {
+        let key = format!("acquire-{round}-{i}");
+        answers.lock().unwrap().insert(key.clone(), false);
+        let sent = client
+            .http
+            .post(format!("{}/v1/sessions", client.base))
+            .bearer_auth(ALICE)
+            .json(&warm_acquire_body(&url, &key))
+            .send()
+            .await;
+        let Ok(resp) = sent else { return };
+        let status = resp.status();
+        let Ok(body) = resp.json::<Value>().await else {
+            return;
+        };
+        assert_eq!(status, StatusCode::OK, "a warm acquire answered {body}");
+        if body["session_id"] == ws.as_str() {
+            answers.lock().unwrap().insert(key, true);
+        }
+    }
+}
+
+/// Checks every warm acquire of the round once the server is back: one answered has
+/// exactly one `workspace.acquired` under its command id; one cut off has at most one,
+/// and its retry answers the workspace, leaving exactly one.
+async fn account_acquires(
+    env: &TestEnv,
+    server: &Server,
+    url: &str,
+    ws: &str,
+    answers: &HashMap<String, bool>,
+    figures: &mut Figures,
+) {
+    let scope = grove_core::idempotency::user_scope("alice");
+    for (key, answered) in answers {
+        figures.trials += 1;
+        let command = grove_core::idempotency::command_id_for_key(&scope, key);
+        let acquired = || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM grove.events
+                 WHERE event_type = 'workspace.acquired' AND command_id = $1",
+            )
+            .bind(command)
+            .fetch_one(&env.pool)
+            .await
+            .unwrap()
+        };
+        let seen = acquired().await;
+        if seen > 1 {
+            figures.duplicated += 1;
+            figures.note(format!("{key}: {seen} events"));
+        }
+        if *answered && seen != 1 {
+            figures.lost += 1;
+            figures.note(format!("{key}: answered, then {seen} events"));
+        }
+        if !answered {
+            let retried = server
+                .call(
+                    Method::POST,
+                    "/v1/sessions",
+                    Some(ALICE),
+                    Some(&warm_acquire_body(url, key)),
+                )
+                .await;
+            let ok = retried
+                .as_ref()
+                .is_some_and(|(s, b)| *s == StatusCode::OK && b.contains(ws));
+            if !ok || acquired().await != 1 {
+                figures.lost += 1;
+                figures.note(format!("{key}: its retry answered {retried:?}"));
+            }
+        }
+    }
+}
+
 /// An edit session of `conversation`: its workspace id and directory.
 async fn acquire(server: &Server, url: &str, conversation: &str) -> (String, std::path::PathBuf) {
     let (status, body) = server
@@ -217,10 +305,27 @@ async fn inline_kill_keeps_acknowledged_writes_and_never_reruns_an_exec() {
         };
         wait_for_exec_start(&env, round as i64 + 1).await;
         let answers: Answers = Arc::default();
-        let writes = tokio::spawn(writer(client, files.clone(), round, answers.clone()));
+        let writes = tokio::spawn(writer(
+            client.clone(),
+            files.clone(),
+            round,
+            answers.clone(),
+        ));
+        let acquired: Answers = Arc::default();
+        let acquires = tokio::spawn(acquirer(
+            client,
+            url.clone(),
+            files.clone(),
+            round,
+            acquired.clone(),
+        ));
         tokio::time::sleep(Duration::from_millis(rng.range(100, 1500))).await;
         server.kill9().await;
         let _ = (exec.await, writes.await);
+        if let Err(e) = acquires.await {
+            // A warm acquire answered anything but its workspace while the server ran.
+            std::panic::resume_unwind(e.into_panic());
+        }
         server = Server::start(&env, &[], SERVER_ENV).await;
 
         // The exec was running: the restarted server's worker ends it as worker_lost.
@@ -250,6 +355,8 @@ async fn inline_kill_keeps_acknowledged_writes_and_never_reruns_an_exec() {
         }
         let answers = answers.lock().unwrap().clone();
         account_writes(&env, &server, &files, &files_dir, &answers, &mut figures).await;
+        let acquired = acquired.lock().unwrap().clone();
+        account_acquires(&env, &server, &url, &files, &acquired, &mut figures).await;
     }
     // No exec ever reached its end (each was killed, none re-run).
     tokio::time::sleep(Duration::from_secs(5)).await;
@@ -267,6 +374,15 @@ async fn inline_kill_keeps_acknowledged_writes_and_never_reruns_an_exec() {
         figures.leaked += open as u64;
         figures.note(format!("{open} commands left undecided"));
     }
+    // The warm acquires ran inline (their ledger rows started as they were inserted).
+    let inline_acquires: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM grove.commands
+         WHERE kind = 'acquire_workspace' AND enqueued_at = started_at",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    assert!(inline_acquires > 0, "no warm acquire ran inline");
     replay_ok(&env, &mut figures).await;
     figures.finish("inline_kill");
 }

@@ -31,8 +31,15 @@ impl Server {
 
     /// As `start`, with extra environment for the server and its in-process worker.
     pub async fn start_with(env: &TestEnv, extra: &[(&str, &str)]) -> Self {
+        Self::start_args(env, &[], extra).await
+    }
+
+    /// As `start_with`, with extra arguments to `grove serve` (`--no-worker`).
+    pub async fn start_args(env: &TestEnv, args: &[&str], extra: &[(&str, &str)]) -> Self {
         let log = std::fs::File::create(env.dir.path().join("serve.log")).unwrap();
-        let mut cmd = env.command(&["serve", "--bind", "127.0.0.1:0"]);
+        let mut argv = vec!["serve", "--bind", "127.0.0.1:0"];
+        argv.extend_from_slice(args);
+        let mut cmd = env.command(&argv);
         cmd.envs(extra.iter().copied());
         cmd.env(
             "GROVE_API_TOKENS",

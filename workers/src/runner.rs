@@ -19,6 +19,7 @@ use crate::context::{now, Handled, JobContext};
 
 mod inline;
 mod outcome;
+mod reuse;
 pub use inline::InlineWriter;
 use outcome::{run_job, Chain};
 

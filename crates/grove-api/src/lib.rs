@@ -32,8 +32,10 @@
 //!
 //! Architecture invariant: this crate writes no events or projections and runs no
 //! effect but interactive sessions (runtime state, through the `Sessions` port of the
-//! registry it is given, never an adapter crate) and inline reads (through the
-//! `InlineReads` port the worker gives it, which changes nothing); it enqueues through
+//! registry it is given, never an adapter crate), inline reads (through the
+//! `InlineReads` port the worker gives it, which changes nothing) and inline writes and
+//! reuses (through its `InlineWrites` port: the worker's handler code records them,
+//! ADR 31 and 32); it enqueues through
 //! `grove_postgres::submit` and reads rows and the log (and, for a pull request read,
 //! the git platform through its port). No bearer or git token reaches a log line, a
 //! response or an error message.
@@ -177,15 +179,9 @@ impl AppState {
         self
     }
 
-    /// Enqueues `command` under `command_id` (once) and waits for its outcome.
-    pub async fn submit(
-        &self,
-        command: &Command,
-        command_id: Uuid,
-        token: Option<&str>,
-    ) -> Result<CommandResult, ApiError> {
-        // API callers never hold the operator's grant: a local repository URL must lie
-        // under the allow-list. Refused here before anything is enqueued.
+    /// API callers never hold the operator's grant: a local repository URL must lie
+    /// under the allow-list. Refused before anything is enqueued or run inline.
+    pub(crate) fn check_repo_source(&self, command: &Command) -> Result<(), ApiError> {
         if let Some(url) = grove_core::local_repo::command_repo_url(command) {
             self.local_repos
                 .check(url, grove_core::local_repo::Requester::Caller, |p| {
@@ -193,6 +189,17 @@ impl AppState {
                 })
                 .map_err(|e| CommandError::new(ErrorKind::Rejected, e.to_string()))?;
         }
+        Ok(())
+    }
+
+    /// Enqueues `command` under `command_id` (once) and waits for its outcome.
+    pub async fn submit(
+        &self,
+        command: &Command,
+        command_id: Uuid,
+        token: Option<&str>,
+    ) -> Result<CommandResult, ApiError> {
+        self.check_repo_source(command)?;
         let mut wake = self.notifier.subscribe(command_id);
         Ok(submit::submit(
             &self.pool,

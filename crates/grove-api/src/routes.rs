@@ -58,7 +58,7 @@ pub async fn ensure_repo_cache(
     });
     command.validate()?;
     let id = command_id(&caller, req.idempotency_key.as_deref())?;
-    match state.submit(&command, id, token.as_deref()).await? {
+    match answer(&state, &command, id, token.as_deref()).await? {
         CommandResult::RepoCache(row) => Ok(Json(EnsureRepoCacheResponse {
             command_id: id,
             repo_cache: row.into(),
@@ -104,13 +104,27 @@ pub async fn acquire_session(
     });
     command.validate()?;
     let id = command_id(&caller, req.idempotency_key.as_deref())?;
-    match state.submit(&command, id, token.as_deref()).await? {
+    match answer(&state, &command, id, token.as_deref()).await? {
         CommandResult::Workspace(ws) => Ok(Json(Session {
             session_id: ws.id,
             command_id: id,
             workspace: ws.into(),
         })),
         _ => Err(unexpected("acquire_workspace")),
+    }
+}
+
+/// An acquire's or an ensure's outcome: run in this process when it is the cheap case
+/// on this server's node (ADR 34), else through the queue under the same command id.
+async fn answer(
+    state: &AppState,
+    command: &Command,
+    id: Uuid,
+    token: Option<&str>,
+) -> Result<CommandResult, ApiError> {
+    match crate::tools::reuse_inline(state, id, command, token).await? {
+        Some(result) => Ok(result),
+        None => state.submit(command, id, token).await,
     }
 }
 

@@ -15,7 +15,8 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use grove_core::commands::{Command, CommandResult};
 use grove_core::error::{CommandError, ErrorKind};
-use grove_core::inline::{answers_inline, runs_inline, InlineReads, InlineWrites};
+use grove_core::inline::{answers_inline, reuses_inline, runs_inline, InlineReads, InlineWrites};
+use grove_core::ports::GitToken;
 use grove_core::tool_catalog::{self, ArgsError};
 use grove_core::tools::ToolSpec;
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
@@ -163,6 +164,29 @@ pub(crate) async fn run_inline(
     Ok(inline.run(command_id, command).await?)
 }
 
+/// Runs an acquire or an ensure in this process when its worker serves the node and
+/// the decision is the cheap one (a warm acquire, an ensure that needs no fetch; ADR
+/// 32). `None`: it takes the queue under the same command id (another decision, no
+/// worker here, or a command id already in the ledger, whose outcome the queue's wait
+/// answers). The caller's local repository URL is checked first, as
+/// [`AppState::submit`] checks it.
+pub(crate) async fn reuse_inline(
+    state: &AppState,
+    command_id: Uuid,
+    command: &Command,
+    token: Option<&str>,
+) -> Result<Option<CommandResult>, ApiError> {
+    let Some(inline) = &state.inline else {
+        return Ok(None);
+    };
+    if inline.writes.is_none() || !reuses_inline(command) {
+        return Ok(None);
+    }
+    state.check_repo_source(command)?;
+    let token = token.map(|t| GitToken::new(t.to_string()));
+    Ok(inline.reuse(command_id, command, token.as_ref()).await?)
+}
+
 /// The optional `Idempotency-Key` header of a tool call: a retry with the same key is
 /// the same command, answered with its first outcome and never run twice.
 fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
@@ -179,7 +203,8 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<&str>, ApiError> {
 pub const IDEMPOTENCY_HEADER: &str = "Idempotency-Key";
 
 /// Tools answered in this process: read tools (ADR 24) and, with the worker's writes
-/// port, file write tools and execs (ADR 31), at most as many reads and as many writes
+/// port, file write tools and execs (ADR 31) and warm acquires and ensures (ADR 34), at
+/// most as many reads and as many writes
 /// at once as the worker runs jobs, so they cannot starve the queue of threads and
 /// connections. Shared by
 /// the tool and exec routes and MCP over HTTP.
@@ -221,6 +246,25 @@ impl InlineHost {
         writes.run(command_id, command).await
     }
 
+    /// A reuse (ADR 34) is as short as a read: it takes a read permit, so long execs
+    /// holding the write permits never hold up a warm acquire.
+    async fn bounded_reuse(
+        &self,
+        command_id: Uuid,
+        command: &Command,
+        token: Option<&GitToken>,
+    ) -> Result<Option<CommandResult>, CommandError> {
+        let Some(writes) = &self.writes else {
+            return Ok(None);
+        };
+        let _permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| CommandError::new(ErrorKind::Unavailable, "stopping"))?;
+        writes.reuse(command_id, command, token).await
+    }
+
     async fn bounded(&self, workspace_id: Uuid, op: &ToolOp) -> Result<ToolOutput, CommandError> {
         let _permit = self
             .permits
@@ -252,6 +296,15 @@ impl InlineWrites for InlineHost {
         command: &'a Command,
     ) -> futures::future::BoxFuture<'a, Result<Option<CommandResult>, CommandError>> {
         Box::pin(self.bounded_run(command_id, command))
+    }
+
+    fn reuse<'a>(
+        &'a self,
+        command_id: Uuid,
+        command: &'a Command,
+        token: Option<&'a GitToken>,
+    ) -> futures::future::BoxFuture<'a, Result<Option<CommandResult>, CommandError>> {
+        Box::pin(self.bounded_reuse(command_id, command, token))
     }
 }
 

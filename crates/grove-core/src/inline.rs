@@ -12,14 +12,22 @@
 //! receiving process's node also runs in that process ([`InlineWrites`]), with its
 //! ledger row, the workspace's exclusive lock and fencing as the queued handler takes
 //! them, in the fewest flushed commits that keep the queue's guarantees.
+//!
+//! Reuses (ADR 34): an acquire whose key's workspace exists, whole, on the receiving
+//! process's node, and an ensure of a cache fresh enough to need no fetch, also run
+//! there ([`InlineWrites::reuse`]): one commit of ledger row, job, events and outcome.
+//! Every other acquire or ensure (a create, a restore, a fetch, a remote placement)
+//! takes the queue under the same command id.
 
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
-use crate::commands::{Command, CommandResult};
+use crate::commands::{AcquireWorkspace, Command, CommandResult};
+use crate::decide::acquire::{acquire_step, AcquireStep};
 use crate::error::CommandError;
 use crate::model::WorkspaceRow;
 use crate::placement::Placement;
+use crate::ports::GitToken;
 use crate::tools::{ToolOp, ToolOutput};
 
 /// Runs read tools against workspaces of one node, in the calling process.
@@ -49,6 +57,52 @@ pub trait InlineWrites: Send + Sync {
         command_id: Uuid,
         command: &'a Command,
     ) -> BoxFuture<'a, Result<Option<CommandResult>, CommandError>>;
+
+    /// Runs `command` (one that [`reuses_inline`] accepts) under `command_id` when its
+    /// decision, taken under the queued handler's lock, is the cheap one
+    /// ([`reacquires_inline`]; an ensure of a cache that needs no fetch): its ledger
+    /// row, job, events and outcome in one commit. `Ok(None)` when it is not (nothing
+    /// was recorded, the command takes the queue) or when the command id is already in
+    /// the ledger; either way the caller submits it to the queue under the same id.
+    /// `token` is the caller's git token, which decides whether a cache cloned with
+    /// credentials may be reused without a fetch.
+    fn reuse<'a>(
+        &'a self,
+        command_id: Uuid,
+        command: &'a Command,
+        token: Option<&'a GitToken>,
+    ) -> BoxFuture<'a, Result<Option<CommandResult>, CommandError>>;
+}
+
+/// Whether `command` may be offered to [`InlineWrites::reuse`]: an acquire that asks
+/// for no remote placement, or an ensure that asks for no fetch. Whether it does run
+/// inline is decided under the lock.
+pub fn reuses_inline(command: &Command) -> bool {
+    match command {
+        Command::AcquireWorkspace(c) => c.remote_placement().is_none(),
+        Command::EnsureRepoCache(c) => !c.fetch,
+        _ => false,
+    }
+}
+
+/// Whether the acquire `c`, served by a process of `node`, is the cheap case that runs
+/// inline: the key's workspace `existing` lives on that node (not in a remote
+/// provider), has its files and its directory (`dir_exists`), so the queued handler
+/// would only re-acquire it. A create, a restore and every refusal take the queue.
+pub fn reacquires_inline(
+    node: &str,
+    c: &AcquireWorkspace,
+    existing: Option<&WorkspaceRow>,
+    dir_exists: bool,
+) -> bool {
+    c.remote_placement().is_none()
+        && existing.is_some_and(
+            |ws| matches!(Placement::of_node(&ws.node), Placement::Node(n) if n == node),
+        )
+        && matches!(
+            acquire_step(existing, node, None, dir_exists),
+            Ok(AcquireStep::Reacquire)
+        )
 }
 
 /// Whether `op` is a file write tool that runs inline (ADR 31): `create`,
@@ -159,6 +213,84 @@ mod tests {
         let mut elsewhere = ws("n1", "ready");
         elsewhere.id = Uuid::from_u128(8);
         assert!(!runs_inline("n1", &elsewhere, &write));
+    }
+
+    fn acquire(runtime: Option<&str>) -> AcquireWorkspace {
+        AcquireWorkspace {
+            user_id: "u".into(),
+            project_id: "p".into(),
+            repo_name: "o/r".into(),
+            repo_url: "https://example.com/o/r.git".into(),
+            base_ref: "main".into(),
+            mode: WorkspaceMode::Edit,
+            conversation_id: Some("s".into()),
+            task_id: None,
+            runtime: runtime.map(Into::into),
+            history_ignored: false,
+        }
+    }
+
+    #[test]
+    fn only_acquires_without_remote_placement_and_ensures_without_fetch_are_offered() {
+        let ensure = |fetch| {
+            Command::EnsureRepoCache(crate::commands::EnsureRepoCache {
+                repo_name: "o/r".into(),
+                repo_url: "https://example.com/o/r.git".into(),
+                fetch,
+            })
+        };
+        assert!(reuses_inline(&ensure(false)));
+        assert!(!reuses_inline(&ensure(true)), "a fetch asked for");
+        for runtime in [None, Some("local"), Some("docker")] {
+            assert!(
+                reuses_inline(&Command::AcquireWorkspace(acquire(runtime))),
+                "{runtime:?}"
+            );
+        }
+        for runtime in ["daytona", "e2b"] {
+            let c = Command::AcquireWorkspace(acquire(Some(runtime)));
+            assert!(!reuses_inline(&c), "{runtime}");
+        }
+        let pin = Command::PinWorkspace {
+            workspace_id: Uuid::nil(),
+            until: None,
+        };
+        assert!(!reuses_inline(&pin));
+    }
+
+    #[test]
+    fn only_an_acquire_of_a_whole_workspace_on_this_node_reacquires_inline() {
+        let ws = |node: &str, state: &str| row(WorkspaceMode::Edit, node, state);
+        // (served node, recorded (node, state), directory exists, placement, inline?)
+        let cases = [
+            ("n1", Some(("n1", "ready")), true, None, true),
+            ("n1", Some(("n1", "released")), true, None, true),
+            ("n1", Some(("n1", "ready")), true, Some("docker"), true),
+            // A create, a restore, a refusal: the queue.
+            ("n1", None, false, None, false),
+            ("n1", Some(("n1", "evicted")), false, None, false),
+            ("n1", Some(("n1", "evicting")), true, None, false),
+            ("n1", Some(("n1", "ready")), false, None, false),
+            ("n1", Some(("n2", "ready")), true, None, false),
+            // Remote placements, asked for or recorded.
+            ("n1", Some(("n1", "ready")), true, Some("e2b"), false),
+            (
+                "daytona",
+                Some(("daytona", "ready")),
+                false,
+                Some("daytona"),
+                false,
+            ),
+            ("daytona", Some(("daytona", "ready")), true, None, false),
+        ];
+        for (node, recorded, dir, runtime, want) in cases {
+            let existing = recorded.map(|(n, s)| ws(n, s));
+            assert_eq!(
+                reacquires_inline(node, &acquire(runtime), existing.as_ref(), dir),
+                want,
+                "{node} {recorded:?} dir={dir} {runtime:?}"
+            );
+        }
     }
 
     #[test]

@@ -8,6 +8,7 @@ use grove_core::commands::{AcquireWorkspace, CommandResult};
 use grove_core::decide::acquire::{acquire_step, AcquireStep};
 use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event};
+use grove_core::inline::reacquires_inline;
 use grove_core::model::{branch_for, Capabilities, RepoCacheRow, WorkspaceMode, WorkspaceRow};
 use grove_core::ports::{GitToken, RemoteWorkspaceRequest};
 use grove_core::validate::RepoUrl;
@@ -26,12 +27,7 @@ impl JobContext {
         token: Option<&GitToken>,
         at: DateTime<Utc>,
     ) -> Result<Handled, CommandError> {
-        let correlation = Correlation {
-            user_id: Some(c.user_id.clone()),
-            project_id: Some(c.project_id.clone()),
-            conversation_id: c.conversation_id.clone(),
-            task_id: c.task_id.clone(),
-        };
+        let correlation = acquire_correlation(c);
         let node = c
             .remote_placement()
             .map(str::to_string)
@@ -126,6 +122,54 @@ impl JobContext {
             events: [events, vec![created], point.into_iter().collect()].concat(),
             locks: cache_lock.into_iter().collect(),
         })
+    }
+
+    /// The cheap case of an acquire, for running it inline (ADR 34): the key's
+    /// workspace exists on this node, whole, so the queued handler would only re-acquire
+    /// it. Decided on a read without a lock first (anything else costs no lock), then
+    /// again on the key's lock, as the queued handler takes it; `None` (the lock
+    /// released) when it is not the cheap case, and the acquire takes the queue.
+    pub(crate) async fn reacquire_inline(
+        &self,
+        c: &AcquireWorkspace,
+        at: DateTime<Utc>,
+    ) -> Result<Option<Handled>, CommandError> {
+        let node = &self.config.node;
+        let key = c.key(node);
+        let cheap = |row: Option<&WorkspaceRow>| {
+            let dir_exists = row.is_some_and(|r| PathBuf::from(&r.local_path).is_dir());
+            reacquires_inline(node, c, row, dir_exists)
+        };
+        let seen = {
+            let mut conn = self.conn().await?;
+            rows::workspace_by_key(&mut conn, &key)
+                .await
+                .map_err(store_error)?
+        };
+        if !cheap(seen.as_ref()) {
+            return Ok(None);
+        }
+        let mut key_lock = self
+            .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
+            .await?;
+        let existing = match rows::workspace_by_key(key_lock.conn(), &key).await {
+            Ok(row) => row,
+            Err(e) => {
+                key_lock.release().await.ok();
+                return Err(store_error(e));
+            }
+        };
+        match existing {
+            Some(row) if cheap(Some(&row)) => {
+                let correlation = acquire_correlation(c);
+                self.reacquired(row, key_lock, correlation, at).map(Some)
+            }
+            // Changed while we waited for the lock (evicted, destroyed): the queue.
+            _ => {
+                key_lock.release().await.ok();
+                Ok(None)
+            }
+        }
     }
 
     /// An acquire of a key whose workspace exists: `workspace.acquired`.
@@ -253,6 +297,16 @@ impl JobContext {
             )],
         };
         Ok((fold_cache(existing, &events, at), events, cache_lock))
+    }
+}
+
+/// The correlation of an acquire's events: its user, project and scope.
+fn acquire_correlation(c: &AcquireWorkspace) -> Correlation {
+    Correlation {
+        user_id: Some(c.user_id.clone()),
+        project_id: Some(c.project_id.clone()),
+        conversation_id: c.conversation_id.clone(),
+        task_id: c.task_id.clone(),
     }
 }
 

@@ -138,6 +138,36 @@ impl JobContext {
         }
     }
 
+    /// The cheap case of an ensure, for running it inline (ADR 34): the cache exists,
+    /// is fresh, was cloned with the caller's credentials (or none) and has its files,
+    /// so the queued handler would only use it: `repo_cache.used` under the cache's
+    /// shared lock, as [`Self::ensure_repo_cache`] takes it. `None` (no lock held) when a
+    /// clone or a fetch is needed: the ensure takes the queue.
+    pub(crate) async fn use_cache_inline(
+        &self,
+        c: &EnsureRepoCache,
+        token: Option<&GitToken>,
+        at: DateTime<Utc>,
+    ) -> Result<Option<Handled>, CommandError> {
+        if c.fetch {
+            return Ok(None);
+        }
+        let url = RepoUrl::parse(&c.repo_url)?;
+        let need = CacheNeed {
+            fetch: false,
+            at,
+            freshness: self.config.cache_freshness,
+            scope: self.auth_scope(token).await?,
+        };
+        let used = self.use_shared(&url, &need).await?;
+        Ok(used.map(|(row, events, lock)| Handled {
+            result: Ok(CommandResult::RepoCache(row)),
+            events,
+            locks: lock.into_iter().collect(),
+            correlation: Correlation::default(),
+        }))
+    }
+
     pub async fn ensure_repo_cache(
         &self,
         c: &EnsureRepoCache,

@@ -20,6 +20,7 @@ use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Metadata};
 use grove_core::inline::{is_inline_write, InlineWrites};
 use grove_core::model::WorkspaceRow;
+use grove_core::ports::GitToken;
 use grove_core::tools::ToolRequest;
 use grove_postgres::locks::{AdvisoryLock, LeaseCommit};
 use grove_postgres::queue::{self, ClaimedJob};
@@ -66,6 +67,21 @@ impl InlineWrites for InlineWriter {
     ) -> BoxFuture<'a, Result<Option<CommandResult>, CommandError>> {
         Box::pin(self.spawned(command_id, command.clone()))
     }
+
+    fn reuse<'a>(
+        &'a self,
+        command_id: Uuid,
+        command: &'a Command,
+        token: Option<&'a GitToken>,
+    ) -> BoxFuture<'a, Result<Option<CommandResult>, CommandError>> {
+        let (command, token) = (command.clone(), token.cloned());
+        Box::pin(super::reuse::spawned(
+            self.deps.clone(),
+            command_id,
+            command,
+            token,
+        ))
+    }
 }
 
 async fn run(
@@ -95,7 +111,11 @@ async fn run(
     }
 }
 
-fn inline_metadata(deps: &JobContext, command_id: Uuid, correlation: Correlation) -> Metadata {
+pub(super) fn inline_metadata(
+    deps: &JobContext,
+    command_id: Uuid,
+    correlation: Correlation,
+) -> Metadata {
     Metadata {
         command_id,
         correlation,
@@ -309,18 +329,18 @@ async fn write_once(
     }
 }
 
-/// A finished `write_file`, to record.
-struct Written<'a> {
-    command_id: Uuid,
-    command: &'a Command,
-    md: Metadata,
-    outcome: Result<CommandResult, CommandError>,
-    events: Vec<grove_core::events::Event>,
+/// A finished `write_file` (or a reuse, ADR 34), to record.
+pub(super) struct Written<'a> {
+    pub(super) command_id: Uuid,
+    pub(super) command: &'a Command,
+    pub(super) md: Metadata,
+    pub(super) outcome: Result<CommandResult, CommandError>,
+    pub(super) events: Vec<grove_core::events::Event>,
 }
 
 /// [`write_once`]'s one commit, on the lock's connection, fenced by the lock: false
 /// (nothing written) when the command id was taken meanwhile.
-async fn record_write(
+pub(super) async fn record_write(
     deps: &JobContext,
     w: &Written<'_>,
     lock: &mut AdvisoryLock,

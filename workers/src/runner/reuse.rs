@@ -1,0 +1,124 @@
+//! Acquires and ensures whose decision is the cheap one, run by the process that
+//! received them (ADR 34): the worker's side of
+//! [`grove_core::inline::InlineWrites::reuse`].
+//!
+//! A warm acquire (the key's workspace exists, whole, on this node) and an ensure of a
+//! cache fresh enough to need no fetch only record that they used what exists: both may
+//! run again, so nothing is recorded before the decision. Under the lock the queued
+//! handler takes (the key's, exclusive; the cache's, shared), the handler's own
+//! decision code builds the events and the answer; then one transaction on the lock's
+//! connection holds the ledger row and job (`grove.start_inline`), the fence check, the
+//! events and the outcome: the commit path of an inline `write_file`
+//! ([`super::inline::record_write`]). Anything else (a create, a restore, a fetch, a
+//! clone) records nothing here and answers `None`: the caller submits the command to
+//! the queue under the same command id. So does a command id already in the ledger,
+//! whose recorded outcome the queue's wait answers.
+
+use std::sync::Arc;
+
+use grove_core::commands::{Command, CommandResult};
+use grove_core::error::CommandError;
+use grove_core::ports::GitToken;
+use grove_postgres::locks::AdvisoryLock;
+use grove_postgres::trace_context::TARGET;
+use grove_postgres::StoreError;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::inline::{inline_metadata, record_write, Written};
+use crate::context::{internal, now, store_error, Handled, JobContext};
+
+/// Runs [`reuse`] in a task of its own, so a caller that goes away does not stop it
+/// between its lock and its commit.
+pub(super) async fn spawned(
+    deps: Arc<JobContext>,
+    command_id: Uuid,
+    command: Command,
+    token: Option<GitToken>,
+) -> Result<Option<CommandResult>, CommandError> {
+    let span = tracing::trace_span!(target: TARGET, "grove.inline", command_id = %command_id, kind = command.kind());
+    let task = async move { reuse(&deps, command_id, &command, token.as_ref()).await };
+    tokio::spawn(task.instrument(span))
+        .await
+        .map_err(|e| internal(format!("an inline command's task failed: {e}")))?
+}
+
+/// The cheap case of `command`, decided and recorded; `None` when it takes the queue.
+async fn reuse(
+    deps: &JobContext,
+    command_id: Uuid,
+    command: &Command,
+    token: Option<&GitToken>,
+) -> Result<Option<CommandResult>, CommandError> {
+    command.validate()?;
+    // A local repository URL its submitter may not use is refused before anything, as
+    // the queued handler refuses it.
+    deps.check_repo_source(command, command_id).await?;
+    let at = now();
+    let handled = match command {
+        Command::AcquireWorkspace(c) => deps.reacquire_inline(c, at).await?,
+        Command::EnsureRepoCache(c) => deps.use_cache_inline(c, token, at).await?,
+        _ => None,
+    };
+    match handled {
+        Some(handled) => commit(deps, command_id, command, handled).await,
+        None => Ok(None),
+    }
+}
+
+/// Records a decided reuse in one commit on its lock's connection, fenced by that lock,
+/// and frees the lock (announcing the outcome in the same round trip). `None` when the
+/// command id was taken meanwhile: nothing was written.
+async fn commit(
+    deps: &JobContext,
+    command_id: Uuid,
+    command: &Command,
+    handled: Handled,
+) -> Result<Option<CommandResult>, CommandError> {
+    let mut locks = handled.locks.into_iter();
+    let Some(mut lock) = locks.next() else {
+        return Err(internal("an inline reuse was decided without its lock"));
+    };
+    let written = Written {
+        command_id,
+        command,
+        md: inline_metadata(deps, command_id, handled.correlation),
+        outcome: handled.result,
+        events: handled.events,
+    };
+    let recorded = record_retrying(deps, &written, &mut lock).await;
+    for other in locks {
+        other.release().await.ok();
+    }
+    match recorded {
+        Ok(true) => {
+            lock.release_announcing(command_id).await.ok();
+            written.outcome.map(Some)
+        }
+        Ok(false) => {
+            lock.release().await.ok();
+            Ok(None)
+        }
+        Err(e) => {
+            lock.release().await.ok();
+            Err(store_error(e))
+        }
+    }
+}
+
+/// [`record_write`], again when another append took the stream's next version first
+/// (up to three tries, as the queue's outcome).
+async fn record_retrying(
+    deps: &JobContext,
+    written: &Written<'_>,
+    lock: &mut AdvisoryLock,
+) -> Result<bool, StoreError> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match record_write(deps, written, lock).await {
+            Err(StoreError::Conflict(_)) if tries < 3 => continue,
+            other => return other,
+        }
+    }
+}
