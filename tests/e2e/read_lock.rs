@@ -38,8 +38,13 @@ async fn holder_pid(env: &grove_e2e::TestEnv, key: i64) -> i32 {
 async fn a_read_lock_writes_no_lease_and_keeps_a_writer_out() {
     let env = env_or_skip!("a_read_lock_writes_no_lease_and_keeps_a_writer_out");
     let id = Uuid::new_v4();
-    let (read, row) = ReadLock::acquire_workspace(&env.pool, id, SHORT).await.unwrap();
-    assert!(row.is_none(), "no such workspace: no row, the lock held anyway");
+    let (read, row) = ReadLock::acquire_workspace(&env.pool, id, SHORT)
+        .await
+        .unwrap();
+    assert!(
+        row.is_none(),
+        "no such workspace: no row, the lock held anyway"
+    );
     assert_eq!(leases(&env).await, 0, "a read takes no lease");
     let writer = AdvisoryLock::acquire(
         &env.pool,
@@ -115,7 +120,9 @@ async fn a_read_waits_for_the_exclusive_lease_of_a_writer_that_lost_its_connecti
 async fn a_read_lock_lost_while_held_fails_its_release() {
     let env = env_or_skip!("a_read_lock_lost_while_held_fails_its_release");
     let id = Uuid::new_v4();
-    let (read, _) = ReadLock::acquire_workspace(&env.pool, id, SHORT).await.unwrap();
+    let (read, _) = ReadLock::acquire_workspace(&env.pool, id, SHORT)
+        .await
+        .unwrap();
     let key = lock_key(LockScope::WorkspaceCommands, &id.to_string());
     let pid = holder_pid(&env, key).await;
     sqlx::query("SELECT pg_terminate_backend($1)")

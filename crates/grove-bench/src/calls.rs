@@ -65,7 +65,11 @@ async fn http_rows(ctx: &mut Ctx, api: &Api, fleet: usize, out: &mut Out) -> Res
     emit(out, "call", "read_file", fleet, row.await?, "open + read");
     let view = json!({"path": file, "range": [1, -1]});
     let view_path = format!("{tools}/view");
-    let row = timed_pair(n, || api.post(&view_path, view.clone()), || read_floor(&on_disk));
+    let row = timed_pair(
+        n,
+        || api.post(&view_path, view.clone()),
+        || read_floor(&on_disk),
+    );
     emit(out, "call", "view", fleet, row.await?, "open + read");
     search_row(api, &tools, &dir, fleet, n, out).await?;
     let flushes = Flushes::start(ctx).await?;
@@ -113,8 +117,19 @@ async fn search_row(
 ) -> Result<()> {
     let body = json!({"pattern": SEARCHED, "max_results": 1000});
     let path = format!("{tools}/search");
-    let row = timed_pair(n.min(50), || api.post(&path, body.clone()), || grep_floor(dir));
-    emit(out, "call", "search", fleet, row.await?, "grep -rn of the same literal");
+    let row = timed_pair(
+        n.min(50),
+        || api.post(&path, body.clone()),
+        || grep_floor(dir),
+    );
+    emit(
+        out,
+        "call",
+        "search",
+        fleet,
+        row.await?,
+        "grep -rn of the same literal",
+    );
     Ok(())
 }
 
@@ -126,7 +141,10 @@ async fn grep_floor(dir: &Path) -> Result<()> {
         .status()
         .await?;
     // 0: found, 1: not found; 2 or more: an error.
-    anyhow::ensure!(status.code().is_some_and(|c| c < 2), "grep failed: {status}");
+    anyhow::ensure!(
+        status.code().is_some_and(|c| c < 2),
+        "grep failed: {status}"
+    );
     Ok(())
 }
 

@@ -55,7 +55,9 @@ impl ReadLock {
     }
 
     fn conn(&mut self) -> &mut sqlx::PgConnection {
-        self.conn.as_deref_mut().expect("a held lock has its connection")
+        self.conn
+            .as_deref_mut()
+            .expect("a held lock has its connection")
     }
 
     /// Frees the lock. An error means the lock may have been lost while it was held:

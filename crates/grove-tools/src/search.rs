@@ -81,9 +81,8 @@ impl Workspace {
                 path: start.as_str().into(),
             });
         }
-        let root = rules::open_dir(self.root.fd(), ".").ok_or_else(|| ToolError::NotFound {
-            path: ".".into(),
-        })?;
+        let root = rules::open_dir(self.root.fd(), ".")
+            .ok_or_else(|| ToolError::NotFound { path: ".".into() })?;
         let mut search = Search {
             matcher: matcher(q.pattern, q.regex, q.case_sensitive)?,
             whole: whole_file_matcher(q),
@@ -290,9 +289,9 @@ fn overrides(root: &std::path::Path, globs: &[String]) -> Result<Option<Override
             ToolError::InvalidInput(format!("invalid glob {g:?}: {}", one_line(&e.to_string())))
         })?;
     }
-    let built = builder
-        .build()
-        .map_err(|e| ToolError::InvalidInput(format!("invalid glob: {}", one_line(&e.to_string()))))?;
+    let built = builder.build().map_err(|e| {
+        ToolError::InvalidInput(format!("invalid glob: {}", one_line(&e.to_string())))
+    })?;
     Ok(Some(built))
 }
 

@@ -63,7 +63,11 @@ impl InlineReader {
         output
     }
 
-    async fn on_this_node(&self, ws: &WorkspaceRow, op: &ToolOp) -> Result<ToolOutput, CommandError> {
+    async fn on_this_node(
+        &self,
+        ws: &WorkspaceRow,
+        op: &ToolOp,
+    ) -> Result<ToolOutput, CommandError> {
         if ws.node == self.ctx.config.node {
             self.ctx.run_tool(ws, op, None).await
         } else {

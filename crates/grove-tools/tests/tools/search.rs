@@ -184,7 +184,12 @@ fn a_fifo_named_as_a_rule_file_does_not_hang_search() {
     let s = Scratch::new();
     s.write("sub/a.txt", "needle\n");
     std::fs::create_dir_all(s.root.join(".git/info")).unwrap();
-    for fifo in [".gitignore", "sub/.gitignore", "sub/.ignore", ".git/info/exclude"] {
+    for fifo in [
+        ".gitignore",
+        "sub/.gitignore",
+        "sub/.ignore",
+        ".git/info/exclude",
+    ] {
         rustix::fs::mknodat(
             rustix::fs::CWD,
             s.root.join(fifo),
@@ -246,7 +251,11 @@ fn anchors_match_at_every_line() {
     let s = Scratch::new();
     s.write("a.txt", "x\nneedle\r\nneedle tail\n");
     let ws = s.ws();
-    for (pattern, want) in [("^needle$", vec![2]), (r"\Aneedle", vec![2, 3]), ("tail$", vec![3])] {
+    for (pattern, want) in [
+        ("^needle$", vec![2]),
+        (r"\Aneedle", vec![2, 3]),
+        ("tail$", vec![3]),
+    ] {
         let (hits, _) = ws
             .search(&SearchQuery {
                 regex: true,
