@@ -172,7 +172,7 @@ pub(crate) fn check(root: &OwnedFd, enter: &dyn Fn(&Path) -> bool) -> Result<Che
 }
 
 /// Queues the entries of `dir` (at `rel`) that may be directories, `.git` aside.
-fn push_children(
+pub(crate) fn push_children(
     dir: &Rc<OwnedFd>,
     rel: &Path,
     pending: &mut Vec<(Rc<OwnedFd>, CString, PathBuf)>,

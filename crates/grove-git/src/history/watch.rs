@@ -29,9 +29,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
 use grove_core::error::GitError;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
-use rustix::fs::{Dir, FileType, Mode, OFlags};
+use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use uuid::Uuid;
+
+use crate::rules::push_children;
 
 /// Caps of one workspace's tracker: past either, it becomes unknown (a full walk).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -506,26 +508,6 @@ impl Registry {
         self.by_wd.insert(wd, (id, rel.to_path_buf()));
         Ok(())
     }
-}
-
-/// Queues the entries of `dir` (at `rel`) that may be directories, `.git` aside.
-fn push_children(
-    dir: &Rc<OwnedFd>,
-    rel: &Path,
-    pending: &mut Vec<(Rc<OwnedFd>, CString, PathBuf)>,
-) -> Result<(), Errno> {
-    for entry in Dir::read_from(dir.as_fd())? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name == c"." || name == c".." || name == c".git" {
-            continue;
-        }
-        if matches!(entry.file_type(), FileType::Directory | FileType::Unknown) {
-            let child = rel.join(OsStr::from_bytes(name.to_bytes()));
-            pending.push((dir.clone(), name.to_owned(), child));
-        }
-    }
-    Ok(())
 }
 
 /// The directory at `rel` below `root`, each component opened without following a
