@@ -35,7 +35,7 @@ use grove_core::tools::{ToolOp, ToolOutput, WrittenFile};
 pub use error::ToolError;
 pub use files::{MAX_LISTING, MAX_READ_BYTES, VIEW_DEPTH};
 pub use path::{RelPath, Root};
-pub use search::{matcher, SearchQuery, MAX_HIT_CHARS, MAX_SEARCH_FILE_BYTES};
+pub use search::{matcher, SearchQuery, MAX_HIT_CHARS, MAX_SEARCH_DEPTH, MAX_SEARCH_FILE_BYTES};
 
 /// One workspace directory, opened for tool operations.
 #[derive(Debug)]

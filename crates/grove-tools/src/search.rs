@@ -20,6 +20,8 @@ use crate::Workspace;
 
 /// Files larger than this are not searched (generated or data files, usually).
 pub const MAX_SEARCH_FILE_BYTES: u64 = 4 * 1024 * 1024;
+/// Directories deeper than this below the search's start are not searched.
+pub const MAX_SEARCH_DEPTH: usize = 256;
 /// A file with a NUL byte in its first this-many bytes is binary and skipped.
 const BINARY_PROBE: usize = 8 * 1024;
 /// Longest line text returned per hit.
@@ -119,7 +121,7 @@ impl Search<'_> {
                 .push(next.as_fd(), &path, &self.root_path.join(&path));
             (dir, at) = (next, path);
         }
-        self.dir(dir.as_fd(), &at);
+        self.dir(dir.as_fd(), &at, 0);
     }
 
     fn is_file(&self, dir: BorrowedFd<'_>, name: &str) -> bool {
@@ -128,7 +130,10 @@ impl Search<'_> {
     }
 
     /// Searches the entries of `dir` (at `at`) in name order, depth first.
-    fn dir(&mut self, dir: BorrowedFd<'_>, at: &str) {
+    /// `depth`: directories above this one below the start; one deeper than
+    /// [`MAX_SEARCH_DEPTH`] is not entered (a tree nested a hundred thousand deep must
+    /// not exhaust the walking thread's stack).
+    fn dir(&mut self, dir: BorrowedFd<'_>, at: &str, depth: usize) {
         for (name, kind) in entries(dir) {
             if self.truncated {
                 return;
@@ -145,13 +150,16 @@ impl Search<'_> {
                 self.file(dir, &name, path);
                 continue;
             }
+            if depth >= MAX_SEARCH_DEPTH {
+                continue;
+            }
             let Some(child) = rules::open_dir(dir, &name) else {
                 continue;
             };
             let pushed = self
                 .rules
                 .push(child.as_fd(), &path, &self.root_path.join(&path));
-            self.dir(child.as_fd(), &path);
+            self.dir(child.as_fd(), &path, depth + 1);
             if pushed {
                 self.rules.pop();
             }

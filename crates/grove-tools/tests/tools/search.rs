@@ -266,3 +266,35 @@ fn anchors_match_at_every_line() {
         assert_eq!(lines, want, "{pattern}");
     }
 }
+
+/// A tree nested far deeper than any source tree neither crashes the search nor makes
+/// it walk without end: directories past the depth cap are left out, the rest found.
+#[test]
+fn a_very_deep_tree_is_searched_to_the_depth_cap_only() {
+    let s = Scratch::new();
+    s.write("top.txt", "needle\n");
+    let mut dir = std::fs::File::open(&s.root).unwrap();
+    for _ in 0..(grove_tools::MAX_SEARCH_DEPTH + 50) {
+        use std::os::fd::AsFd;
+        rustix::fs::mkdirat(dir.as_fd(), "d", rustix::fs::Mode::from_raw_mode(0o755)).unwrap();
+        let next = rustix::fs::openat(
+            dir.as_fd(),
+            "d",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY,
+            rustix::fs::Mode::empty(),
+        )
+        .unwrap();
+        dir = std::fs::File::from(next);
+    }
+    use std::io::Write;
+    let deepest = rustix::fs::openat(
+        &dir,
+        "deep.txt",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CREATE,
+        rustix::fs::Mode::from_raw_mode(0o644),
+    )
+    .unwrap();
+    std::fs::File::from(deepest).write_all(b"needle\n").unwrap();
+    let (hits, _) = s.ws().search(&q("needle")).unwrap();
+    assert_eq!(paths(&hits), vec![("top.txt".into(), 1)]);
+}
