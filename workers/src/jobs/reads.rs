@@ -38,18 +38,20 @@ impl InlineReader {
                 ),
             ));
         }
-        // A merge-back a dead worker left half-done is finished (a write) under the
-        // leased lock first, as a queued read would.
+        let (lock, ws) =
+            ReadLock::acquire_workspace(&self.ctx.pool, workspace_id, self.ctx.config.lock_timeout)
+                .await
+                .map_err(store_error)?;
+        // A merge-back a dead worker left half-done (looked for under the lock, so none
+        // can be left between the look and the read) is finished first, a write, under
+        // the leased lock, as a queued read would.
         if self.ctx.journal_path(workspace_id).exists() {
+            lock.release().await.ok();
             let (ws, lock) = self.ctx.lock_workspace(workspace_id, true).await?;
             let output = self.on_this_node(&ws, op).await;
             lock.release().await.ok();
             return output;
         }
-        let (lock, ws) =
-            ReadLock::acquire_workspace(&self.ctx.pool, workspace_id, self.ctx.config.lock_timeout)
-                .await
-                .map_err(store_error)?;
         let output = match ws {
             Some(ws) if ws.state.has_files() => self.on_this_node(&ws, op).await,
             Some(_) => Err(evicted(workspace_id)),
