@@ -14,7 +14,7 @@ use grove_core::layout::Layout;
 use grove_core::model::{to_db_precision, RepoCacheRow, WorkspaceRow};
 use grove_core::ports::{GitPort, RuntimeRegistry};
 use grove_core::projection::Projections;
-use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::{rows, store, StoreError};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -116,7 +116,22 @@ impl JobContext {
         value: &str,
         shared: bool,
     ) -> Result<AdvisoryLock, CommandError> {
-        AdvisoryLock::acquire(&self.pool, scope, value, shared, self.config.lock_timeout)
+        self.lock_with(scope, value, shared, LeaseCommit::Flushed)
+            .await
+    }
+
+    /// [`Self::lock`] with the lease's commit flushed as `commit` says: a holder taking
+    /// [`LeaseCommit::WithNextCommit`] makes a flushed commit before any effect outside
+    /// the database.
+    pub(crate) async fn lock_with(
+        &self,
+        scope: LockScope,
+        value: &str,
+        shared: bool,
+        commit: LeaseCommit,
+    ) -> Result<AdvisoryLock, CommandError> {
+        let timeout = self.config.lock_timeout;
+        AdvisoryLock::acquire_with(&self.pool, scope, value, shared, timeout, commit)
             .await
             .map_err(store_error)
     }

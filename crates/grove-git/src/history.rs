@@ -15,13 +15,16 @@
 //! workspace dropped them.
 
 mod beneath;
+mod held;
 mod ignored;
 mod incremental;
 mod pack;
 mod repack;
 mod rewind;
+mod tree_edit;
 mod watch;
 
+use std::cell::Cell;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -149,7 +152,7 @@ pub(crate) fn snapshot(
     ignored: IgnoredFiles,
 ) -> Result<Snapshot, GitError> {
     let build = |store: &Repository, head: &git2::Tree<'_>| {
-        work_tree(store, paths, head, ignored, &|_, _, _| {})
+        Ok(work_tree(store, paths, head, ignored, None, &|_, _, _| {})?.0)
     };
     Ok(point(paths, workspace_id, previous, build)?.0)
 }
@@ -168,37 +171,50 @@ pub(crate) fn tracked_snapshot(
         watch::forget(workspace_id);
         return snapshot(paths, workspace_id, previous, ignored);
     }
-    let mut read = watch::ChangeSet::default();
+    let mut tracked = Tracked::default();
     let build = |store: &Repository, head: &git2::Tree<'_>| {
-        tracked_tree(store, paths, head, workspace_id, limits, &mut read)
+        tracked_tree(store, paths, head, workspace_id, limits, &mut tracked)
     };
     let (snap, built) = point(paths, workspace_id, previous, build)?;
     // Only now, the point's ref written, do the paths it read leave the set.
-    watch::settle(workspace_id, &read, &built.oversized);
+    watch::settle(workspace_id, &tracked.read, &built.oversized, tracked.held);
     Ok(snap)
 }
 
-/// The tree of a point from the tracker's changes (`read` gets them), or by a full
-/// walk that first re-establishes the tracker's watches.
+/// What a tracked point hands its tracker when its ref is written.
+#[derive(Default)]
+struct Tracked {
+    /// The changes it read.
+    read: watch::ChangeSet,
+    /// The index it left, and its tree.
+    held: Option<held::Held>,
+}
+
+/// The tree of a point from the tracker's changes and held index, or by a full walk
+/// that first re-establishes the tracker's watches.
 fn tracked_tree(
     store: &Repository,
     paths: &HistoryPaths<'_>,
     head: &git2::Tree<'_>,
     workspace_id: Uuid,
     limits: WatchLimits,
-    read: &mut watch::ChangeSet,
+    tracked: &mut Tracked,
 ) -> Result<Built, GitError> {
-    let (mut index, root) = open_index(store, paths)?;
-    let taken = {
-        let enter = |rel: &Path, fd: &OwnedFd| incremental::watched_dir(store, &index, fd, rel);
-        watch::take(workspace_id, &root, &enter)
-    };
-    if let Some(set) = taken {
-        match incremental::apply(store, &mut index, &root, &set) {
+    store
+        .set_workdir(paths.workspace_dir, false)
+        .map_err(local)?;
+    let root = beneath::open_root(paths.workspace_dir)?;
+    let enter =
+        |index: &Index, rel: &Path, fd: &OwnedFd| incremental::watched_dir(store, index, fd, rel);
+    if let Some((set, mut held)) = watch::take(workspace_id, &root, &enter) {
+        match incremental::apply(store, &mut held.index, &root, &set) {
             Ok(Some(walked)) => {
-                *read = set;
-                return finish(store, paths, index, walked, ignored::Fitted::default());
+                let built = edited(store, &mut held, walked)?;
+                tracked.read = set;
+                tracked.held = Some(held);
+                return Ok(built);
             }
+            // The held index is part-applied: the walk starts from the file.
             Ok(None) => {}
             Err(e) => {
                 watch::forget(workspace_id);
@@ -206,14 +222,53 @@ fn tracked_tree(
             }
         }
     }
-    drop(index);
+    let epoch = Cell::new(None);
     let establish = |store: &Repository, index: &Index, root: &OwnedFd| {
         let enter = |rel: &Path, fd: &OwnedFd| incremental::watched_dir(store, index, fd, rel);
-        if !watch::establish(workspace_id, root, limits, &enter) {
+        epoch.set(watch::establish(workspace_id, root, limits, &enter));
+        if epoch.get().is_none() {
             tracing::debug!(workspace = %workspace_id, "no change tracker: points walk the tree");
         }
     };
-    work_tree(store, paths, head, IgnoredFiles::Excluded, &establish)
+    let start = watch::spare(workspace_id);
+    let (built, index) = work_tree(
+        store,
+        paths,
+        head,
+        IgnoredFiles::Excluded,
+        start,
+        &establish,
+    )?;
+    if let Some(epoch) = epoch.get() {
+        tracked.read.epoch = epoch;
+        tracked.held = Some(held::Held {
+            index,
+            tree: built.tree,
+            unsaved: false,
+        });
+    }
+    Ok(built)
+}
+
+/// The point's tree from the held index's tree and the paths a tracked point changed
+/// (ADR 35); the index file is not written.
+fn edited(store: &Repository, held: &mut held::Held, walked: Walked) -> Result<Built, GitError> {
+    if !walked.touched.is_empty() {
+        let touched = walked.touched.iter().map(Vec::as_slice);
+        held.tree = tree_edit::edit(store, held.tree, &held.index, touched)?;
+        held.unsaved = true;
+    }
+    debug_assert_eq!(
+        held.index.write_tree_to(store).ok(),
+        Some(held.tree),
+        "a tracked point's edited tree differs from its index's"
+    );
+    Ok(Built {
+        tree: held.tree,
+        plain: held.tree,
+        ignored_omitted: 0,
+        oversized: walked.oversized,
+    })
 }
 
 /// The parts of a point around its tree: HEAD and branch read from the workspace (its
@@ -277,15 +332,21 @@ struct Built {
     oversized: Vec<PathBuf>,
 }
 
-/// The store's private index, the store's work tree set to the workspace, and the
-/// workspace root opened without following a link.
-fn open_index(store: &Repository, paths: &HistoryPaths<'_>) -> Result<(Index, OwnedFd), GitError> {
+/// The store's private index (`start`, else its file), the store's work tree set to
+/// the workspace, and the workspace root opened without following a link.
+fn open_index(
+    store: &Repository,
+    paths: &HistoryPaths<'_>,
+    start: Option<Index>,
+) -> Result<(Index, OwnedFd), GitError> {
     store
         .set_workdir(paths.workspace_dir, false)
         .map_err(local)?;
-    let mut index = Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?;
+    let mut index = match start {
+        Some(index) => index,
+        None => Index::open(&paths.store_dir.join(INDEX_FILE)).map_err(local)?,
+    };
     store.set_index(&mut index).map_err(local)?;
-    let index = store.index().map_err(local)?;
     Ok((index, beneath::open_root(paths.workspace_dir)?))
 }
 
@@ -293,15 +354,18 @@ fn open_index(store: &Repository, paths: &HistoryPaths<'_>) -> Result<(Index, Ow
 /// are added there, so what changes during the walk is queued).
 type BeforeWalk<'a> = &'a dyn Fn(&Repository, &Index, &OwnedFd);
 
-/// The working tree as a tree of the store, through the store's private index.
+/// The working tree as a tree of the store, through the store's private index (from
+/// its file, or a held one), and that index as the walk left it (saved).
 fn work_tree(
     store: &Repository,
     paths: &HistoryPaths<'_>,
     head: &git2::Tree<'_>,
     ignored: IgnoredFiles,
+    start: Option<held::Held>,
     before_walk: BeforeWalk<'_>,
-) -> Result<Built, GitError> {
-    let (mut index, root) = open_index(store, paths)?;
+) -> Result<(Built, Index), GitError> {
+    let unsaved = start.as_ref().is_some_and(|h| h.unsaved);
+    let (mut index, root) = open_index(store, paths, start.map(|h| h.index))?;
     let budget = match ignored {
         IgnoredFiles::Excluded => None,
         IgnoredFiles::Included { budget_bytes } => Some(budget_bytes),
@@ -334,38 +398,31 @@ fn work_tree(
         }
         None => ignored::Fitted::default(),
     };
-    finish(store, paths, index, walked, fitted)
-}
-
-/// Writes the point's tree (and the index, when it changed) from what was applied.
-fn finish(
-    store: &Repository,
-    paths: &HistoryPaths<'_>,
-    mut index: Index,
-    walked: Walked,
-    fitted: ignored::Fitted,
-) -> Result<Built, GitError> {
+    let changed = unsaved || walked.changed || fitted.changed;
     let tree = index.write_tree().map_err(local)?;
     let plain = if fitted.kept.is_empty() {
         tree
     } else {
         ignored::tree_without(store, &index, &fitted.kept)?
     };
-    if walked.changed || fitted.changed || !paths.store_dir.join(INDEX_FILE).exists() {
+    if changed || !paths.store_dir.join(INDEX_FILE).exists() {
         index.write().map_err(local)?;
     }
-    Ok(Built {
+    let built = Built {
         tree,
         plain,
         ignored_omitted: fitted.omitted,
         oversized: walked.oversized,
-    })
+    };
+    Ok((built, index))
 }
 
 /// What one walk changed in the private index.
 #[derive(Default)]
 struct Walked {
     changed: bool,
+    /// The index paths a tracked point read (their entries may have changed).
+    touched: std::collections::BTreeSet<Vec<u8>>,
     /// Ignored files new or changed since the last point (when they are kept), for the
     /// budget to weigh.
     ignored: Vec<Vec<u8>>,

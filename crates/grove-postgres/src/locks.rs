@@ -188,21 +188,36 @@ impl AdvisoryLock {
         shared: bool,
         timeout: Duration,
     ) -> Result<Self, StoreError> {
+        Self::acquire_with(pool, scope, value, shared, timeout, LeaseCommit::Flushed).await
+    }
+
+    /// [`Self::acquire`] with the lease's commit flushed as `commit` says.
+    pub async fn acquire_with(
+        pool: &PgPool,
+        scope: LockScope,
+        value: &str,
+        shared: bool,
+        timeout: Duration,
+        commit: LeaseCommit,
+    ) -> Result<Self, StoreError> {
         let key = lock_key(scope, value);
         let mut guard = Self::checkout(pool, key, shared).await?;
         let started = Instant::now();
-        let taken = sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5)")
+        let flush = commit == LeaseCommit::Flushed;
+        let taken = sqlx::query("SELECT grove.lock_leased($1, $2, $3, $4, $5, $6)")
             .bind(key)
             .bind(shared)
             .bind(millis(timeout))
             .bind(guard.fence.holder)
             .bind(millis(lease_length()))
+            .bind(flush)
             .execute(guard.conn())
             .instrument(lock_span(scope, shared))
             .await;
         waited(scope, &taken, started);
         taken.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
+        guard.flushed = flush;
         guard.keep_lease(started).await?;
         Ok(guard)
     }

@@ -12,7 +12,7 @@ use grove_core::inline::reacquires_inline;
 use grove_core::model::{branch_for, Capabilities, RepoCacheRow, WorkspaceMode, WorkspaceRow};
 use grove_core::ports::{GitToken, RemoteWorkspaceRequest};
 use grove_core::validate::RepoUrl;
-use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
 
@@ -149,8 +149,14 @@ impl JobContext {
         if !cheap(seen.as_ref()) {
             return Ok(None);
         }
+        // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let mut key_lock = self
-            .lock(LockScope::WorkspaceKey, &key.lock_string(), false)
+            .lock_with(
+                LockScope::WorkspaceKey,
+                &key.lock_string(),
+                false,
+                LeaseCommit::WithNextCommit,
+            )
             .await?;
         let existing = match rows::workspace_by_key(key_lock.conn(), &key).await {
             Ok(row) => row,

@@ -12,7 +12,7 @@ use grove_core::model::RepoCacheRow;
 use grove_core::ports::GitToken;
 use grove_core::state::RepoCacheState;
 use grove_core::validate::RepoUrl;
-use grove_postgres::locks::{AdvisoryLock, LockScope};
+use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
 
@@ -51,7 +51,7 @@ impl JobContext {
             freshness: self.config.cache_freshness,
             scope: scope.clone(),
         };
-        if let Some(used) = self.use_shared(&url, &need).await? {
+        if let Some(used) = self.use_shared(&url, &need, LeaseCommit::Flushed).await? {
             return Ok(used);
         }
         let lock = self
@@ -107,13 +107,19 @@ impl JobContext {
         &self,
         url: &RepoUrl,
         need: &CacheNeed,
+        commit: LeaseCommit,
     ) -> Result<Option<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>)>, CommandError> {
         let existing = self.cache_by_identity(url.identity()).await?;
         if !existing.as_ref().is_some_and(|row| need.usable(row)) {
             return Ok(None);
         }
         let shared = self
-            .lock(LockScope::RepoCache, &self.cache_lock_key(url), true)
+            .lock_with(
+                LockScope::RepoCache,
+                &self.cache_lock_key(url),
+                true,
+                commit,
+            )
             .await?;
         match self.cache_by_identity(url.identity()).await {
             Ok(Some(row)) if need.usable(&row) => {
@@ -159,7 +165,10 @@ impl JobContext {
             freshness: self.config.cache_freshness,
             scope: self.auth_scope(token).await?,
         };
-        let used = self.use_shared(&url, &need).await?;
+        // Its one effect is its flushed commit, which the lease rides on (ADR 35).
+        let used = self
+            .use_shared(&url, &need, LeaseCommit::WithNextCommit)
+            .await?;
         Ok(used.map(|(row, events, lock)| Handled {
             result: Ok(CommandResult::RepoCache(row)),
             events,

@@ -70,6 +70,7 @@ fn add(
     walked: &mut Walked,
 ) -> Result<(), GitError> {
     let had = index.get_path(path, 0);
+    walked.touched.insert(path.as_os_str().as_bytes().to_vec());
     match beneath::add(store, index, root, path, Some(MAX_POINT_FILE_BYTES))? {
         Added::Entry(_) => walked.changed = true,
         Added::Skipped => {
@@ -112,6 +113,7 @@ fn apply_tree(
         index.remove_dir(tree, 0).map_err(local)?;
         let _ = index.remove_path(tree);
         walked.changed = true;
+        walked.touched.extend(old.iter().cloned());
     }
     let Some(dir) = open_beneath(root, tree) else {
         return Ok(true); // gone: nothing comes back

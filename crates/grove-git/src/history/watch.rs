@@ -27,12 +27,14 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
+use git2::Index;
 use grove_core::error::GitError;
 use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
 use uuid::Uuid;
 
+use super::held::Held;
 use crate::rules::push_children;
 
 /// Caps of one workspace's tracker: past either, it becomes unknown (a full walk).
@@ -109,6 +111,8 @@ pub(crate) struct ChangeSet {
     /// The registry's event count when the set was taken: a path changed again after
     /// that (a later event for it) stays pending when the point settles.
     pub seq: u64,
+    /// The tracker the set is of (trackers are numbered as they are established).
+    pub epoch: u64,
 }
 
 /// A tracker's pending paths, each with the count of its latest event.
@@ -137,12 +141,19 @@ pub enum WatchState {
 /// an error makes the tracker unknown.
 pub(crate) type Enter<'a> = &'a dyn Fn(&Path, &OwnedFd) -> Result<bool, GitError>;
 
+/// [`Enter`] given the index a point uses.
+pub(crate) type EnterWith<'a> = &'a dyn Fn(&Index, &Path, &OwnedFd) -> Result<bool, GitError>;
+
 struct Tracker {
     changes: Pending,
     /// Directories created or moved in since the last point, watched when it drains.
     new_dirs: BTreeSet<PathBuf>,
     wds: HashSet<i32>,
     limits: WatchLimits,
+    epoch: u64,
+    /// The private index as of the last point (ADR 35); `None` while a point uses it,
+    /// or when none settled since the tracker was established.
+    held: Option<Held>,
 }
 
 impl Tracker {
@@ -160,6 +171,11 @@ struct Registry {
     paths: usize,
     /// Events recorded so far (the order of changes, for [`settle`]).
     seq: u64,
+    /// Trackers established so far.
+    epochs: u64,
+    /// The held indexes of trackers that turned unknown, for the full walk that
+    /// re-establishes them to start from (their files may be behind them).
+    spare: HashMap<Uuid, Held>,
 }
 
 static REGISTRY: OnceLock<Option<Mutex<Registry>>> = OnceLock::new();
@@ -191,6 +207,8 @@ fn registry() -> Option<MutexGuard<'static, Registry>> {
             watch_cap: process_watch_cap(),
             paths: 0,
             seq: 0,
+            epochs: 0,
+            spare: HashMap::new(),
         }))
     });
     let m = cell.as_ref()?;
@@ -240,47 +258,77 @@ pub(crate) fn state(id: Uuid) -> WatchState {
 }
 
 /// Drops workspace `id`'s tracker and its watches (released, evicted, destroyed, or a
-/// point that could not use it).
+/// point that could not use it); its held index is written to its file.
 pub(crate) fn forget(id: Uuid) {
-    if let Some(mut r) = registry() {
+    let held = registry().and_then(|mut r| {
         r.unknown(id);
+        r.spare.remove(&id)
+    });
+    if let Some(held) = held {
+        held.save();
     }
+}
+
+/// The held index a full walk of workspace `id` starts from, when its tracker left one.
+pub(crate) fn spare(id: Uuid) -> Option<Held> {
+    registry()?.spare.remove(&id)
 }
 
 /// Drains the queue and returns what changed in workspace `id` since its tracker's
 /// last point, its new directories now watched and marked for a read of their whole
-/// subtree; `None`: no tracker, or it turned unknown (a full walk is due).
-pub(crate) fn take(id: Uuid, root: &OwnedFd, enter: Enter<'_>) -> Option<ChangeSet> {
+/// subtree, with the index as of that point; `None`: no tracker, it turned unknown, or
+/// it holds no index (a full walk is due).
+pub(crate) fn take(id: Uuid, root: &OwnedFd, enter: EnterWith<'_>) -> Option<(ChangeSet, Held)> {
     let mut r = registry()?;
     r.drain();
-    let new_dirs = std::mem::take(&mut r.trackers.get_mut(&id)?.new_dirs);
+    let t = r.trackers.get_mut(&id)?;
+    let held = t.held.take()?;
+    let new_dirs = std::mem::take(&mut t.new_dirs);
     r.paths = r.paths.saturating_sub(new_dirs.len());
-    for dir in new_dirs {
-        if r.watch_new(id, root, &dir, enter).is_err() {
-            r.unknown(id);
-            return None;
-        }
+    let refused = {
+        let enter = |rel: &Path, fd: &OwnedFd| enter(&held.index, rel, fd);
+        new_dirs
+            .iter()
+            .any(|dir| r.watch_new(id, root, dir, &enter).is_err())
+    };
+    if refused {
+        r.unknown(id);
+        r.spare.insert(id, held);
+        return None;
     }
     let seq = r.seq;
-    r.trackers.get(&id).map(|t| ChangeSet {
+    let Some(t) = r.trackers.get(&id) else {
+        r.spare.insert(id, held);
+        return None;
+    };
+    let set = ChangeSet {
         files: t.changes.files.keys().cloned().collect(),
         trees: t.changes.trees.keys().cloned().collect(),
         seq,
-    })
+        epoch: t.epoch,
+    };
+    Some((set, held))
 }
 
 /// Starts workspace `id`'s tracker afresh (before the full walk that makes its point):
-/// a watch on every directory the walk enters. `false`: over a cap or refused (no
-/// tracker; the next point walks again).
-pub(crate) fn establish(id: Uuid, root: &OwnedFd, limits: WatchLimits, enter: Enter<'_>) -> bool {
+/// a watch on every directory the walk enters. Its epoch, or `None`: over a cap or
+/// refused (no tracker; the next point walks again).
+pub(crate) fn establish(
+    id: Uuid,
+    root: &OwnedFd,
+    limits: WatchLimits,
+    enter: Enter<'_>,
+) -> Option<u64> {
     if limits.dirs == 0 {
-        return false;
+        return None;
     }
-    let Some(mut r) = registry() else {
-        return false;
-    };
+    let mut r = registry()?;
     r.drain();
     r.unknown(id);
+    // The walk that follows chose its index already.
+    r.spare.remove(&id);
+    r.epochs += 1;
+    let epoch = r.epochs;
     r.trackers.insert(
         id,
         Tracker {
@@ -288,30 +336,42 @@ pub(crate) fn establish(id: Uuid, root: &OwnedFd, limits: WatchLimits, enter: En
             new_dirs: BTreeSet::new(),
             wds: HashSet::new(),
             limits,
+            epoch,
+            held: None,
         },
     );
     let Ok(dup) = rustix::io::dup(root) else {
         r.unknown(id);
-        return false;
+        return None;
     };
     if r.watch_subtree(id, dup, PathBuf::new(), enter).is_err() {
         r.unknown(id);
-        return false;
+        return None;
     }
-    true
+    Some(epoch)
 }
 
 /// After a point read `read`: those paths leave the set unless an event came for them
 /// after it was taken (the point may have read them before that change), and `keep`
 /// (paths a point must read again every time, such as files over the size limit) stay.
-pub(crate) fn settle(id: Uuid, read: &ChangeSet, keep: &[PathBuf]) {
+/// `held` (the index the point left) becomes the tracker's when the tracker is the one
+/// the set was of, or spare when the tracker is gone.
+pub(crate) fn settle(id: Uuid, read: &ChangeSet, keep: &[PathBuf], held: Option<Held>) {
     let Some(mut r) = registry() else {
         return;
     };
     let seq = r.seq;
     let Some(t) = r.trackers.get_mut(&id) else {
+        // It turned unknown meanwhile: its next full walk starts from this index.
+        if let Some(held) = held {
+            r.spare.insert(id, held);
+        }
         return;
     };
+    if t.epoch != read.epoch {
+        return;
+    }
+    t.held = held;
     let before = t.held();
     t.changes
         .files
@@ -428,9 +488,12 @@ impl Registry {
 
     /// Drops a tracker and its watches.
     fn unknown(&mut self, id: Uuid) {
-        let Some(t) = self.trackers.remove(&id) else {
+        let Some(mut t) = self.trackers.remove(&id) else {
             return;
         };
+        if let Some(held) = t.held.take() {
+            self.spare.insert(id, held);
+        }
         self.paths = self.paths.saturating_sub(t.held());
         for wd in t.wds {
             // Its IN_IGNORED comes later, for a descriptor no longer mapped.

@@ -218,6 +218,94 @@ fn a_deleted_directory_is_exact_without_a_walk() {
     t.assert_exact("deleted directories");
 }
 
+/// A tracked point edits the last point's tree along the changed paths (ADR 35): each
+/// change that reshapes the tree, compared with a full walk.
+#[test]
+fn tree_reshaping_changes_are_exact_without_a_walk() {
+    use std::os::unix::fs::PermissionsExt;
+    let mut t = Tracked::new(None);
+    let steps: Vec<(&str, Box<dyn Fn(&Tracked)>)> = vec![
+        (
+            "a file replaced by a directory of its name",
+            Box::new(|t| {
+                std::fs::remove_file(t.ws("README.md")).unwrap();
+                std::fs::create_dir_all(t.ws("README.md/inner")).unwrap();
+                std::fs::write(t.ws("README.md/inner/x.txt"), "x\n").unwrap();
+            }),
+        ),
+        (
+            "a directory replaced by a file of its name",
+            Box::new(|t| {
+                std::fs::remove_dir_all(t.ws("src")).unwrap();
+                std::fs::write(t.ws("src"), "now a file\n").unwrap();
+            }),
+        ),
+        (
+            "the last file of a nested directory removed",
+            Box::new(|t| std::fs::remove_file(t.ws("README.md/inner/x.txt")).unwrap()),
+        ),
+        (
+            "a mode change, a symlink and a file beside a name sorting between",
+            Box::new(|t| {
+                let f = t.ws("src");
+                std::fs::set_permissions(&f, std::fs::Permissions::from_mode(0o755)).unwrap();
+                std::os::unix::fs::symlink("../outside", t.ws("link")).unwrap();
+                std::fs::create_dir_all(t.ws("d/e")).unwrap();
+                std::fs::write(t.ws("d/e/f.txt"), "f\n").unwrap();
+                std::fs::write(t.ws("d-e"), "sorts between d and d/\n").unwrap();
+            }),
+        ),
+        (
+            "a file changed and changed back",
+            Box::new(|t| {
+                std::fs::write(t.ws("d/e/f.txt"), "g\n").unwrap();
+                std::fs::write(t.ws("d/e/f.txt"), "f\n").unwrap();
+            }),
+        ),
+        ("nothing", Box::new(|_| {})),
+        (
+            "everything removed",
+            Box::new(|t| {
+                for e in std::fs::read_dir(&t.co.ws).unwrap() {
+                    let e = e.unwrap();
+                    if e.file_name() == ".git" {
+                        continue;
+                    }
+                    let kind = e.file_type().unwrap();
+                    if kind.is_dir() {
+                        std::fs::remove_dir_all(e.path()).unwrap();
+                    } else {
+                        std::fs::remove_file(e.path()).unwrap();
+                    }
+                }
+            }),
+        ),
+    ];
+    for (what, change) in steps {
+        change(&t);
+        t.point();
+        assert!(known(t.state()), "{what}: tracked without a walk");
+        t.assert_exact(what);
+    }
+}
+
+/// A tracker dropped (released, evicted) saves its held index: the next point walks
+/// the tree from it and is exact.
+#[test]
+fn a_dropped_tracker_leaves_an_index_the_next_walk_is_exact_from() {
+    let mut t = Tracked::new(None);
+    std::fs::write(t.ws("README.md"), "one\n").unwrap();
+    std::fs::write(t.ws("kept.txt"), "kept\n").unwrap();
+    t.point();
+    t.co.git2.forget_tracker(t.id);
+    assert!(!known(t.state()));
+    std::fs::write(t.ws("README.md"), "two\n").unwrap();
+    let snap = t.point();
+    assert!(known(t.state()), "the walk established a tracker again");
+    assert_eq!(snap.changes.modified, 1, "README.md alone changed");
+    t.assert_exact("after a dropped tracker");
+}
+
 #[test]
 fn a_watched_directory_swapped_for_a_link_to_a_host_directory_stores_and_watches_nothing_of_the_host(
 ) {
