@@ -25,6 +25,8 @@ mod tree_edit;
 mod watch;
 
 use std::cell::Cell;
+use std::collections::BTreeSet;
+use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
@@ -253,9 +255,10 @@ fn tracked_tree(
 /// The point's tree from the held index's tree and the paths a tracked point changed
 /// (ADR 35); the index file is not written.
 fn edited(store: &Repository, held: &mut held::Held, walked: Walked) -> Result<Built, GitError> {
+    let base = held.tree;
     if !walked.touched.is_empty() {
         let touched = walked.touched.iter().map(Vec::as_slice);
-        held.tree = tree_edit::edit(store, held.tree, &held.index, touched)?;
+        held.tree = tree_edit::edit(store, base, &held.index, touched)?;
         held.unsaved = true;
     }
     debug_assert_eq!(
@@ -268,6 +271,10 @@ fn edited(store: &Repository, held: &mut held::Held, walked: Walked) -> Result<B
         plain: held.tree,
         ignored_omitted: 0,
         oversized: walked.oversized,
+        edited: Some(Edited {
+            base,
+            touched: walked.touched,
+        }),
     })
 }
 
@@ -308,7 +315,13 @@ where
         Some(p) => Some(point_tree(&store, p)?),
         None => None,
     };
-    let changes = counts(&store, before, built.tree)?;
+    // Only the paths a tracked point touched can differ from the tree it edited.
+    let only = built
+        .edited
+        .as_ref()
+        .filter(|e| before == Some(e.base))
+        .map(|e| &e.touched);
+    let changes = counts(&store, before, built.tree, only)?;
     let snap = Snapshot {
         id: id.to_string(),
         head: head.to_string(),
@@ -321,6 +334,14 @@ where
     Ok((snap, built))
 }
 
+/// What a tracked point changed in the tree it edited.
+struct Edited {
+    /// The tree it edited (its index's before the point).
+    base: Oid,
+    /// The index paths it read: outside them the two trees are equal.
+    touched: BTreeSet<Vec<u8>>,
+}
+
 /// The trees of one walk of the working tree.
 struct Built {
     /// The point's tree.
@@ -330,6 +351,8 @@ struct Built {
     ignored_omitted: u32,
     /// Files (not ignored ones) left out over [`MAX_POINT_FILE_BYTES`].
     oversized: Vec<PathBuf>,
+    /// Set by a tracked point that edited the last point's tree.
+    edited: Option<Edited>,
 }
 
 /// The store's private index (`start`, else its file), the store's work tree set to
@@ -413,6 +436,7 @@ fn work_tree(
         plain,
         ignored_omitted: fitted.omitted,
         oversized: walked.oversized,
+        edited: None,
     };
     Ok((built, index))
 }
@@ -422,7 +446,7 @@ fn work_tree(
 struct Walked {
     changed: bool,
     /// The index paths a tracked point read (their entries may have changed).
-    touched: std::collections::BTreeSet<Vec<u8>>,
+    touched: BTreeSet<Vec<u8>>,
     /// Ignored files new or changed since the last point (when they are kept), for the
     /// budget to weigh.
     ignored: Vec<Vec<u8>>,
@@ -500,15 +524,40 @@ pub(crate) fn point_head(commit: &git2::Commit<'_>) -> (Oid, Option<String>) {
     (head, branch)
 }
 
-fn counts(store: &Repository, before: Option<Oid>, after: Oid) -> Result<FileCounts, GitError> {
+/// The files added, modified and deleted from tree `before` to `after`; `only`: the
+/// paths outside which the two trees are known equal (the diff reads no other tree).
+fn counts(
+    store: &Repository,
+    before: Option<Oid>,
+    after: Oid,
+    only: Option<&BTreeSet<Vec<u8>>>,
+) -> Result<FileCounts, GitError> {
     let mut out = FileCounts::default();
-    for file in changed_files(store, before, after)? {
+    let files = match only {
+        Some(paths) if paths.is_empty() => Vec::new(),
+        Some(paths) => {
+            let mut opts = DiffOptions::new();
+            opts.disable_pathspec_match(true);
+            for p in paths {
+                opts.pathspec(OsStr::from_bytes(p));
+            }
+            files_of(&tree_diff_with(store, before, after, opts)?)
+        }
+        None => changed_files(store, before, after)?,
+    };
+    for file in &files {
         match file.status.as_str() {
             "added" => out.added += 1,
             "deleted" => out.deleted += 1,
             _ => out.modified += 1,
         }
     }
+    // The whole-tree diff gives the same files (every test checks it).
+    debug_assert!(
+        only.is_none()
+            || changed_files(store, before, after).is_ok_and(|all| all == files),
+        "a tracked point's changes differ from the whole diff's"
+    );
     Ok(out)
 }
 
@@ -517,12 +566,20 @@ fn tree_diff<'r>(
     before: Option<Oid>,
     after: Oid,
 ) -> Result<git2::Diff<'r>, GitError> {
+    tree_diff_with(store, before, after, DiffOptions::new())
+}
+
+fn tree_diff_with<'r>(
+    store: &'r Repository,
+    before: Option<Oid>,
+    after: Oid,
+    mut opts: DiffOptions,
+) -> Result<git2::Diff<'r>, GitError> {
     let old = before
         .map(|t| store.find_tree(t))
         .transpose()
         .map_err(local)?;
     let new = store.find_tree(after).map_err(local)?;
-    let mut opts = DiffOptions::new();
     opts.show_binary(true).id_abbrev(40);
     store
         .diff_tree_to_tree(old.as_ref(), Some(&new), Some(&mut opts))
@@ -534,9 +591,11 @@ fn changed_files(
     before: Option<Oid>,
     after: Oid,
 ) -> Result<Vec<ChangedFile>, GitError> {
-    let diff = tree_diff(store, before, after)?;
-    Ok(diff
-        .deltas()
+    Ok(files_of(&tree_diff(store, before, after)?))
+}
+
+fn files_of(diff: &git2::Diff<'_>) -> Vec<ChangedFile> {
+    diff.deltas()
         .map(|d| {
             let file = if d.status() == Delta::Deleted {
                 d.old_file()
@@ -554,7 +613,7 @@ fn changed_files(
                 .to_string(),
             }
         })
-        .collect())
+        .collect()
 }
 
 /// The diff between two points of one store.
