@@ -554,8 +554,7 @@ fn counts(
     }
     // The whole-tree diff gives the same files (every test checks it).
     debug_assert!(
-        only.is_none()
-            || changed_files(store, before, after).is_ok_and(|all| all == files),
+        only.is_none() || changed_files(store, before, after).is_ok_and(|all| all == files),
         "a tracked point's changes differ from the whole diff's"
     );
     Ok(out)

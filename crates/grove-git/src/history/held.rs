@@ -1,9 +1,11 @@
 //! The private index a tracked workspace keeps in memory between its points (ADR 35),
 //! with the tree it makes: a tracked point applies its changes to it and edits that
 //! tree, neither reading the index file nor writing it (together about 4 ms for a
-//! 5,000-file tree). The file is written by the points that walk the whole tree and
-//! when the tracker is dropped; a point that walks with an older file only hashes again
-//! what changed since it was written.
+//! 5,000-file tree). The file is written only by the points that walk the whole tree:
+//! with the store as its owner, libgit2 re-checks at that write the entries whose files
+//! may have changed within the clock tick of their stat, which a held index written
+//! later without its store could not. A walk that starts from an older file hashes
+//! again what changed since.
 
 use git2::{Index, Oid};
 
@@ -20,16 +22,3 @@ pub(crate) struct Held {
 // used by two threads at once. A `Held` is owned by one tracker under the registry's
 // mutex, or moved out of it by the one point that uses it.
 unsafe impl Send for Held {}
-
-impl Held {
-    /// Writes the index to its file when the file is behind it (a failure is logged:
-    /// the next full walk only hashes more).
-    pub fn save(mut self) {
-        if self.unsaved {
-            if let Err(e) = self.index.write() {
-                tracing::debug!(error = %e, "a held history index was not saved");
-            }
-            self.unsaved = false;
-        }
-    }
-}

@@ -257,15 +257,12 @@ pub(crate) fn state(id: Uuid) -> WatchState {
     }
 }
 
-/// Drops workspace `id`'s tracker and its watches (released, evicted, destroyed, or a
-/// point that could not use it); its held index is written to its file.
+/// Drops workspace `id`'s tracker, its watches and its held index (released, evicted,
+/// destroyed, or a point that could not use it).
 pub(crate) fn forget(id: Uuid) {
-    let held = registry().and_then(|mut r| {
+    if let Some(mut r) = registry() {
         r.unknown(id);
-        r.spare.remove(&id)
-    });
-    if let Some(held) = held {
-        held.save();
+        r.spare.remove(&id);
     }
 }
 

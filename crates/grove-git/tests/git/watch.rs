@@ -289,10 +289,11 @@ fn tree_reshaping_changes_are_exact_without_a_walk() {
     }
 }
 
-/// A tracker dropped (released, evicted) saves its held index: the next point walks
-/// the tree from it and is exact.
+/// A tracker dropped (released, evicted) drops its held index: the next point walks the
+/// tree from the index file the last walk wrote, which is behind the held one, and is
+/// exact.
 #[test]
-fn a_dropped_tracker_leaves_an_index_the_next_walk_is_exact_from() {
+fn after_a_dropped_tracker_the_walk_from_an_older_index_file_is_exact() {
     let mut t = Tracked::new(None);
     std::fs::write(t.ws("README.md"), "one\n").unwrap();
     std::fs::write(t.ws("kept.txt"), "kept\n").unwrap();
