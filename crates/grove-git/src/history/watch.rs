@@ -44,6 +44,10 @@ pub struct WatchLimits {
     pub dirs: usize,
     /// Changed paths held between two points.
     pub paths: usize,
+    /// Index entries the process holds in memory, all trackers together, once this
+    /// tracker's point settles (ADR 35): past it the least recently used held indexes
+    /// are dropped (their next point walks the tree). About 150 bytes each.
+    pub held_entries: usize,
 }
 
 impl Default for WatchLimits {
@@ -51,6 +55,7 @@ impl Default for WatchLimits {
         Self {
             dirs: 20_000,
             paths: 20_000,
+            held_entries: 400_000,
         }
     }
 }
@@ -133,8 +138,14 @@ impl Pending {
 pub enum WatchState {
     /// None, or changes may have been missed: the next point walks the tree.
     Unknown,
-    /// `pending` changed paths wait for the next point; `dirs` directories are watched.
-    Known { pending: usize, dirs: usize },
+    /// `pending` changed paths wait for the next point; `dirs` directories are watched;
+    /// `held`: the last point's index is in memory (ADR 35; without it the next point
+    /// walks the tree).
+    Known {
+        pending: usize,
+        dirs: usize,
+        held: bool,
+    },
 }
 
 /// Whether a walk enters a directory (by its path from the root, and its descriptor);
@@ -152,12 +163,15 @@ struct Tracker {
     limits: WatchLimits,
     epoch: u64,
     /// The private index as of the last point (ADR 35); `None` while a point uses it,
-    /// or when none settled since the tracker was established.
+    /// when none settled since the tracker was established, or when it was dropped
+    /// over the process's budget.
     held: Option<Held>,
+    /// When its last point settled (the registry's clock), for that budget.
+    used: u64,
 }
 
 impl Tracker {
-    fn held(&self) -> usize {
+    fn pending_len(&self) -> usize {
         self.changes.len() + self.new_dirs.len()
     }
 }
@@ -176,6 +190,10 @@ struct Registry {
     /// The held indexes of trackers that turned unknown, for the full walk that
     /// re-establishes them to start from (their files may be behind them).
     spare: HashMap<Uuid, Held>,
+    /// Entries of the held indexes in the registry (trackers' and spare).
+    held_entries: usize,
+    /// Points settled so far.
+    clock: u64,
 }
 
 static REGISTRY: OnceLock<Option<Mutex<Registry>>> = OnceLock::new();
@@ -209,6 +227,8 @@ fn registry() -> Option<MutexGuard<'static, Registry>> {
             seq: 0,
             epochs: 0,
             spare: HashMap::new(),
+            held_entries: 0,
+            clock: 0,
         }))
     });
     let m = cell.as_ref()?;
@@ -250,8 +270,9 @@ pub(crate) fn state(id: Uuid) -> WatchState {
     r.drain();
     match r.trackers.get(&id) {
         Some(t) => WatchState::Known {
-            pending: t.held(),
+            pending: t.pending_len(),
             dirs: t.wds.len(),
+            held: t.held.is_some(),
         },
         None => WatchState::Unknown,
     }
@@ -262,13 +283,13 @@ pub(crate) fn state(id: Uuid) -> WatchState {
 pub(crate) fn forget(id: Uuid) {
     if let Some(mut r) = registry() {
         r.unknown(id);
-        r.spare.remove(&id);
+        r.take_spare(id);
     }
 }
 
 /// The held index a full walk of workspace `id` starts from, when its tracker left one.
 pub(crate) fn spare(id: Uuid) -> Option<Held> {
-    registry()?.spare.remove(&id)
+    registry()?.take_spare(id)
 }
 
 /// Drains the queue and returns what changed in workspace `id` since its tracker's
@@ -281,6 +302,7 @@ pub(crate) fn take(id: Uuid, root: &OwnedFd, enter: EnterWith<'_>) -> Option<(Ch
     let t = r.trackers.get_mut(&id)?;
     let held = t.held.take()?;
     let new_dirs = std::mem::take(&mut t.new_dirs);
+    r.held_entries = r.held_entries.saturating_sub(held.index.len());
     r.paths = r.paths.saturating_sub(new_dirs.len());
     let refused = {
         let enter = |rel: &Path, fd: &OwnedFd| enter(&held.index, rel, fd);
@@ -290,12 +312,12 @@ pub(crate) fn take(id: Uuid, root: &OwnedFd, enter: EnterWith<'_>) -> Option<(Ch
     };
     if refused {
         r.unknown(id);
-        r.spare.insert(id, held);
+        r.put_spare(id, held);
         return None;
     }
     let seq = r.seq;
     let Some(t) = r.trackers.get(&id) else {
-        r.spare.insert(id, held);
+        r.put_spare(id, held);
         return None;
     };
     let set = ChangeSet {
@@ -323,7 +345,7 @@ pub(crate) fn establish(
     r.drain();
     r.unknown(id);
     // The walk that follows chose its index already.
-    r.spare.remove(&id);
+    r.take_spare(id);
     r.epochs += 1;
     let epoch = r.epochs;
     r.trackers.insert(
@@ -335,6 +357,7 @@ pub(crate) fn establish(
             limits,
             epoch,
             held: None,
+            used: 0,
         },
     );
     let Ok(dup) = rustix::io::dup(root) else {
@@ -361,15 +384,15 @@ pub(crate) fn settle(id: Uuid, read: &ChangeSet, keep: &[PathBuf], held: Option<
     let Some(t) = r.trackers.get_mut(&id) else {
         // It turned unknown meanwhile: its next full walk starts from this index.
         if let Some(held) = held {
-            r.spare.insert(id, held);
+            r.put_spare(id, held);
         }
         return;
     };
     if t.epoch != read.epoch {
         return;
     }
-    t.held = held;
-    let before = t.held();
+    let budget = t.limits.held_entries;
+    let before = t.pending_len();
     t.changes
         .files
         .retain(|p, s| *s > read.seq || !read.files.contains(p));
@@ -379,8 +402,11 @@ pub(crate) fn settle(id: Uuid, read: &ChangeSet, keep: &[PathBuf], held: Option<
     for p in keep {
         t.changes.files.entry(p.clone()).or_insert(seq);
     }
-    let after = t.held();
+    let after = t.pending_len();
     r.paths = (r.paths + after).saturating_sub(before);
+    if let Some(held) = held {
+        r.install(id, held, budget);
+    }
 }
 
 /// Why a watch could not be added: the tracker turns unknown.
@@ -460,7 +486,7 @@ impl Registry {
         let Some(t) = self.trackers.get_mut(&id) else {
             return;
         };
-        let before = t.held();
+        let before = t.pending_len();
         self.seq += 1;
         let seq = self.seq;
         if flags.contains(ReadFlags::ISDIR) {
@@ -476,10 +502,61 @@ impl Registry {
         } else {
             t.changes.files.insert(path, seq);
         }
-        let (held, cap) = (t.held(), t.limits.paths);
+        let (held, cap) = (t.pending_len(), t.limits.paths);
         self.paths = (self.paths + held).saturating_sub(before);
         if held > cap || self.paths > PROCESS_PATHS {
             self.unknown(id);
+        }
+    }
+
+    /// Puts a held index aside for workspace `id`'s next full walk.
+    fn put_spare(&mut self, id: Uuid, held: Held) {
+        self.held_entries += held.index.len();
+        if let Some(old) = self.spare.insert(id, held) {
+            self.held_entries = self.held_entries.saturating_sub(old.index.len());
+        }
+    }
+
+    fn take_spare(&mut self, id: Uuid) -> Option<Held> {
+        let held = self.spare.remove(&id)?;
+        self.held_entries = self.held_entries.saturating_sub(held.index.len());
+        Some(held)
+    }
+
+    /// Gives workspace `id`'s tracker its held index, then keeps the process's held
+    /// entries within `budget`.
+    fn install(&mut self, id: Uuid, held: Held, budget: usize) {
+        self.clock += 1;
+        let (clock, entries) = (self.clock, held.index.len());
+        let Some(t) = self.trackers.get_mut(&id) else {
+            return;
+        };
+        if let Some(old) = t.held.replace(held) {
+            self.held_entries = self.held_entries.saturating_sub(old.index.len());
+        }
+        t.used = clock;
+        self.held_entries += entries;
+        self.trim(budget);
+    }
+
+    /// Drops held indexes until their entries fit `budget`: spare ones first (a walk
+    /// would start from them), then the trackers' least recently used.
+    fn trim(&mut self, budget: usize) {
+        while self.held_entries > budget {
+            if let Some(id) = self.spare.keys().next().copied() {
+                self.take_spare(id);
+                continue;
+            }
+            let oldest = self
+                .trackers
+                .iter()
+                .filter(|(_, t)| t.held.is_some())
+                .min_by_key(|(_, t)| t.used)
+                .map(|(id, _)| *id);
+            let Some(held) = oldest.and_then(|id| self.trackers.get_mut(&id)?.held.take()) else {
+                return;
+            };
+            self.held_entries = self.held_entries.saturating_sub(held.index.len());
         }
     }
 
@@ -491,7 +568,8 @@ impl Registry {
         if let Some(held) = t.held.take() {
             self.spare.insert(id, held);
         }
-        self.paths = self.paths.saturating_sub(t.held());
+        // (its entries stay counted, now as spare)
+        self.paths = self.paths.saturating_sub(t.pending_len());
         for wd in t.wds {
             // Its IN_IGNORED comes later, for a descriptor no longer mapped.
             let _ = inotify::remove_watch(self.fd.as_fd(), wd);

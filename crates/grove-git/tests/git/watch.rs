@@ -307,6 +307,53 @@ fn after_a_dropped_tracker_the_walk_from_an_older_index_file_is_exact() {
     t.assert_exact("after a dropped tracker");
 }
 
+fn held(state: WatchState) -> bool {
+    matches!(state, WatchState::Known { held: true, .. })
+}
+
+/// Held indexes past the process's budget are dropped least recently used first
+/// (ADR 35): that workspace's next point walks the tree, is exact, and holds its index
+/// again. (The budget is the settling tracker's; the registry is the whole test
+/// process's, so a budget of one index at most holds the newest.)
+#[test]
+fn held_indexes_over_the_budget_are_dropped_oldest_first_and_points_stay_exact() {
+    let one = WatchLimits {
+        held_entries: 1,
+        ..WatchLimits::default()
+    };
+    let mut a = Tracked::new(Some(one));
+    assert!(known(a.state()));
+    let mut b = Tracked::new(Some(one));
+    assert!(
+        !held(a.state()),
+        "b's point settled last: a's index was dropped"
+    );
+    assert!(
+        known(a.state()),
+        "a keeps its tracker and its pending changes"
+    );
+    std::fs::write(a.ws("README.md"), "a changed\n").unwrap();
+    std::fs::write(b.ws("README.md"), "b changed\n").unwrap();
+    let snap = a.point();
+    assert_eq!(snap.changes.modified, 1);
+    a.assert_exact("a's point without its held index (a walk)");
+    let snap = b.point();
+    assert_eq!(snap.changes.modified, 1);
+    b.assert_exact("b's point after a's took the budget");
+
+    let none = WatchLimits {
+        held_entries: 0,
+        ..WatchLimits::default()
+    };
+    let mut c = Tracked::new(Some(none));
+    for round in 0..3 {
+        std::fs::write(c.ws("README.md"), format!("round {round}\n")).unwrap();
+        c.point();
+        assert!(known(c.state()) && !held(c.state()), "nothing is held at 0");
+        c.assert_exact("a point with no index held");
+    }
+}
+
 #[test]
 fn a_watched_directory_swapped_for_a_link_to_a_host_directory_stores_and_watches_nothing_of_the_host(
 ) {
@@ -347,6 +394,7 @@ fn a_flood_of_directories_over_the_cap_falls_back_to_a_full_walk_and_stays_exact
     let limits = WatchLimits {
         dirs: 40,
         paths: 1_000,
+        ..WatchLimits::default()
     };
     let mut t = Tracked::new(Some(limits));
     assert!(known(t.state()));
