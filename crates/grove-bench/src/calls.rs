@@ -20,7 +20,8 @@ use crate::Out;
 
 /// 88 bytes, the size the latency issue measured a file write with.
 const WRITTEN: &str =
-    "fn written_by_the_bench() -> u32 {\n    // eighty-eight bytes in all\n    42\n}\n";
+    "fn written_by_the_bench() -> u32 {\n    // eighty-eight bytes, the newlines too\n    42\n}\n";
+const _: () = assert!(WRITTEN.len() == 88);
 
 /// A literal the search row looks for.
 const SEARCHED: &str = "line 14: ";
