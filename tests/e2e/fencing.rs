@@ -222,3 +222,128 @@ async fn a_lease_riding_on_the_next_commit_fences_like_a_flushed_one() {
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
     let _ = lost.release().await;
 }
+
+/// An inline command recorded after its effect (`grove.record_inline`, ADR 35) under a
+/// generic lock whose lease rides on that commit: the lease keeps other takers out at
+/// once; a lost lease refuses the record and leaves no ledger row, job or event; a
+/// taken command id writes nothing; otherwise the row is finished and the job closed in
+/// the one statement.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inline_record_is_fenced_idempotent_and_whole() {
+    use grove_core::commands::{Command, CommandResult, EnsureRepoCache};
+    use grove_core::events::{Correlation, Metadata};
+    use grove_postgres::locks::LeaseCommit;
+    use grove_postgres::queue;
+    let env = env_or_skip!("an_inline_record_is_fenced_idempotent_and_whole");
+    let q = queue::node_queue("n");
+    queue::register_worker(&env.pool, "w-inline", std::slice::from_ref(&q))
+        .await
+        .unwrap();
+    let value = format!("inline-record-{}", uuid::Uuid::now_v7());
+    let take = || {
+        AdvisoryLock::acquire_with(
+            &env.pool,
+            LockScope::WorkspaceKey,
+            &value,
+            false,
+            Duration::from_secs(1),
+            LeaseCommit::WithNextCommit,
+        )
+    };
+    let mut lock = take().await.unwrap();
+    let other = AdvisoryLock::acquire(
+        &env.pool,
+        LockScope::WorkspaceKey,
+        &value,
+        true,
+        Duration::from_millis(300),
+    )
+    .await;
+    assert!(
+        matches!(other, Err(StoreError::Locked(_))),
+        "a second holder got in"
+    );
+    let command = Command::EnsureRepoCache(EnsureRepoCache {
+        repo_name: "acme/widgets".into(),
+        repo_url: "https://example.invalid/acme/widgets.git".into(),
+        fetch: false,
+    });
+    let id = uuid::Uuid::now_v7();
+    let md = Metadata {
+        command_id: id,
+        correlation: Correlation::default(),
+        worker_id: "w-inline".into(),
+        node: "n".into(),
+    };
+    let outcome = Ok(CommandResult::Done);
+    async fn record(
+        lock: &mut AdvisoryLock,
+        id: uuid::Uuid,
+        command: &Command,
+        md: &Metadata,
+        outcome: &Result<CommandResult, grove_core::error::CommandError>,
+    ) -> Result<bool, StoreError> {
+        let fences = [lock.fence()];
+        let mut tx = sqlx::Connection::begin(lock.conn()).await.unwrap();
+        let job = queue::record_inline(
+            &mut tx,
+            (id, command),
+            &queue::node_queue("n"),
+            "w-inline",
+            outcome,
+            &[],
+            md,
+            chrono::Utc::now(),
+            &fences,
+        )
+        .await;
+        if job.as_ref().is_ok_and(|j| j.is_some()) {
+            tx.commit().await.unwrap();
+        }
+        job.map(|j| j.is_some())
+    }
+    let ledger = |id: uuid::Uuid| {
+        sqlx::query_as::<_, (String, Option<String>)>(
+            "SELECT c.status, j.status FROM grove.commands c
+               LEFT JOIN apalis.jobs j ON j.id = c.job_id WHERE c.command_id = $1",
+        )
+        .bind(id)
+        .fetch_optional(&env.pool)
+    };
+
+    // The lease lost (taken over): refused, nothing written.
+    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1")
+        .bind(lock.fence().key)
+        .execute(&env.pool)
+        .await
+        .unwrap();
+    let err = record(&mut lock, id, &command, &md, &outcome)
+        .await
+        .expect_err("a lost lease must refuse the record");
+    assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
+    assert!(
+        ledger(id).await.unwrap().is_none(),
+        "no ledger row under a lost lease"
+    );
+    drop(lock);
+
+    // Held: recorded whole, then the same id again writes nothing.
+    let mut lock = take().await.unwrap();
+    assert!(
+        record(&mut lock, id, &command, &md, &outcome)
+            .await
+            .unwrap(),
+        "recorded"
+    );
+    assert_eq!(
+        ledger(id).await.unwrap(),
+        Some(("succeeded".into(), Some("Done".into())))
+    );
+    assert!(
+        !record(&mut lock, id, &command, &md, &outcome)
+            .await
+            .unwrap(),
+        "a taken command id writes nothing"
+    );
+    lock.release().await.unwrap();
+}

@@ -210,12 +210,17 @@ fn tracked_tree(
         |index: &Index, rel: &Path, fd: &OwnedFd| incremental::watched_dir(store, index, fd, rel);
     if let Some((set, mut held)) = watch::take(workspace_id, &root, &enter) {
         match incremental::apply(store, &mut held.index, &root, &set) {
-            Ok(Some(walked)) => {
-                let built = edited(store, &mut held, walked)?;
-                tracked.read = set;
-                tracked.held = Some(held);
-                return Ok(built);
-            }
+            Ok(Some(walked)) => match edited(store, &mut held, walked) {
+                Ok(built) => {
+                    tracked.read = set;
+                    tracked.held = Some(held);
+                    return Ok(built);
+                }
+                // The held tree unreadable (pruned by retention since): a walk.
+                Err(e) => {
+                    tracing::debug!(workspace = %workspace_id, error = %e, "a held tree could not be edited: the point walks the tree");
+                }
+            },
             // The held index is part-applied: the walk starts from the file.
             Ok(None) => {}
             Err(e) => {

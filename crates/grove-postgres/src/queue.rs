@@ -838,29 +838,74 @@ pub async fn is_known(conn: &mut PgConnection, command_id: Uuid) -> Result<bool,
     )
 }
 
-/// The outcome of a command started by [`start_inline`] in the same open transaction,
-/// with its events, fenced by `fences`; the caller commits (one flushed commit for the
-/// whole command). Returns whether the outcome was recorded.
+/// A command the receiving process ran inline and that may run again (ADR 31's
+/// `write_file`, ADR 34's reuses), recorded after its effect in the caller's open
+/// transaction: the fence check, [`start_inline`] and the outcome in one statement
+/// (`grove.record_inline`), then its events. `None` when the command id was taken
+/// meanwhile (nothing written); [`StoreError::Fenced`] when a lease is gone. The
+/// caller commits.
 #[allow(clippy::too_many_arguments)]
-#[tracing::instrument(
-    target = TARGET, name = "grove.commit", level = "trace", skip_all,
-    fields(command_id = %job.command_id, events = events.len())
-)]
-pub async fn finish_in_transaction(
+pub async fn record_inline(
     tx: &mut PgConnection,
-    job: &ClaimedJob,
+    command: (Uuid, &Command),
+    queue: &str,
     worker_id: &str,
     outcome: &Result<CommandResult, CommandError>,
     events: &[Event],
     metadata: &Metadata,
     at: DateTime<Utc>,
     fences: &[crate::locks::Fence],
-) -> Result<bool, StoreError> {
-    store::check_fences(&mut *tx, fences).await?;
-    if !record_outcome(&mut *tx, job, worker_id, outcome).await? {
-        return Ok(false);
+) -> Result<Option<ClaimedJob>, StoreError> {
+    let (command_id, command) = command;
+    let began = std::time::SystemTime::now();
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<Uuid> = fences.iter().map(|f| f.holder).collect();
+    let value = |r: Option<&CommandResult>| r.map(serde_json::to_value).transpose();
+    let error = outcome
+        .as_ref()
+        .err()
+        .map(serde_json::to_value)
+        .transpose()?;
+    let row = sqlx::query(
+        "SELECT job_id, inserted, fenced, recorded
+           FROM grove.record_inline($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(command_id)
+    .bind(serde_json::to_value(command)?)
+    .bind(queue)
+    .bind(worker_id)
+    .bind(max_attempts(command))
+    .bind(&keys)
+    .bind(&holders)
+    .bind(finished_status(outcome.is_ok()))
+    .bind(value(outcome.as_ref().ok())?)
+    .bind(error)
+    .bind(if outcome.is_ok() { "Done" } else { "Killed" })
+    .fetch_one(&mut *tx)
+    .await?;
+    if row.try_get::<bool, _>("fenced")? {
+        return Err(StoreError::Fenced(
+            "a lock lost its lease while the database was unreachable".into(),
+        ));
     }
+    if !row.try_get::<bool, _>("inserted")? {
+        return Ok(None);
+    }
+    if !row.try_get::<bool, _>("recorded")? {
+        return Err(StoreError::Corrupt(
+            "an inline command's own ledger row was not running".into(),
+        ));
+    }
+    crate::telemetry::started(command.kind(), queue);
+    let job = ClaimedJob {
+        job_id: row.try_get("job_id")?,
+        queue: queue.to_string(),
+        command_id,
+        kind: command.kind(),
+        claimed_at: std::time::Instant::now(),
+        claim_window: (began, std::time::SystemTime::now()),
+    };
     store::append(&mut *tx, events, metadata, at).await?;
     crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
-    Ok(true)
+    Ok(Some(job))
 }

@@ -349,14 +349,10 @@ pub(super) async fn record_write(
     let queue_name = queue::node_queue(&deps.config.node);
     let worker = &deps.config.worker_id;
     let mut tx = sqlx::Connection::begin(lock.conn()).await?;
-    let Some(job) =
-        queue::start_inline(&mut tx, w.command_id, w.command, &queue_name, worker).await?
-    else {
-        return Ok(false);
-    };
-    let recorded = queue::finish_in_transaction(
+    let job = queue::record_inline(
         &mut tx,
-        &job,
+        (w.command_id, w.command),
+        &queue_name,
         worker,
         &w.outcome,
         &w.events,
@@ -365,10 +361,8 @@ pub(super) async fn record_write(
         &fences,
     )
     .await?;
-    if !recorded {
-        return Err(grove_postgres::StoreError::Corrupt(
-            "an inline write's own ledger row was not running".into(),
-        ));
+    if job.is_none() {
+        return Ok(false);
     }
     tx.commit().await?;
     Ok(true)

@@ -7,9 +7,9 @@
 //! run again, so nothing is recorded before the decision. Under the lock the queued
 //! handler takes (the key's, exclusive; the cache's, shared), the handler's own
 //! decision code builds the events and the answer; then one transaction on the lock's
-//! connection holds the ledger row and job (`grove.start_inline`), the fence check, the
-//! events and the outcome: the commit path of an inline `write_file`
-//! ([`super::inline::record_write`]). Anything else (a create, a restore, a fetch, a
+//! connection holds the fence check, the ledger row and job and the outcome (one
+//! statement, `grove.record_inline`), then the events: the commit path of an inline
+//! `write_file` ([`super::inline::record_write`]). Anything else (a create, a restore, a fetch, a
 //! clone) records nothing here and answers `None`: the caller submits the command to
 //! the queue under the same command id. So does a command id already in the ledger,
 //! whose recorded outcome the queue's wait answers.

@@ -20,5 +20,10 @@ pub(crate) struct Held {
 
 // SAFETY: a libgit2 index has no tie to the thread that made it; it only must not be
 // used by two threads at once. A `Held` is owned by one tracker under the registry's
-// mutex, or moved out of it by the one point that uses it.
+// mutex, or moved out of it by the one point that uses it. Its index has no owning
+// repository while it is held or moved: a walk's index is owned by the point's store
+// (`set_index`), and `point` drops that store (whose cleanup clears the owner) before
+// `settle` hands the index to the registry; the tracked path never sets an owner.
+// Calls on a held index (`add`, `remove_path`, `remove_dir`, `get_path`, `len`,
+// `write_tree_to` with an explicit repository) do not need one.
 unsafe impl Send for Held {}

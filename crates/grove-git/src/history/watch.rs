@@ -509,12 +509,14 @@ impl Registry {
         }
     }
 
-    /// Puts a held index aside for workspace `id`'s next full walk.
+    /// Puts a held index aside for workspace `id`'s next full walk (within the default
+    /// budget: spare indexes are the first to go).
     fn put_spare(&mut self, id: Uuid, held: Held) {
         self.held_entries += held.index.len();
         if let Some(old) = self.spare.insert(id, held) {
             self.held_entries = self.held_entries.saturating_sub(old.index.len());
         }
+        self.trim(WatchLimits::default().held_entries);
     }
 
     fn take_spare(&mut self, id: Uuid) -> Option<Held> {
@@ -524,10 +526,14 @@ impl Registry {
     }
 
     /// Gives workspace `id`'s tracker its held index, then keeps the process's held
-    /// entries within `budget`.
+    /// entries within `budget`; an index larger than the whole budget is not held (it
+    /// would push every other out).
     fn install(&mut self, id: Uuid, held: Held, budget: usize) {
         self.clock += 1;
         let (clock, entries) = (self.clock, held.index.len());
+        if entries > budget {
+            return;
+        }
         let Some(t) = self.trackers.get_mut(&id) else {
             return;
         };
