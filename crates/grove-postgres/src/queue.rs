@@ -817,15 +817,28 @@ pub async fn start_inline(
     if !row.try_get::<bool, _>("inserted")? {
         return Ok(None);
     }
+    Ok(Some(started_inline(
+        &row, command_id, command, queue, began,
+    )?))
+}
+
+/// The claimed job of an inline command whose ledger row `row` (`job_id`) inserted.
+fn started_inline(
+    row: &sqlx::postgres::PgRow,
+    command_id: Uuid,
+    command: &Command,
+    queue: &str,
+    began: std::time::SystemTime,
+) -> Result<ClaimedJob, StoreError> {
     crate::telemetry::started(command.kind(), queue);
-    Ok(Some(ClaimedJob {
+    Ok(ClaimedJob {
         job_id: row.try_get("job_id")?,
         queue: queue.to_string(),
         command_id,
         kind: command.kind(),
         claimed_at: std::time::Instant::now(),
         claim_window: (began, std::time::SystemTime::now()),
-    }))
+    })
 }
 
 /// Whether `command_id` is in the ledger (whatever its state).
@@ -896,15 +909,7 @@ pub async fn record_inline(
             "an inline command's own ledger row was not running".into(),
         ));
     }
-    crate::telemetry::started(command.kind(), queue);
-    let job = ClaimedJob {
-        job_id: row.try_get("job_id")?,
-        queue: queue.to_string(),
-        command_id,
-        kind: command.kind(),
-        claimed_at: std::time::Instant::now(),
-        claim_window: (began, std::time::SystemTime::now()),
-    };
+    let job = started_inline(&row, command_id, command, queue, began)?;
     store::append(&mut *tx, events, metadata, at).await?;
     crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
     Ok(Some(job))
