@@ -248,11 +248,7 @@ fn tracked_tree(
     )?;
     if let Some(epoch) = epoch.get() {
         tracked.read.epoch = epoch;
-        tracked.held = Some(held::Held {
-            index,
-            tree: built.tree,
-            unsaved: false,
-        });
+        tracked.held = Some(held::Held::walked(index, built.tree));
     }
     Ok(built)
 }
@@ -265,6 +261,14 @@ fn edited(store: &Repository, held: &mut held::Held, walked: Walked) -> Result<B
         let touched = walked.touched.iter().map(Vec::as_slice);
         held.tree = tree_edit::edit(store, base, &held.index, touched)?;
         held.unsaved = true;
+        // (at most one per entry: gone paths leave the set)
+        for path in &walked.touched {
+            let entry = held.index.get_path(Path::new(OsStr::from_bytes(path)), 0);
+            match entry {
+                Some(_) => held.touched.insert(path.clone()),
+                None => held.touched.remove(path),
+            };
+        }
     }
     debug_assert_eq!(
         held.index.write_tree_to(store).ok(),

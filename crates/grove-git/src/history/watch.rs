@@ -279,11 +279,15 @@ pub(crate) fn state(id: Uuid) -> WatchState {
 }
 
 /// Drops workspace `id`'s tracker, its watches and its held index (released, evicted,
-/// destroyed, or a point that could not use it).
+/// destroyed, or a point that could not use it), the index saved to its file first.
+/// Called under the workspace's lock.
 pub(crate) fn forget(id: Uuid) {
-    if let Some(mut r) = registry() {
+    let held = registry().and_then(|mut r| {
         r.unknown(id);
-        r.take_spare(id);
+        r.take_spare(id)
+    });
+    if let Some(held) = held {
+        held.save();
     }
 }
 
