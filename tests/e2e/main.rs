@@ -12,6 +12,7 @@ mod crash;
 mod docker;
 mod eviction;
 mod fencing;
+mod folded;
 mod history;
 mod inline_acquire;
 mod inline_reads;

@@ -217,7 +217,9 @@ impl JobContext {
         store::append(&mut tx, events, &md, now())
             .await
             .map_err(store_error)?;
-        tx.commit().await.map_err(|e| store_error(e.into()))
+        tx.commit().await.map_err(|e| store_error(e.into()))?;
+        store::announce_appended_soon(&self.pool);
+        Ok(())
     }
 
     /// The key lock, then the command lock (the order acquire and destroy use), each

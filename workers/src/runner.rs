@@ -432,6 +432,7 @@ async fn sweep_orphans(deps: &JobContext) {
             let mut tx = deps.pool.begin().await?;
             grove_postgres::store::append(&mut tx, &events, &md, now()).await?;
             tx.commit().await?;
+            grove_postgres::store::announce_appended_soon(&deps.pool);
             Ok::<_, StoreError>(())
         }
         .await;

@@ -2,7 +2,7 @@
 //! prunings, in log order. `grove_core::history::timeline` folds them into points.
 
 use grove_core::events::{workspace_stream, RecordedEvent};
-use sqlx::PgConnection;
+use sqlx::{PgConnection, Row};
 use uuid::Uuid;
 
 use crate::reader::event_from_row;
@@ -44,23 +44,39 @@ pub async fn history_events(
         .collect()
 }
 
+/// What a new point of a workspace builds on, read in one round trip.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PointBase {
+    /// The local path of the workspace's repo cache (`None`: no such cache row).
+    pub cache_path: Option<String>,
+    /// The snapshot of the workspace's newest point (`None`: it has none).
+    pub latest: Option<String>,
+}
+
 /// The snapshot of a workspace's newest point: its latest `workspace.snapshot_taken`,
 /// or, for a fork with no point of its own yet, the point its `workspace.forked` names.
 /// One index probe, however long the timeline (the timeline's last point is this one:
-/// retention never drops the latest point, nor a fork's inherited ones).
-pub async fn latest_point(
+/// retention never drops the latest point, nor a fork's inherited ones). Read with the
+/// local path of the repo cache `repo_cache_id`, which a point's objects go to.
+pub async fn point_base(
     conn: &mut PgConnection,
     workspace_id: Uuid,
-) -> Result<Option<String>, StoreError> {
+    repo_cache_id: Uuid,
+) -> Result<PointBase, StoreError> {
     let sql = format!(
-        "SELECT payload->>'snapshot' FROM grove.events
-         WHERE stream_id = $1 AND {} AND event_type <> 'workspace.history_pruned'
-         ORDER BY stream_version DESC LIMIT 1",
+        "SELECT (SELECT local_path FROM grove.sandbox_repo_caches WHERE id = $2) AS cache_path,
+                (SELECT payload->>'snapshot' FROM grove.events
+                  WHERE stream_id = $1 AND {} AND event_type <> 'workspace.history_pruned'
+                  ORDER BY stream_version DESC LIMIT 1) AS latest",
         history_types()
     );
-    let snapshot: Option<Option<String>> = sqlx::query_scalar(trusted(sql))
+    let row = sqlx::query(trusted(sql))
         .bind(workspace_stream(workspace_id))
-        .fetch_optional(conn)
+        .bind(repo_cache_id)
+        .fetch_one(conn)
         .await?;
-    Ok(snapshot.flatten())
+    Ok(PointBase {
+        cache_path: row.try_get("cache_path")?,
+        latest: row.try_get("latest")?,
+    })
 }

@@ -27,6 +27,7 @@ pub mod console;
 pub mod console_actions;
 pub mod error;
 pub mod fleet;
+pub mod folded;
 pub mod history;
 pub mod locks;
 pub mod migrate;

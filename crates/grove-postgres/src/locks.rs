@@ -16,7 +16,7 @@ use std::time::Duration;
 use grove_core::model::WorkspaceRow;
 use sha2::{Digest, Sha256};
 use sqlx::pool::PoolConnection;
-use sqlx::{PgConnection, PgPool, Postgres};
+use sqlx::{PgConnection, PgPool, Postgres, Row};
 use tokio::sync::watch;
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -128,6 +128,9 @@ pub struct AdvisoryLock {
     /// synchronous renewal since); see [`LeaseCommit`].
     flushed: bool,
     lease: Option<Lease>,
+    /// The workspace row read with a workspace lock, and the rows its holder wrote
+    /// since, at their versions (ADR 36): what the holder's next append folds onto.
+    held: crate::folded::HeldRows,
 }
 
 pub(crate) fn millis(d: Duration) -> i32 {
@@ -176,6 +179,7 @@ impl AdvisoryLock {
             taken: false,
             flushed: true,
             lease: None,
+            held: Default::default(),
         })
     }
 
@@ -248,8 +252,13 @@ impl AdvisoryLock {
         let mut guard = Self::checkout(pool, key, shared).await?;
         let started = Instant::now();
         let flush = commit == LeaseCommit::Flushed;
-        let row =
-            sqlx::query("SELECT * FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7)")
+        // The row's version (xmin) is read with the statement's snapshot, taken before
+        // the lock: never newer than the row, so at worst an append folded onto it finds
+        // it stale and appends the usual way.
+        let row = sqlx::query(
+            "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin
+               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w",
+        )
                 .bind(key)
                 .bind(shared)
                 .bind(millis(timeout))
@@ -264,9 +273,15 @@ impl AdvisoryLock {
         let row = row.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
         guard.flushed = flush;
-        let row = row.as_ref().map(rows::workspace_from_row).transpose()?;
+        let ws = row.as_ref().map(rows::workspace_from_row).transpose()?;
+        if let (Some(r), Some(ws)) = (&row, &ws) {
+            let version: Option<String> = r.try_get("row_xmin")?;
+            if let Some(version) = version {
+                guard.held = crate::folded::HeldRows::workspace(ws.clone(), version);
+            }
+        }
         guard.keep_lease(started).await?;
-        Ok((guard, row))
+        Ok((guard, ws))
     }
 
     /// Starts renewing the lease just taken. Its expiry was set by the database at some
@@ -361,19 +376,43 @@ impl AdvisoryLock {
             .expect("a held lock has its connection")
     }
 
+    /// The rows this lock's holder holds (ADR 36), to fold its next append onto.
+    pub fn held_rows(&self) -> &crate::folded::HeldRows {
+        &self.held
+    }
+
+    /// Holds the runtime `id` with the workspace (see [`crate::folded::HeldRows::hold_runtime`]).
+    pub fn hold_runtime(&mut self, id: Uuid, row: Option<(grove_core::model::RuntimeRow, String)>) {
+        self.held.hold_runtime(id, row);
+    }
+
+    /// Takes in what an append folded onto [`Self::held_rows`] wrote.
+    pub fn absorb(&mut self, folded: crate::folded::FoldedAppend, version: String) {
+        self.held.absorb(folded, version);
+    }
+
+    /// Forgets the held rows (an append the usual way changed them).
+    pub fn forget_rows(&mut self) {
+        self.held = Default::default();
+    }
+
     /// Frees the lock and returns the connection to the pool.
     pub async fn release(self) -> Result<(), StoreError> {
         self.release_inner(None).await
     }
 
     /// Frees the lock and, in the same round trip, announces that `command_id`'s outcome
-    /// is recorded (`NOTIFY grove_command_done`; see `queue::announce`). Only after the
-    /// outcome committed.
-    pub async fn release_announcing(self, command_id: Uuid) -> Result<(), StoreError> {
-        self.release_inner(Some(command_id)).await
+    /// is recorded (`NOTIFY grove_command_done`; see `queue::announce`), and wakes the
+    /// log's followers when it `appended` events. Only after the outcome committed.
+    pub async fn release_announcing(
+        self,
+        command_id: Uuid,
+        appended: bool,
+    ) -> Result<(), StoreError> {
+        self.release_inner(Some((command_id, appended))).await
     }
 
-    async fn release_inner(mut self, announce: Option<Uuid>) -> Result<(), StoreError> {
+    async fn release_inner(mut self, announce: Option<(Uuid, bool)>) -> Result<(), StoreError> {
         let Some(mut conn) = self.conn.take() else {
             return Ok(());
         };
@@ -388,9 +427,14 @@ impl AdvisoryLock {
         };
         // One round trip, as in `acquire`. A UUID's text form is hex digits and dashes.
         let announce = announce
-            .map(|id| {
+            .map(|(id, appended)| {
+                let events = if appended {
+                    format!("SELECT pg_notify('{}', ''); ", crate::store::EVENTS_CHANNEL)
+                } else {
+                    String::new()
+                };
                 format!(
-                    "SELECT pg_notify('{}', '{id}'); ",
+                    "SELECT pg_notify('{}', '{id}'); {events}",
                     crate::queue::DONE_CHANNEL
                 )
             })

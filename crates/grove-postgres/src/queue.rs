@@ -570,7 +570,7 @@ pub async fn finish(
 ) -> Result<(), StoreError> {
     let mut conn = pool.acquire().await?;
     if finish_on(&mut conn, job, worker_id, outcome, events, metadata, at).await? {
-        announce(&mut conn, job.command_id).await;
+        announce(&mut conn, job.command_id, !events.is_empty()).await;
     }
     Ok(())
 }
@@ -716,14 +716,22 @@ pub async fn finish_claiming(
 /// database-wide notification lock at commit and hold it through the WAL flush, so the
 /// commits of all finishing workers would queue behind each other; alone, the NOTIFY
 /// writes no WAL and is not flushed. A notification lost here (the worker died between
-/// the two) only delays the caller until its next poll of the ledger.
-pub async fn announce(conn: &mut PgConnection, command_id: Uuid) {
-    if let Err(e) = sqlx::query("SELECT pg_notify($1, $2)")
-        .bind(DONE_CHANNEL)
-        .bind(command_id.to_string())
-        .execute(conn)
-        .await
-    {
+/// the two) only delays the caller until its next poll of the ledger. When the outcome
+/// `appended` events, the log's followers are woken in the same statement
+/// (`store::EVENTS_CHANNEL`, ADR 36).
+pub async fn announce(conn: &mut PgConnection, command_id: Uuid, appended: bool) {
+    let query = if appended {
+        sqlx::query("SELECT pg_notify($1, $2), pg_notify($3, '')")
+    } else {
+        sqlx::query("SELECT pg_notify($1, $2)")
+    };
+    let query = query.bind(DONE_CHANNEL).bind(command_id.to_string());
+    let query = if appended {
+        query.bind(store::EVENTS_CHANNEL)
+    } else {
+        query
+    };
+    if let Err(e) = query.execute(conn).await {
         tracing::warn!(command = %command_id, error = %e, "announcing an outcome failed; waiting callers poll");
     }
 }
@@ -820,6 +828,161 @@ pub async fn start_inline(
     Ok(Some(started_inline(
         &row, command_id, command, queue, began,
     )?))
+}
+
+/// [`record_inline`] with its events folded onto rows the caller holds (ADR 36), in one
+/// statement outside any transaction (`grove.record_inline_folded`): its commit is the
+/// record's one flushed commit. `None` when the command id is taken (nothing written);
+/// else the job and the version the written rows now carry. A held row changed since
+/// it was read is an error [`crate::folded::is_stale`] tells apart, and writes nothing.
+#[allow(clippy::too_many_arguments)]
+pub async fn record_inline_folded(
+    conn: &mut PgConnection,
+    command: &Command,
+    queue: &str,
+    worker_id: &str,
+    outcome: &Result<CommandResult, CommandError>,
+    (folded, events): (&crate::folded::FoldedAppend, &[Event]),
+    fences: &[crate::locks::Fence],
+) -> Result<Option<(ClaimedJob, String)>, StoreError> {
+    let command_id = folded.command_id();
+    let began = std::time::SystemTime::now();
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<Uuid> = fences.iter().map(|f| f.holder).collect();
+    let value = |r: Option<&CommandResult>| r.map(serde_json::to_value).transpose();
+    let error = outcome
+        .as_ref()
+        .err()
+        .map(serde_json::to_value)
+        .transpose()?;
+    let (payload, result) = (
+        serde_json::to_value(command)?,
+        value(outcome.as_ref().ok())?,
+    );
+    let query = sqlx::query(
+        "SELECT job_id, inserted, fenced, row_xmin FROM grove.record_inline_folded(
+             $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
+    )
+    .bind(command_id)
+    .bind(payload)
+    .bind(queue)
+    .bind(worker_id)
+    .bind(max_attempts(command))
+    .bind(&keys)
+    .bind(&holders)
+    .bind(finished_status(outcome.is_ok()))
+    .bind(result)
+    .bind(error)
+    .bind(if outcome.is_ok() { "Done" } else { "Killed" });
+    let row = folded
+        .bind_without_command(query)
+        .fetch_one(&mut *conn)
+        .await?;
+    if row.try_get::<bool, _>("fenced")? {
+        return Err(StoreError::Fenced(
+            "a lock lost its lease while the database was unreachable".into(),
+        ));
+    }
+    if !row.try_get::<bool, _>("inserted")? {
+        return Ok(None);
+    }
+    let version: String = row.try_get("row_xmin")?;
+    let job = started_inline(&row, command_id, command, queue, began)?;
+    crate::telemetry::finished(job.kind, outcome, events, job.claimed_at.elapsed());
+    Ok(Some((job, version)))
+}
+
+/// [`finish_fenced`] with the events folded onto rows the caller holds (ADR 36), in one
+/// statement outside any transaction (`grove.finish_folded`), claiming nothing. `None`
+/// when another attempt owns the command (nothing written); else the version the written
+/// rows now carry. A lost lease is [`StoreError::Fenced`]; a stale held row as in
+/// [`record_inline_folded`]; both write nothing.
+#[tracing::instrument(
+    target = TARGET, name = "grove.commit", level = "trace", skip_all,
+    fields(command_id = %done.job.command_id, events = done.events.len())
+)]
+pub async fn finish_folded(
+    conn: &mut PgConnection,
+    done: &Outcome<'_>,
+    folded: &crate::folded::FoldedAppend,
+    fences: &[crate::locks::Fence],
+) -> Result<Option<String>, StoreError> {
+    let job = done.job;
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<Uuid> = fences.iter().map(|f| f.holder).collect();
+    let outcome = done.outcome;
+    let result = outcome
+        .as_ref()
+        .ok()
+        .map(serde_json::to_value)
+        .transpose()?;
+    let error = outcome
+        .as_ref()
+        .err()
+        .map(serde_json::to_value)
+        .transpose()?;
+    let query = sqlx::query(
+        "SELECT fenced, recorded, row_xmin FROM grove.finish_folded(
+             $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
+    )
+    .bind(&keys)
+    .bind(&holders)
+    .bind(job.command_id)
+    .bind(done.worker_id)
+    .bind(finished_status(outcome.is_ok()))
+    .bind(result)
+    .bind(error)
+    .bind(if outcome.is_ok() { "Done" } else { "Killed" })
+    .bind(&job.job_id);
+    let row = folded
+        .bind_without_command(query)
+        .fetch_one(&mut *conn)
+        .await?;
+    if row.try_get::<bool, _>("fenced")? {
+        return Err(StoreError::Fenced(
+            "a lock lost its lease while the database was unreachable".into(),
+        ));
+    }
+    if !row.try_get::<bool, _>("recorded")? {
+        tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
+        return Ok(None);
+    }
+    crate::telemetry::finished(job.kind, outcome, done.events, job.claimed_at.elapsed());
+    Ok(Some(row.try_get("row_xmin")?))
+}
+
+/// [`start_inline`] with its start events folded onto rows the caller holds (ADR 36),
+/// in one statement outside any transaction (`grove.start_inline_folded`). `None` when
+/// the command id is taken (nothing written); else the job and the version the written
+/// rows now carry; a stale held row as in [`record_inline_folded`].
+pub async fn start_inline_folded(
+    conn: &mut PgConnection,
+    command: &Command,
+    queue: &str,
+    worker_id: &str,
+    folded: &crate::folded::FoldedAppend,
+) -> Result<Option<(ClaimedJob, String)>, StoreError> {
+    let command_id = folded.command_id();
+    let began = std::time::SystemTime::now();
+    let query = sqlx::query(
+        "SELECT job_id, inserted, row_xmin FROM grove.start_inline_folded(
+             $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
+    )
+    .bind(command_id)
+    .bind(serde_json::to_value(command)?)
+    .bind(queue)
+    .bind(worker_id)
+    .bind(max_attempts(command));
+    let row = folded
+        .bind_without_command(query)
+        .fetch_one(&mut *conn)
+        .await?;
+    if !row.try_get::<bool, _>("inserted")? {
+        return Ok(None);
+    }
+    let version: String = row.try_get("row_xmin")?;
+    let job = started_inline(&row, command_id, command, queue, began)?;
+    Ok(Some((job, version)))
 }
 
 /// The claimed job of an inline command whose ledger row `row` (`job_id`) inserted.

@@ -425,6 +425,23 @@ pub async fn runtimes_of(
         .collect()
 }
 
+/// [`runtimes_of`], each with the version (xmin) it was read at (ADR 36).
+pub async fn runtimes_of_versioned(
+    conn: &mut PgConnection,
+    workspace_id: Uuid,
+) -> Result<Vec<(RuntimeRow, String)>, StoreError> {
+    let sql = format!(
+        "SELECT {RUNTIME_COLUMNS}, xmin::text AS row_xmin FROM grove.sandbox_runtimes WHERE workspace_id = $1 ORDER BY id"
+    );
+    sqlx::query(trusted(sql))
+        .bind(workspace_id)
+        .fetch_all(conn)
+        .await?
+        .iter()
+        .map(|r| Ok((runtime_from_row(r)?, r.try_get("row_xmin")?)))
+        .collect()
+}
+
 /// Every workspace record of a node (evicted ones included), for an eviction sweep.
 pub async fn workspaces_of_node(
     conn: &mut PgConnection,

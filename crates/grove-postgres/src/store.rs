@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use grove_core::events::{Event, Metadata};
 use grove_core::projection::Reads;
-use sqlx::PgConnection;
+use sqlx::{PgConnection, PgPool};
 
 use crate::rows::{self, LIVE};
 use crate::StoreError;
@@ -68,6 +68,57 @@ pub async fn append(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// [`append`] of a fold onto rows the caller holds (ADR 36), in one statement outside any
+/// transaction (`grove.append_folded`): returns the version the written rows now carry.
+/// A held row changed since it was read is an error `folded::is_stale` tells apart,
+/// and writes nothing.
+pub async fn append_folded(
+    conn: &mut PgConnection,
+    folded: &crate::folded::FoldedAppend,
+) -> Result<String, StoreError> {
+    let query = sqlx::query("SELECT grove.append_folded($1, $2, $3, $4, $5, $6, $8, $7)");
+    let version: String = folded
+        .bind_without_command(query)
+        .bind(folded.command_id())
+        .fetch_one(conn)
+        .await
+        .and_then(|row| sqlx::Row::try_get(&row, 0))?;
+    Ok(version)
+}
+
+/// The channel the log's followers LISTEN on (`grove events --follow`, the API's event
+/// streams), woken after a commit that appended events.
+pub const EVENTS_CHANNEL: &str = "grove_events";
+
+/// Wakes the log's followers after a commit that appended events, in a statement of its
+/// own (ADR 36): a NOTIFY inside the appending transaction would take Postgres'
+/// database-wide notification lock at commit and hold it through the WAL flush, so
+/// every appending commit would queue behind the others. Alone, the NOTIFY writes no
+/// WAL. A notification lost here only delays followers until their next poll.
+pub async fn announce_appended(conn: &mut PgConnection) {
+    if let Err(e) = sqlx::query("SELECT pg_notify($1, '')")
+        .bind(EVENTS_CHANNEL)
+        .execute(conn)
+        .await
+    {
+        tracing::warn!(error = %e, "announcing appended events failed; followers poll");
+    }
+}
+
+/// [`announce_appended`] on a pool connection, in a task of its own, so a caller on a
+/// latency-bound path (an exec's start) does not wait for it.
+pub fn announce_appended_soon(pool: &PgPool) {
+    let pool = pool.clone();
+    tokio::spawn(async move {
+        match pool.acquire().await {
+            Ok(mut conn) => announce_appended(&mut conn).await,
+            Err(e) => {
+                tracing::warn!(error = %e, "announcing appended events failed; followers poll")
+            }
+        }
+    });
 }
 
 /// Checks, inside the caller's transaction, that every lock in `fences` still holds its

@@ -76,7 +76,7 @@ impl JobContext {
         // Recorded before the runtime is created or the command runs: a container made
         // by this exec is then never mistaken for an orphan, and a worker that dies
         // mid-command leaves the trace that ends it as worker_lost.
-        record_on(&mut prepared.lock, &start_events, metadata).await?;
+        record_on(&self.pool, &mut prepared.lock, &start_events, metadata).await?;
         self.run_started(e, command_id, prepared, true).await
     }
 
@@ -109,6 +109,7 @@ impl JobContext {
         };
         let queue = queue::node_queue(&self.config.node);
         let started = start_inline_on(
+            &self.pool,
             &mut prepared.lock,
             (command_id, command, &queue, &self.config.worker_id),
             &start_events,
@@ -281,6 +282,9 @@ impl JobContext {
             .as_ref()
             .map(|r| r.id)
             .unwrap_or_else(|| Uuid::new_v5(&ws.id, provider.kind().as_bytes()));
+        if existing.is_none() {
+            lock.hold_runtime(runtime_id, None);
+        }
         let place = ExecSite {
             ws: &ws,
             kind,
@@ -324,11 +328,16 @@ impl JobContext {
         ws: &WorkspaceRow,
         provider: &dyn RuntimeProvider,
     ) -> Result<Option<RuntimeRow>, CommandError> {
-        Ok(rows::runtimes_of(lock.conn(), ws.id)
+        let found = rows::runtimes_of_versioned(lock.conn(), ws.id)
             .await
             .map_err(store_error)?
             .into_iter()
-            .find(|r| r.backend_kind == provider.kind()))
+            .find(|(r, _)| r.backend_kind == provider.kind());
+        // Held with the lock, so the start events fold onto it (ADR 36).
+        if let Some((row, version)) = &found {
+            lock.hold_runtime(row.id, Some((row.clone(), version.clone())));
+        }
+        Ok(found.map(|(row, _)| row))
     }
 
     /// The runtime's spec: the workspace mounted (and its repo cache, read-only, for a
@@ -512,11 +521,18 @@ fn start_events(e: &Exec, command_id: Uuid, p: &Prepared) -> Vec<Event> {
 /// (`queue::start_inline`) and its start events, in one transaction on the lock's
 /// connection. `None` (nothing written) when the command id is already known.
 async fn start_inline_on(
+    pool: &sqlx::PgPool,
     lock: &mut AdvisoryLock,
     (command_id, command, queue_name, worker): (Uuid, &Command, &str, &str),
     events: &[Event],
     metadata: &Metadata,
 ) -> Result<Option<ClaimedJob>, CommandError> {
+    if let Some(started) =
+        start_folded(lock, (command, queue_name, worker), events, metadata).await?
+    {
+        store::announce_appended_soon(pool);
+        return Ok(started);
+    }
     let mut tx = sqlx::Connection::begin(lock.conn())
         .await
         .map_err(|e| store_error(e.into()))?;
@@ -532,15 +548,66 @@ async fn start_inline_on(
         .map_err(store_error)?;
     tx.commit().await.map_err(|e| store_error(e.into()))?;
     lock.flushed_by_commit();
+    lock.forget_rows();
+    store::announce_appended_soon(pool);
     Ok(Some(job))
 }
 
-/// Commits `events` in a transaction on the lock's connection.
+/// [`start_inline_on`] in one statement, its start events folded onto the rows the lock
+/// holds (ADR 36). `None` when they do not fold (a row not held, or changed since it was
+/// read): then the start is written the usual way.
+async fn start_folded(
+    lock: &mut AdvisoryLock,
+    (command, queue_name, worker): (&Command, &str, &str),
+    events: &[Event],
+    metadata: &Metadata,
+) -> Result<Option<Option<ClaimedJob>>, CommandError> {
+    let Some(folded) = lock
+        .held_rows()
+        .fold(events, metadata, now())
+        .map_err(store_error)?
+    else {
+        return Ok(None);
+    };
+    match queue::start_inline_folded(lock.conn(), command, queue_name, worker, &folded).await {
+        Ok(Some((job, version))) => {
+            lock.flushed_by_commit();
+            lock.absorb(folded, version);
+            Ok(Some(Some(job)))
+        }
+        Ok(None) => Ok(Some(None)),
+        Err(e) if grove_postgres::folded::is_stale(&e) => {
+            lock.forget_rows();
+            Ok(None)
+        }
+        Err(e) => Err(store_error(e)),
+    }
+}
+
+/// Commits `events` in a transaction on the lock's connection, and wakes the log's
+/// followers after.
 async fn record_on(
+    pool: &sqlx::PgPool,
     lock: &mut AdvisoryLock,
     events: &[Event],
     metadata: &Metadata,
 ) -> Result<(), CommandError> {
+    if let Some(folded) = lock
+        .held_rows()
+        .fold(events, metadata, now())
+        .map_err(store_error)?
+    {
+        match store::append_folded(lock.conn(), &folded).await {
+            Ok(version) => {
+                lock.flushed_by_commit();
+                lock.absorb(folded, version);
+                store::announce_appended_soon(pool);
+                return Ok(());
+            }
+            Err(e) if grove_postgres::folded::is_stale(&e) => lock.forget_rows(),
+            Err(e) => return Err(store_error(e)),
+        }
+    }
     let mut tx = sqlx::Connection::begin(lock.conn())
         .await
         .map_err(|e| store_error(e.into()))?;
@@ -549,6 +616,8 @@ async fn record_on(
         .map_err(store_error)?;
     tx.commit().await.map_err(|e| store_error(e.into()))?;
     lock.flushed_by_commit();
+    lock.forget_rows();
+    store::announce_appended_soon(pool);
     Ok(())
 }
 

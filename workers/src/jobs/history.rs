@@ -164,11 +164,15 @@ impl JobContext {
             .await
             .map_err(store_error)?
             .ok_or_else(|| not_found(format!("the repo cache of workspace {}", ws.id)))?;
-        Ok(Paths {
+        Ok(self.paths(ws, cache.local_path))
+    }
+
+    fn paths(&self, ws: &WorkspaceRow, cache_path: String) -> Paths {
+        Paths {
             store: self.history_dir(ws),
             workspace: PathBuf::from(&ws.local_path),
-            cache: PathBuf::from(cache.local_path),
-        })
+            cache: PathBuf::from(cache_path),
+        }
     }
 
     /// The workspace's timeline: its source's points up to the fork (if it is a fork),
@@ -248,11 +252,19 @@ impl JobContext {
 
     /// The snapshot of the workspace's newest point: one index probe, not a fold of
     /// its timeline (which grows with every change).
-    async fn latest_point(&self, id: Uuid) -> Result<Option<String>, CommandError> {
+    /// [`Self::history_paths`] and the workspace's newest point, in one query.
+    async fn paths_and_latest(
+        &self,
+        ws: &WorkspaceRow,
+    ) -> Result<(Paths, Option<String>), CommandError> {
         let mut conn = self.conn().await?;
-        grove_postgres::history::latest_point(&mut conn, id)
+        let base = grove_postgres::history::point_base(&mut conn, ws.id, ws.repo_cache_id)
             .await
-            .map_err(store_error)
+            .map_err(store_error)?;
+        let cache = base
+            .cache_path
+            .ok_or_else(|| not_found(format!("the repo cache of workspace {}", ws.id)))?;
+        Ok((self.paths(ws, cache), base.latest))
     }
 
     /// Takes a point after the workspace's newest; returns its event and whether the
@@ -262,8 +274,7 @@ impl JobContext {
         ws: &WorkspaceRow,
         operation: Operation,
     ) -> Result<(Event, bool), CommandError> {
-        let paths = self.history_paths(ws).await?;
-        let previous = self.latest_point(ws.id).await?;
+        let (paths, previous) = self.paths_and_latest(ws).await?;
         let snap = self.take(ws, &paths, previous).await?;
         let dirty = snap.dirty;
         Ok((snapshot_event(ws.id, snap, operation), dirty))

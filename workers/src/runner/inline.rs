@@ -315,7 +315,9 @@ async fn write_once(
     };
     match recorded {
         Ok(true) => {
-            lock.release_announcing(command_id).await.ok();
+            lock.release_announcing(command_id, !written.events.is_empty())
+                .await
+                .ok();
             Ok(Some(written.outcome?))
         }
         Ok(false) => {
@@ -339,7 +341,8 @@ pub(super) struct Written<'a> {
 }
 
 /// [`write_once`]'s one commit, on the lock's connection, fenced by the lock: false
-/// (nothing written) when the command id was taken meanwhile.
+/// (nothing written) when the command id was taken meanwhile. One statement when the
+/// events fold onto the rows the lock holds (ADR 36), else a transaction.
 pub(super) async fn record_write(
     deps: &JobContext,
     w: &Written<'_>,
@@ -348,6 +351,28 @@ pub(super) async fn record_write(
     let fences = [lock.fence()];
     let queue_name = queue::node_queue(&deps.config.node);
     let worker = &deps.config.worker_id;
+    let at = now();
+    if let Some(folded) = lock.held_rows().fold(&w.events, &w.md, at)? {
+        let recorded = queue::record_inline_folded(
+            lock.conn(),
+            w.command,
+            &queue_name,
+            worker,
+            &w.outcome,
+            (&folded, &w.events),
+            &fences,
+        )
+        .await;
+        match recorded {
+            Ok(Some((_, version))) => {
+                lock.absorb(folded, version);
+                return Ok(true);
+            }
+            Ok(None) => return Ok(false),
+            Err(e) if grove_postgres::folded::is_stale(&e) => lock.forget_rows(),
+            Err(e) => return Err(e),
+        }
+    }
     let mut tx = sqlx::Connection::begin(lock.conn()).await?;
     let job = queue::record_inline(
         &mut tx,
@@ -357,7 +382,7 @@ pub(super) async fn record_write(
         &w.outcome,
         &w.events,
         &w.md,
-        now(),
+        at,
         &fences,
     )
     .await?;
@@ -365,5 +390,6 @@ pub(super) async fn record_write(
         return Ok(false);
     }
     tx.commit().await?;
+    lock.forget_rows();
     Ok(true)
 }

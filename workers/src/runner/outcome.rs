@@ -10,7 +10,7 @@ use grove_core::commands::Command;
 use grove_core::error::{CommandError, ErrorKind};
 use grove_core::events::{Correlation, Event, Metadata};
 use grove_core::ports::GitToken;
-use grove_postgres::locks::Fence;
+use grove_postgres::locks::{AdvisoryLock, Fence};
 use grove_postgres::queue::{self, ClaimedJob, Start};
 use grove_postgres::StoreError;
 use tracing::{debug, info, warn, Instrument};
@@ -285,11 +285,16 @@ pub(super) async fn record_handled(
     let Some(mut first) = locks.next() else {
         return record_unlocked(deps, &done, next).await;
     };
-    let fast = queue::finish_claiming(first.conn(), &done, &fences, next).await;
+    let fast = match finish_folded(&mut first, &done, &fences, next).await {
+        Some(finished) => finished,
+        None => queue::finish_claiming(first.conn(), &done, &fences, next).await,
+    };
     let res = match fast {
         Ok(finished) => {
             let _ = if finished.recorded {
-                first.release_announcing(job.command_id).await
+                first
+                    .release_announcing(job.command_id, !done.events.is_empty())
+                    .await
             } else {
                 first.release().await
             };
@@ -317,6 +322,40 @@ pub(super) async fn record_handled(
     res
 }
 
+/// The outcome in one statement, its events folded onto the rows the first lock holds
+/// (ADR 36), when it claims no next job. `None` when it does not fold (no next claim
+/// possible that way, a row not held, or one changed since it was read): the caller
+/// records the usual way.
+async fn finish_folded(
+    first: &mut AdvisoryLock,
+    done: &queue::Outcome<'_>,
+    fences: &[Fence],
+    next: Option<&queue::NextClaim<'_>>,
+) -> Option<Result<queue::Finished, StoreError>> {
+    if next.is_some() {
+        return None;
+    }
+    let folded = first
+        .held_rows()
+        .fold(done.events, done.metadata, done.at)
+        .ok()??;
+    match queue::finish_folded(first.conn(), done, &folded, fences).await {
+        Ok(Some(version)) => {
+            first.absorb(folded, version);
+            Some(Ok(queue::Finished {
+                recorded: true,
+                next: Vec::new(),
+            }))
+        }
+        Ok(None) => Some(Ok(queue::Finished::default())),
+        Err(e) if grove_postgres::folded::is_stale(&e) => {
+            first.forget_rows();
+            None
+        }
+        Err(e) => Some(Err(e)),
+    }
+}
+
 /// [`record_handled`] for a job that holds no lock: once on a pool connection with the
 /// next claim, else through [`finish_patiently`].
 async fn record_unlocked(
@@ -328,7 +367,7 @@ async fn record_unlocked(
         let mut conn = deps.pool.acquire().await?;
         let finished = queue::finish_claiming(&mut conn, done, &[], next).await?;
         if finished.recorded {
-            queue::announce(&mut conn, done.job.command_id).await;
+            queue::announce(&mut conn, done.job.command_id, !done.events.is_empty()).await;
         }
         Ok::<_, StoreError>(finished.next)
     };
@@ -391,7 +430,8 @@ pub(super) async fn finish_patiently(
                 other => other?,
             };
             if recorded {
-                queue::announce(&mut conn, job.command_id).await;
+                // A fence that dropped every event only wakes followers to re-read.
+                queue::announce(&mut conn, job.command_id, !events.is_empty()).await;
             }
             Ok::<_, StoreError>(())
         };

@@ -92,7 +92,9 @@ async fn commit(
     }
     match recorded {
         Ok(true) => {
-            lock.release_announcing(command_id).await.ok();
+            lock.release_announcing(command_id, !written.events.is_empty())
+                .await
+                .ok();
             written.outcome.map(Some)
         }
         Ok(false) => {
