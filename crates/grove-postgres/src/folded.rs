@@ -57,6 +57,14 @@ impl HeldRows {
         held
     }
 
+    /// A repo cache row and the xmin it was read at.
+    pub fn repo_cache(row: RepoCacheRow, xmin: String) -> Self {
+        let mut held = Self::default();
+        held.versions.insert((Table::RepoCache, row.id), Some(xmin));
+        held.rows.repo_caches.insert(row.id, row);
+        held
+    }
+
     /// Holds the runtime `id` too: its row and the xmin it was read at, or `None` when
     /// no row has that id. Only next to a held workspace: a fold needs both.
     pub fn hold_runtime(&mut self, id: Uuid, row: Option<(RuntimeRow, String)>) {

@@ -381,6 +381,11 @@ impl AdvisoryLock {
         &self.held
     }
 
+    /// Holds `rows`, read under this lock at their versions, in place of any held.
+    pub fn hold(&mut self, rows: crate::folded::HeldRows) {
+        self.held = rows;
+    }
+
     /// Holds the runtime `id` with the workspace (see [`crate::folded::HeldRows::hold_runtime`]).
     pub fn hold_runtime(&mut self, id: Uuid, row: Option<(grove_core::model::RuntimeRow, String)>) {
         self.held.hold_runtime(id, row);

@@ -379,6 +379,46 @@ pub async fn workspace_by_key(
         .transpose()
 }
 
+/// [`workspace_by_key`] with the version (xmin) the row was read at (ADR 36).
+pub async fn workspace_by_key_versioned(
+    conn: &mut PgConnection,
+    key: &grove_core::model::WorkspaceKey,
+) -> Result<Option<(WorkspaceRow, String)>, StoreError> {
+    let scope_col = match key.mode {
+        WorkspaceMode::Analysis => "base_ref",
+        WorkspaceMode::Edit => "conversation_id",
+        WorkspaceMode::Task => "task_id",
+    };
+    let sql = format!(
+        "SELECT {WORKSPACE_COLUMNS}, xmin::text AS row_xmin FROM grove.sandbox_workspaces WHERE user_id = $1 AND project_id = $2 AND mode = $3 AND {scope_col} = $4"
+    );
+    sqlx::query(trusted(sql))
+        .bind(&key.user_id)
+        .bind(&key.project_id)
+        .bind(key.mode.as_str())
+        .bind(&key.scope)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| Ok((workspace_from_row(&r)?, r.try_get("row_xmin")?)))
+        .transpose()
+}
+
+/// [`repo_cache_by_identity`] with the version (xmin) the row was read at (ADR 36).
+pub async fn repo_cache_by_identity_versioned(
+    conn: &mut PgConnection,
+    node: &str,
+    identity: &str,
+) -> Result<Option<(RepoCacheRow, String)>, StoreError> {
+    let sql = format!("SELECT {REPO_CACHE_COLUMNS}, xmin::text AS row_xmin FROM grove.sandbox_repo_caches WHERE node = $1 AND identity = $2");
+    sqlx::query(trusted(sql))
+        .bind(node)
+        .bind(identity)
+        .fetch_optional(conn)
+        .await?
+        .map(|r| Ok((repo_cache_from_row(&r)?, r.try_get("row_xmin")?)))
+        .transpose()
+}
+
 /// Finds the live repo cache of an identity on a node.
 pub async fn repo_cache_by_identity(
     conn: &mut PgConnection,

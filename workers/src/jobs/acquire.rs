@@ -12,6 +12,7 @@ use grove_core::inline::reacquires_inline;
 use grove_core::model::{branch_for, Capabilities, RepoCacheRow, WorkspaceMode, WorkspaceRow};
 use grove_core::ports::{GitToken, RemoteWorkspaceRequest};
 use grove_core::validate::RepoUrl;
+use grove_postgres::folded::HeldRows;
 use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
@@ -158,7 +159,7 @@ impl JobContext {
                 LeaseCommit::WithNextCommit,
             )
             .await?;
-        let existing = match rows::workspace_by_key(key_lock.conn(), &key).await {
+        let existing = match rows::workspace_by_key_versioned(key_lock.conn(), &key).await {
             Ok(row) => row,
             Err(e) => {
                 key_lock.release().await.ok();
@@ -166,7 +167,9 @@ impl JobContext {
             }
         };
         match existing {
-            Some(row) if cheap(Some(&row)) => {
+            Some((row, version)) if cheap(Some(&row)) => {
+                // Its record folds onto the row read here (ADR 36).
+                key_lock.hold(HeldRows::workspace(row.clone(), version));
                 let correlation = acquire_correlation(c);
                 self.reacquired(row, key_lock, correlation, at).map(Some)
             }

@@ -12,6 +12,7 @@ use grove_core::model::RepoCacheRow;
 use grove_core::ports::GitToken;
 use grove_core::state::RepoCacheState;
 use grove_core::validate::RepoUrl;
+use grove_postgres::folded::HeldRows;
 use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
@@ -113,7 +114,7 @@ impl JobContext {
         if !existing.as_ref().is_some_and(|row| need.usable(row)) {
             return Ok(None);
         }
-        let shared = self
+        let mut shared = self
             .lock_with(
                 LockScope::RepoCache,
                 &self.cache_lock_key(url),
@@ -121,8 +122,14 @@ impl JobContext {
                 commit,
             )
             .await?;
-        match self.cache_by_identity(url.identity()).await {
-            Ok(Some(row)) if need.usable(&row) => {
+        let node = &self.config.node;
+        let current = rows::repo_cache_by_identity_versioned(shared.conn(), node, url.identity())
+            .await
+            .map_err(store_error);
+        match current {
+            Ok(Some((row, version))) if need.usable(&row) => {
+                // Its record folds onto the row read here (ADR 36).
+                shared.hold(HeldRows::repo_cache(row.clone(), version));
                 let events = vec![Event::RepoCacheUsed {
                     repo_cache_id: row.id,
                 }];
