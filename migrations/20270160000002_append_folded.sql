@@ -27,6 +27,8 @@ DECLARE
     e jsonb;
     v_xmin text;
 BEGIN
+    -- The step's commit is the one that makes it durable, whatever the session's default.
+    PERFORM set_config('synchronous_commit', 'on', true);
     FOR e IN SELECT * FROM jsonb_array_elements(p_rows -> 'expect') LOOP
         CASE e ->> 'table'
         WHEN 'sandbox_repo_caches' THEN
