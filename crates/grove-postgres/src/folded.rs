@@ -20,6 +20,7 @@ use sqlx::query::Query;
 use sqlx::Postgres;
 use uuid::Uuid;
 
+use crate::store::EventColumns;
 use crate::StoreError;
 
 /// A projection table.
@@ -111,23 +112,9 @@ impl HeldRows {
         }
         let touched = after.take_touched();
         let rows = self.rows_json(&reads, &after, &touched);
-        let mut streams = Vec::with_capacity(events.len());
-        let mut types = Vec::with_capacity(events.len());
-        let mut versions = Vec::with_capacity(events.len());
-        let mut payloads = Vec::with_capacity(events.len());
-        for event in events {
-            let (event_type, payload) = event.to_stored();
-            streams.push(event.stream_id());
-            types.push(event_type.to_string());
-            versions.push(event.version());
-            payloads.push(payload);
-        }
         Ok(Some(FoldedAppend {
             rows,
-            streams,
-            types,
-            versions,
-            payloads,
+            events: EventColumns::of(events),
             metadata: serde_json::to_value(metadata)?,
             command_id: metadata.command_id,
             at,
@@ -221,10 +208,7 @@ impl HeldRows {
 #[derive(Debug)]
 pub struct FoldedAppend {
     rows: Value,
-    streams: Vec<String>,
-    types: Vec<String>,
-    versions: Vec<i32>,
-    payloads: Vec<Value>,
+    events: EventColumns,
     metadata: Value,
     command_id: Uuid,
     at: DateTime<Utc>,
@@ -241,10 +225,10 @@ impl FoldedAppend {
     ) -> Query<'q, Postgres, PgArguments> {
         query
             .bind(&self.rows)
-            .bind(&self.streams)
-            .bind(&self.types)
-            .bind(&self.versions)
-            .bind(&self.payloads)
+            .bind(&self.events.streams)
+            .bind(&self.events.types)
+            .bind(&self.events.versions)
+            .bind(&self.events.payloads)
             .bind(&self.metadata)
             .bind(self.at)
     }

@@ -847,41 +847,28 @@ pub async fn record_inline_folded(
 ) -> Result<Option<(ClaimedJob, String)>, StoreError> {
     let command_id = folded.command_id();
     let began = std::time::SystemTime::now();
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<Uuid> = fences.iter().map(|f| f.holder).collect();
-    let value = |r: Option<&CommandResult>| r.map(serde_json::to_value).transpose();
-    let error = outcome
-        .as_ref()
-        .err()
-        .map(serde_json::to_value)
-        .transpose()?;
-    let (payload, result) = (
-        serde_json::to_value(command)?,
-        value(outcome.as_ref().ok())?,
-    );
+    let args = OutcomeArgs::of(outcome, fences)?;
     let query = sqlx::query(
         "SELECT job_id, inserted, fenced, row_xmin FROM grove.record_inline_folded(
              $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
     )
     .bind(command_id)
-    .bind(payload)
+    .bind(serde_json::to_value(command)?)
     .bind(queue)
     .bind(worker_id)
     .bind(max_attempts(command))
-    .bind(&keys)
-    .bind(&holders)
-    .bind(finished_status(outcome.is_ok()))
-    .bind(result)
-    .bind(error)
-    .bind(if outcome.is_ok() { "Done" } else { "Killed" });
+    .bind(&args.keys)
+    .bind(&args.holders)
+    .bind(args.status)
+    .bind(&args.result)
+    .bind(&args.error)
+    .bind(args.job_status);
     let row = folded
         .bind_without_command(query)
         .fetch_one(&mut *conn)
         .await?;
     if row.try_get::<bool, _>("fenced")? {
-        return Err(StoreError::Fenced(
-            "a lock lost its lease while the database was unreachable".into(),
-        ));
+        return Err(lease_lost());
     }
     if !row.try_get::<bool, _>("inserted")? {
         return Ok(None);
@@ -908,40 +895,27 @@ pub async fn finish_folded(
     fences: &[crate::locks::Fence],
 ) -> Result<Option<String>, StoreError> {
     let job = done.job;
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<Uuid> = fences.iter().map(|f| f.holder).collect();
     let outcome = done.outcome;
-    let result = outcome
-        .as_ref()
-        .ok()
-        .map(serde_json::to_value)
-        .transpose()?;
-    let error = outcome
-        .as_ref()
-        .err()
-        .map(serde_json::to_value)
-        .transpose()?;
+    let args = OutcomeArgs::of(outcome, fences)?;
     let query = sqlx::query(
         "SELECT fenced, recorded, row_xmin FROM grove.finish_folded(
              $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
     )
-    .bind(&keys)
-    .bind(&holders)
+    .bind(&args.keys)
+    .bind(&args.holders)
     .bind(job.command_id)
     .bind(done.worker_id)
-    .bind(finished_status(outcome.is_ok()))
-    .bind(result)
-    .bind(error)
-    .bind(if outcome.is_ok() { "Done" } else { "Killed" })
+    .bind(args.status)
+    .bind(&args.result)
+    .bind(&args.error)
+    .bind(args.job_status)
     .bind(&job.job_id);
     let row = folded
         .bind_without_command(query)
         .fetch_one(&mut *conn)
         .await?;
     if row.try_get::<bool, _>("fenced")? {
-        return Err(StoreError::Fenced(
-            "a lock lost its lease while the database was unreachable".into(),
-        ));
+        return Err(lease_lost());
     }
     if !row.try_get::<bool, _>("recorded")? {
         tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
@@ -1014,6 +988,45 @@ pub async fn is_known(conn: &mut PgConnection, command_id: Uuid) -> Result<bool,
     )
 }
 
+/// An outcome and the fences it is recorded under, as the ledger functions' arguments.
+struct OutcomeArgs {
+    keys: Vec<i64>,
+    holders: Vec<Uuid>,
+    status: &'static str,
+    result: Option<serde_json::Value>,
+    error: Option<serde_json::Value>,
+    job_status: &'static str,
+}
+
+impl OutcomeArgs {
+    fn of(
+        outcome: &Result<CommandResult, CommandError>,
+        fences: &[crate::locks::Fence],
+    ) -> Result<Self, StoreError> {
+        Ok(Self {
+            keys: fences.iter().map(|f| f.key).collect(),
+            holders: fences.iter().map(|f| f.holder).collect(),
+            status: finished_status(outcome.is_ok()),
+            result: outcome
+                .as_ref()
+                .ok()
+                .map(serde_json::to_value)
+                .transpose()?,
+            error: outcome
+                .as_ref()
+                .err()
+                .map(serde_json::to_value)
+                .transpose()?,
+            job_status: if outcome.is_ok() { "Done" } else { "Killed" },
+        })
+    }
+}
+
+/// What a ledger function's `fenced` means.
+fn lease_lost() -> StoreError {
+    StoreError::Fenced("a lock lost its lease while the database was unreachable".into())
+}
+
 /// A command the receiving process ran inline and that may run again (ADR 31's
 /// `write_file`, ADR 34's reuses), recorded after its effect in the caller's open
 /// transaction: the fence check, [`start_inline`] and the outcome in one statement
@@ -1034,14 +1047,7 @@ pub async fn record_inline(
 ) -> Result<Option<ClaimedJob>, StoreError> {
     let (command_id, command) = command;
     let began = std::time::SystemTime::now();
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<Uuid> = fences.iter().map(|f| f.holder).collect();
-    let value = |r: Option<&CommandResult>| r.map(serde_json::to_value).transpose();
-    let error = outcome
-        .as_ref()
-        .err()
-        .map(serde_json::to_value)
-        .transpose()?;
+    let args = OutcomeArgs::of(outcome, fences)?;
     let row = sqlx::query(
         "SELECT job_id, inserted, fenced, recorded
            FROM grove.record_inline($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
@@ -1051,18 +1057,16 @@ pub async fn record_inline(
     .bind(queue)
     .bind(worker_id)
     .bind(max_attempts(command))
-    .bind(&keys)
-    .bind(&holders)
-    .bind(finished_status(outcome.is_ok()))
-    .bind(value(outcome.as_ref().ok())?)
-    .bind(error)
-    .bind(if outcome.is_ok() { "Done" } else { "Killed" })
+    .bind(&args.keys)
+    .bind(&args.holders)
+    .bind(args.status)
+    .bind(&args.result)
+    .bind(&args.error)
+    .bind(args.job_status)
     .fetch_one(&mut *tx)
     .await?;
     if row.try_get::<bool, _>("fenced")? {
-        return Err(StoreError::Fenced(
-            "a lock lost its lease while the database was unreachable".into(),
-        ));
+        return Err(lease_lost());
     }
     if !row.try_get::<bool, _>("inserted")? {
         return Ok(None);

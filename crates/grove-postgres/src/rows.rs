@@ -360,23 +360,9 @@ pub async fn workspace_by_key(
     conn: &mut PgConnection,
     key: &grove_core::model::WorkspaceKey,
 ) -> Result<Option<WorkspaceRow>, StoreError> {
-    let scope_col = match key.mode {
-        WorkspaceMode::Analysis => "base_ref",
-        WorkspaceMode::Edit => "conversation_id",
-        WorkspaceMode::Task => "task_id",
-    };
-    let sql = format!(
-        "SELECT {WORKSPACE_COLUMNS} FROM grove.sandbox_workspaces WHERE user_id = $1 AND project_id = $2 AND mode = $3 AND {scope_col} = $4"
-    );
-    sqlx::query(trusted(sql))
-        .bind(&key.user_id)
-        .bind(&key.project_id)
-        .bind(key.mode.as_str())
-        .bind(&key.scope)
-        .fetch_optional(conn)
+    Ok(workspace_by_key_versioned(conn, key)
         .await?
-        .map(|r| workspace_from_row(&r))
-        .transpose()
+        .map(|(row, _)| row))
 }
 
 /// [`workspace_by_key`] with the version (xmin) the row was read at (ADR 36).
@@ -425,14 +411,9 @@ pub async fn repo_cache_by_identity(
     node: &str,
     identity: &str,
 ) -> Result<Option<RepoCacheRow>, StoreError> {
-    let sql = format!("SELECT {REPO_CACHE_COLUMNS} FROM grove.sandbox_repo_caches WHERE node = $1 AND identity = $2");
-    sqlx::query(trusted(sql))
-        .bind(node)
-        .bind(identity)
-        .fetch_optional(conn)
+    Ok(repo_cache_by_identity_versioned(conn, node, identity)
         .await?
-        .map(|r| repo_cache_from_row(&r))
-        .transpose()
+        .map(|(row, _)| row))
 }
 
 pub async fn repo_cache(

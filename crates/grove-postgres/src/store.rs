@@ -37,17 +37,12 @@ pub async fn append(
     // maximum (read under the row locks taken above) in the order of `events`, and the
     // rows are inserted in that order, so positions follow it too.
     let metadata_json = serde_json::to_value(metadata)?;
-    let mut streams = Vec::with_capacity(events.len());
-    let mut types = Vec::with_capacity(events.len());
-    let mut versions = Vec::with_capacity(events.len());
-    let mut payloads = Vec::with_capacity(events.len());
-    for event in events {
-        let (event_type, payload) = event.to_stored();
-        streams.push(event.stream_id());
-        types.push(event_type.to_string());
-        versions.push(event.version());
-        payloads.push(payload);
-    }
+    let EventColumns {
+        streams,
+        types,
+        versions,
+        payloads,
+    } = EventColumns::of(events);
     sqlx::query(
         "INSERT INTO grove.events (stream_id, stream_version, event_type, event_version, payload, metadata, command_id, recorded_at)
          SELECT e.stream_id,
@@ -68,6 +63,34 @@ pub async fn append(
     .execute(&mut *conn)
     .await?;
     Ok(())
+}
+
+/// Events as the column arrays their insert binds, in order.
+#[derive(Debug)]
+pub(crate) struct EventColumns {
+    pub(crate) streams: Vec<String>,
+    pub(crate) types: Vec<String>,
+    pub(crate) versions: Vec<i32>,
+    pub(crate) payloads: Vec<serde_json::Value>,
+}
+
+impl EventColumns {
+    pub(crate) fn of(events: &[Event]) -> Self {
+        let mut columns = Self {
+            streams: Vec::with_capacity(events.len()),
+            types: Vec::with_capacity(events.len()),
+            versions: Vec::with_capacity(events.len()),
+            payloads: Vec::with_capacity(events.len()),
+        };
+        for event in events {
+            let (event_type, payload) = event.to_stored();
+            columns.streams.push(event.stream_id());
+            columns.types.push(event_type.to_string());
+            columns.versions.push(event.version());
+            columns.payloads.push(payload);
+        }
+        columns
+    }
 }
 
 /// [`append`] of a fold onto rows the caller holds (ADR 36), in one statement outside any
