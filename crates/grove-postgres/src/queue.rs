@@ -851,18 +851,8 @@ pub async fn record_inline_folded(
     let query = sqlx::query(
         "SELECT job_id, inserted, fenced, row_xmin FROM grove.record_inline_folded(
              $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)",
-    )
-    .bind(command_id)
-    .bind(serde_json::to_value(command)?)
-    .bind(queue)
-    .bind(worker_id)
-    .bind(max_attempts(command))
-    .bind(&args.keys)
-    .bind(&args.holders)
-    .bind(args.status)
-    .bind(&args.result)
-    .bind(&args.error)
-    .bind(args.job_status);
+    );
+    let query = args.bind_record(query, (command_id, command, queue, worker_id))?;
     let row = folded
         .bind_without_command(query)
         .fetch_one(&mut *conn)
@@ -1020,6 +1010,27 @@ impl OutcomeArgs {
             job_status: if outcome.is_ok() { "Done" } else { "Killed" },
         })
     }
+
+    /// `grove.record_inline`'s eleven arguments (the first of the folded variant's).
+    fn bind_record<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        (command_id, command, queue, worker_id): (Uuid, &Command, &'q str, &'q str),
+    ) -> Result<sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>, StoreError>
+    {
+        Ok(query
+            .bind(command_id)
+            .bind(serde_json::to_value(command)?)
+            .bind(queue)
+            .bind(worker_id)
+            .bind(max_attempts(command))
+            .bind(&self.keys)
+            .bind(&self.holders)
+            .bind(self.status)
+            .bind(&self.result)
+            .bind(&self.error)
+            .bind(self.job_status))
+    }
 }
 
 /// What a ledger function's `fenced` means.
@@ -1048,23 +1059,14 @@ pub async fn record_inline(
     let (command_id, command) = command;
     let began = std::time::SystemTime::now();
     let args = OutcomeArgs::of(outcome, fences)?;
-    let row = sqlx::query(
+    let query = sqlx::query(
         "SELECT job_id, inserted, fenced, recorded
            FROM grove.record_inline($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(command_id)
-    .bind(serde_json::to_value(command)?)
-    .bind(queue)
-    .bind(worker_id)
-    .bind(max_attempts(command))
-    .bind(&args.keys)
-    .bind(&args.holders)
-    .bind(args.status)
-    .bind(&args.result)
-    .bind(&args.error)
-    .bind(args.job_status)
-    .fetch_one(&mut *tx)
-    .await?;
+    );
+    let row = args
+        .bind_record(query, (command_id, command, queue, worker_id))?
+        .fetch_one(&mut *tx)
+        .await?;
     if row.try_get::<bool, _>("fenced")? {
         return Err(lease_lost());
     }
