@@ -670,6 +670,9 @@ pub async fn finish_claiming(
             next: Vec::new(),
         });
     }
+    if done.events.is_empty() {
+        return finish_claiming_plain(conn, done, fences, next).await;
+    }
     let mut tries = 0;
     let (rows, began) = loop {
         tries += 1;
@@ -700,6 +703,66 @@ pub async fn finish_claiming(
     // The outcome is committed whatever happens here: claimed jobs this worker cannot
     // take up are handed back by its sweep of its own stale jobs.
     let next = starts(conn, rows, (began, std::time::SystemTime::now()))
+        .await
+        .unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "reading the jobs claimed with an outcome failed");
+            Vec::new()
+        });
+    Ok(Finished {
+        recorded: true,
+        next,
+    })
+}
+
+/// [`finish_claiming`] for an outcome that appends no events (ADR 37): the fence
+/// check, the outcome and the next claim in one statement, `grove.finish_claiming`,
+/// which is its own transaction.
+async fn finish_claiming_plain(
+    conn: &mut PgConnection,
+    done: &Outcome<'_>,
+    fences: &[crate::locks::Fence],
+    next: Option<&NextClaim<'_>>,
+) -> Result<Finished, StoreError> {
+    let job = done.job;
+    let args = OutcomeArgs::of(done.outcome, fences)?;
+    let (queues, limit) = next.map_or((&[][..], 0), |n| (n.queues, n.limit));
+    let began = std::time::SystemTime::now();
+    let mut rows = sqlx::query(
+        "SELECT fenced, recorded, job_id, queue, command_id, action, payload, prior_status,
+                attempt, max_attempts, token
+           FROM grove.finish_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(&args.keys)
+    .bind(&args.holders)
+    .bind(job.command_id)
+    .bind(done.worker_id)
+    .bind(args.status)
+    .bind(&args.result)
+    .bind(&args.error)
+    .bind(args.job_status)
+    .bind(&job.job_id)
+    .bind(queues)
+    .bind(limit)
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter();
+    let first = rows
+        .next()
+        .ok_or_else(|| StoreError::Corrupt("grove.finish_claiming returned no row".into()))?;
+    if first.try_get::<bool, _>("fenced")? {
+        return Err(lease_lost());
+    }
+    if !first.try_get::<bool, _>("recorded")? {
+        tracing::warn!(command = %job.command_id, "outcome not recorded: another attempt owns the command");
+        return Ok(Finished::default());
+    }
+    crate::telemetry::finished(
+        job.kind,
+        done.outcome,
+        done.events,
+        job.claimed_at.elapsed(),
+    );
+    let next = starts(conn, rows.collect(), (began, std::time::SystemTime::now()))
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading the jobs claimed with an outcome failed");
