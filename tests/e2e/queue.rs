@@ -476,3 +476,105 @@ async fn a_job_claimed_with_an_outcome_is_started_and_recovered_like_any_claimed
         resumed[0].1
     );
 }
+
+/// An outcome that appends no events is one statement with its next claim
+/// (`grove.finish_claiming`, ADR 37): under a lock whose lease is gone it writes
+/// nothing and claims nothing; under a live lock it records and claims.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing() {
+    use grove_core::commands::{Command, CommandResult};
+    use grove_postgres::locks::{AdvisoryLock, LockScope};
+    use grove_postgres::queue::{self, NextClaim, Outcome};
+    use grove_postgres::StoreError;
+    let env =
+        env_or_skip!("an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing");
+    let pool = &env.pool;
+    let q = queue::node_queue("fencedoutcome");
+    queue::register_worker(pool, "w-fenced", std::slice::from_ref(&q))
+        .await
+        .unwrap();
+    let ids: Vec<uuid::Uuid> = (0..2).map(|_| uuid::Uuid::now_v7()).collect();
+    let mut conn = pool.acquire().await.unwrap();
+    for id in &ids {
+        let hibernate = Command::HibernateRuntime {
+            workspace_id: uuid::Uuid::now_v7(),
+        };
+        queue::enqueue(&mut conn, *id, &hibernate, &q, None)
+            .await
+            .unwrap();
+    }
+    let (first, _) = queue::claim_and_start(pool, "w-fenced", &q, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .next()
+        .expect("a due job");
+    assert_eq!(first.command_id, ids[0]);
+    let key = uuid::Uuid::now_v7().to_string();
+    let lock = |k: String| async move {
+        AdvisoryLock::acquire(
+            pool,
+            LockScope::WorkspaceCommands,
+            &k,
+            false,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+    };
+    let lost = lock(key.clone()).await;
+    // The lease lapsed and was taken over while the holder was away.
+    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
+        .bind(lost.fence().key)
+        .bind(lost.fence().holder)
+        .execute(pool)
+        .await
+        .unwrap();
+    let ok: Result<CommandResult, grove_core::error::CommandError> = Ok(CommandResult::Done);
+    let md = grove_core::events::Metadata {
+        command_id: ids[0],
+        correlation: Default::default(),
+        worker_id: "w-fenced".into(),
+        node: "fencedoutcome".into(),
+    };
+    let done = Outcome {
+        job: &first,
+        worker_id: "w-fenced",
+        outcome: &ok,
+        events: &[],
+        metadata: &md,
+        at: chrono::Utc::now(),
+    };
+    let queues = vec![q.clone()];
+    let next = NextClaim {
+        queues: &queues,
+        limit: 1,
+    };
+    let fenced = queue::finish_claiming(&mut conn, &done, &[lost.fence()], Some(&next)).await;
+    assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
+    assert_eq!(
+        (
+            ledger_and_job(pool, ids[0]).await.0,
+            ledger_and_job(pool, ids[0]).await.3
+        ),
+        ("running".into(), "Running".into()),
+        "nothing of the outcome was written"
+    );
+    assert_eq!(
+        ledger_and_job(pool, ids[1]).await.0,
+        "queued",
+        "nothing claimed"
+    );
+    drop(lost);
+
+    let live = lock(uuid::Uuid::now_v7().to_string()).await;
+    let finished = queue::finish_claiming(&mut conn, &done, &[live.fence()], Some(&next))
+        .await
+        .unwrap();
+    assert!(finished.recorded);
+    assert_eq!(ledger_and_job(pool, ids[0]).await.3, "Done");
+    let claimed: Vec<_> = finished.next.iter().map(|(j, _)| j.command_id).collect();
+    assert_eq!(claimed, vec![ids[1]]);
+    assert_eq!(ledger_and_job(pool, ids[1]).await.0, "running");
+    live.release().await.unwrap();
+}

@@ -700,18 +700,26 @@ pub async fn finish_claiming(
         done.events,
         job.claimed_at.elapsed(),
     );
-    // The outcome is committed whatever happens here: claimed jobs this worker cannot
-    // take up are handed back by its sweep of its own stale jobs.
-    let next = starts(conn, rows, (began, std::time::SystemTime::now()))
+    Ok(Finished {
+        recorded: true,
+        next: claimed(conn, rows, began).await,
+    })
+}
+
+/// The jobs an outcome's commit claimed, started ([`starts`]); none when they cannot be
+/// read (the outcome is committed whatever happens here: claimed jobs this worker cannot
+/// take up are handed back by its sweep of its own stale jobs).
+async fn claimed(
+    conn: &mut PgConnection,
+    rows: Vec<sqlx::postgres::PgRow>,
+    began: std::time::SystemTime,
+) -> Vec<(ClaimedJob, Start)> {
+    starts(conn, rows, (began, std::time::SystemTime::now()))
         .await
         .unwrap_or_else(|e| {
             tracing::warn!(error = %e, "reading the jobs claimed with an outcome failed");
             Vec::new()
-        });
-    Ok(Finished {
-        recorded: true,
-        next,
-    })
+        })
 }
 
 /// [`finish_claiming`] for an outcome that appends no events (ADR 37): the fence
@@ -762,15 +770,9 @@ async fn finish_claiming_plain(
         done.events,
         job.claimed_at.elapsed(),
     );
-    let next = starts(conn, rows.collect(), (began, std::time::SystemTime::now()))
-        .await
-        .unwrap_or_else(|e| {
-            tracing::warn!(error = %e, "reading the jobs claimed with an outcome failed");
-            Vec::new()
-        });
     Ok(Finished {
         recorded: true,
-        next,
+        next: claimed(conn, rows.collect(), began).await,
     })
 }
 

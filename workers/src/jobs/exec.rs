@@ -171,6 +171,12 @@ impl JobContext {
                 });
         let backend_id = provider.backend_id(&spec);
         let request = exec_request(e, kind);
+        // A mutating command's point base is read while the command runs.
+        let prefetch = if kind.is_mutating() && !remote {
+            self.prefetch_point(&ws)
+        } else {
+            Default::default()
+        };
         let outcome = self
             .run_fenced(
                 &lock,
@@ -193,7 +199,7 @@ impl JobContext {
         let (result, mut events) = finish.of(&ws, outcome);
         // The host's git cannot see a remote workspace: its `dirty` is not tracked.
         if kind.is_mutating() && !remote {
-            events.extend(self.after_exec(&ws, &e.argv, &events).await);
+            events.extend(self.after_exec(&ws, &e.argv, &events, prefetch).await);
         }
         Ok(Handled {
             result: result.map(CommandResult::Exec),

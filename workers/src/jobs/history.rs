@@ -18,6 +18,7 @@ use grove_core::model::{WorkspaceMode, WorkspaceRow};
 use grove_core::placement::Placement;
 use grove_core::ports::GitToken;
 use grove_core::tools::{ToolOp, ToolOutput, ToolRequest};
+use grove_postgres::history::PointBase;
 use grove_postgres::locks::AdvisoryLock;
 use grove_postgres::rows;
 use uuid::Uuid;
@@ -53,6 +54,22 @@ impl Paths {
 
 fn not_found(what: String) -> CommandError {
     CommandError::new(ErrorKind::NotFound, what)
+}
+
+/// A point's base (the cache's path and the newest point) being read beside the
+/// caller's other work: started once the workspace's exclusive lock is held, so no other
+/// point can be taken before the caller's. Dropped unused, the read is abandoned.
+#[derive(Default)]
+pub(crate) struct PointPrefetch(
+    Option<tokio::task::JoinHandle<Result<PointBase, grove_postgres::StoreError>>>,
+);
+
+impl Drop for PointPrefetch {
+    fn drop(&mut self) {
+        if let Some(task) = &self.0 {
+            task.abort();
+        }
+    }
 }
 
 impl JobContext {
@@ -256,11 +273,21 @@ impl JobContext {
     async fn paths_and_latest(
         &self,
         ws: &WorkspaceRow,
+        mut prefetch: PointPrefetch,
     ) -> Result<(Paths, Option<String>), CommandError> {
-        let mut conn = self.conn().await?;
-        let base = grove_postgres::history::point_base(&mut conn, ws.id, ws.repo_cache_id)
-            .await
-            .map_err(store_error)?;
+        let fetched = match prefetch.0.take() {
+            Some(task) => task.await.ok(),
+            None => None,
+        };
+        let base = match fetched {
+            Some(base) => base.map_err(store_error)?,
+            None => {
+                let mut conn = self.conn().await?;
+                grove_postgres::history::point_base(&mut conn, ws.id, ws.repo_cache_id)
+                    .await
+                    .map_err(store_error)?
+            }
+        };
         let cache = base
             .cache_path
             .ok_or_else(|| not_found(format!("the repo cache of workspace {}", ws.id)))?;
@@ -273,8 +300,9 @@ impl JobContext {
         &self,
         ws: &WorkspaceRow,
         operation: Operation,
+        prefetch: PointPrefetch,
     ) -> Result<(Event, bool), CommandError> {
-        let (paths, previous) = self.paths_and_latest(ws).await?;
+        let (paths, previous) = self.paths_and_latest(ws, prefetch).await?;
         let snap = self.take(ws, &paths, previous).await?;
         let dirty = snap.dirty;
         Ok((snapshot_event(ws.id, snap, operation), dirty))
@@ -284,8 +312,37 @@ impl JobContext {
     /// tree (the snapshot tells whether the working tree differs from HEAD); without
     /// history (off, remote, or a failed snapshot) git's dirty check alone.
     pub(crate) async fn after_change(&self, ws: &WorkspaceRow, operation: Operation) -> Vec<Event> {
-        if self.config.history && !Placement::of_node(&ws.node).is_remote() {
-            match self.record_point(ws, operation).await {
+        self.after_change_with(ws, operation, PointPrefetch::default())
+            .await
+    }
+
+    /// Whether a change of `ws` takes a history point.
+    fn takes_points(&self, ws: &WorkspaceRow) -> bool {
+        self.config.history && !Placement::of_node(&ws.node).is_remote()
+    }
+
+    /// Starts reading the base of the point a change of `ws` will take, beside the
+    /// caller's other work (the caller holds the workspace's exclusive lock).
+    pub(crate) fn prefetch_point(&self, ws: &WorkspaceRow) -> PointPrefetch {
+        if !self.takes_points(ws) {
+            return PointPrefetch::default();
+        }
+        let (pool, id, cache) = (self.pool.clone(), ws.id, ws.repo_cache_id);
+        PointPrefetch(Some(tokio::spawn(async move {
+            let mut conn = pool.acquire().await?;
+            grove_postgres::history::point_base(&mut conn, id, cache).await
+        })))
+    }
+
+    /// [`Self::after_change`] with its point's base read ahead ([`Self::prefetch_point`]).
+    pub(crate) async fn after_change_with(
+        &self,
+        ws: &WorkspaceRow,
+        operation: Operation,
+        prefetch: PointPrefetch,
+    ) -> Vec<Event> {
+        if self.takes_points(ws) {
+            match self.record_point(ws, operation, prefetch).await {
                 Ok((event, dirty)) => {
                     let mut events = Vec::new();
                     if dirty != ws.dirty {
@@ -309,6 +366,7 @@ impl JobContext {
         ws: &WorkspaceRow,
         argv: &[String],
         events: &[Event],
+        prefetch: PointPrefetch,
     ) -> Vec<Event> {
         let (exit_code, duration_ms) = events
             .iter()
@@ -326,12 +384,17 @@ impl JobContext {
             exit_code,
             duration_ms,
         };
-        self.after_change(ws, operation).await
+        self.after_change_with(ws, operation, prefetch).await
     }
 
     /// After a write tool: its point and dirtiness (a push changes no file: only git's
     /// dirty check).
-    pub(crate) async fn after_tool(&self, ws: &WorkspaceRow, op: &ToolOp) -> Vec<Event> {
+    pub(crate) async fn after_tool(
+        &self,
+        ws: &WorkspaceRow,
+        op: &ToolOp,
+        prefetch: PointPrefetch,
+    ) -> Vec<Event> {
         let (path, message) = match op {
             ToolOp::Create { path, .. }
             | ToolOp::StrReplace { path, .. }
@@ -341,13 +404,14 @@ impl JobContext {
             _ => return self.dirty_change(ws).await.into_iter().collect(),
         };
         let tool = op.name().to_string();
-        self.after_change(
+        self.after_change_with(
             ws,
             Operation::Tool {
                 tool,
                 path,
                 message,
             },
+            prefetch,
         )
         .await
     }
@@ -491,7 +555,11 @@ impl JobContext {
                     .last()
                     .map_or(0, |p| p.number + 1);
                 let (event, _) = self
-                    .record_point(ws, Operation::Checkpoint { name: name.clone() })
+                    .record_point(
+                        ws,
+                        Operation::Checkpoint { name: name.clone() },
+                        PointPrefetch::default(),
+                    )
                     .await?;
                 let point = point_of(&event, number);
                 Ok((ToolOutput::Point(point), vec![event], Vec::new()))

@@ -64,7 +64,10 @@ impl JobContext {
         };
         let mut events = tool_events(ws.id, op, &output);
         if op.is_write() {
-            events.extend(self.after_tool(&ws, op).await);
+            events.extend(
+                self.after_tool(&ws, op, super::history::PointPrefetch::default())
+                    .await,
+            );
         }
         Ok(Handled {
             result: Ok(CommandResult::Tool(output)),

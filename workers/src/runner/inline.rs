@@ -213,10 +213,11 @@ async fn tool(
         }
     };
     let in_flight = deps.in_flight(&job.job_id);
+    let prefetch = deps.prefetch_point(&ws);
     let handled = match deps.run_tool(&ws, &req.op, None).await {
         Ok(output) => {
             let mut events = tool_events(ws.id, &req.op, &output);
-            events.extend(deps.after_tool(&ws, &req.op).await);
+            events.extend(deps.after_tool(&ws, &req.op, prefetch).await);
             Handled {
                 result: Ok(CommandResult::Tool(output)),
                 events,
@@ -282,6 +283,9 @@ async fn write_once(
     ws: WorkspaceRow,
     mut lock: AdvisoryLock,
 ) -> Result<Option<CommandResult>, CommandError> {
+    // The point's base is read on another connection while the id is checked and the
+    // file written.
+    let prefetch = deps.prefetch_point(&ws);
     let known = queue::is_known(lock.conn(), command_id).await;
     if !matches!(known, Ok(false)) {
         lock.release().await.ok();
@@ -295,7 +299,7 @@ async fn write_once(
         }
     };
     let mut events = tool_events(ws.id, &req.op, &output);
-    events.extend(deps.after_tool(&ws, &req.op).await);
+    events.extend(deps.after_tool(&ws, &req.op, prefetch).await);
     let written = Written {
         command_id,
         command,
