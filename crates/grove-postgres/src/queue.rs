@@ -735,25 +735,18 @@ async fn finish_claiming_plain(
     let args = OutcomeArgs::of(done.outcome, fences)?;
     let (queues, limit) = next.map_or((&[][..], 0), |n| (n.queues, n.limit));
     let began = std::time::SystemTime::now();
-    let mut rows = sqlx::query(
+    let query = sqlx::query(
         "SELECT fenced, recorded, job_id, queue, command_id, action, payload, prior_status,
                 attempt, max_attempts, token
            FROM grove.finish_claiming($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-    )
-    .bind(&args.keys)
-    .bind(&args.holders)
-    .bind(job.command_id)
-    .bind(done.worker_id)
-    .bind(args.status)
-    .bind(&args.result)
-    .bind(&args.error)
-    .bind(args.job_status)
-    .bind(&job.job_id)
-    .bind(queues)
-    .bind(limit)
-    .fetch_all(&mut *conn)
-    .await?
-    .into_iter();
+    );
+    let mut rows = args
+        .bind_finish(query, done)
+        .bind(queues)
+        .bind(limit)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter();
     let first = rows
         .next()
         .ok_or_else(|| StoreError::Corrupt("grove.finish_claiming returned no row".into()))?;
@@ -955,16 +948,8 @@ pub async fn finish_folded(
     let query = sqlx::query(
         "SELECT fenced, recorded, row_xmin FROM grove.finish_folded(
              $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)",
-    )
-    .bind(&args.keys)
-    .bind(&args.holders)
-    .bind(job.command_id)
-    .bind(done.worker_id)
-    .bind(args.status)
-    .bind(&args.result)
-    .bind(&args.error)
-    .bind(args.job_status)
-    .bind(&job.job_id);
+    );
+    let query = args.bind_finish(query, done);
     let row = folded
         .bind_without_command(query)
         .fetch_one(&mut *conn)
@@ -1074,6 +1059,25 @@ impl OutcomeArgs {
                 .transpose()?,
             job_status: if outcome.is_ok() { "Done" } else { "Killed" },
         })
+    }
+
+    /// The nine arguments `grove.finish_folded` and `grove.finish_claiming` begin with:
+    /// the fences, then the outcome of `done`'s job by its worker.
+    fn bind_finish<'q>(
+        &'q self,
+        query: sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments>,
+        done: &'q Outcome<'_>,
+    ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+        query
+            .bind(&self.keys)
+            .bind(&self.holders)
+            .bind(done.job.command_id)
+            .bind(done.worker_id)
+            .bind(self.status)
+            .bind(&self.result)
+            .bind(&self.error)
+            .bind(self.job_status)
+            .bind(&done.job.job_id)
     }
 
     /// `grove.record_inline`'s eleven arguments (the first of the folded variant's).
