@@ -622,11 +622,17 @@ async fn network_none_has_only_loopback_and_the_hosts_loopback_is_unreachable() 
     let r = run(
         &*rt,
         sh(
-            // Retried: on a loaded machine the listener may take a while to come up;
-            // then the listener itself is waited for (bounded), not a fixed sleep.
-            "nc -l -p 7777 > /tmp/got & L=$!; for i in $(seq 1 30); do \
-             echo ping | nc -w 2 127.0.0.1 7777 && break; sleep 0.3; done; \
-             (sleep 15; kill $L 2>/dev/null) & wait $L; cat /tmp/got",
+            // On a loaded machine the listener may take a while to come up: its socket is
+            // waited for in /proc/net/tcp{,6} (port 7777 is 1E61, state 0A: listening,
+            // at most 30 s), then the send is retried. The listener is stopped after 15 s
+            // at the latest by a killer that holds none of the exec's output pipes and is
+            // itself stopped at the end, so the exec ends with its script.
+            "nc -l -p 7777 > /tmp/got & L=$!; for i in $(seq 1 120); do \
+             grep -qs ':1E61 0*:0000 0A' /proc/net/tcp /proc/net/tcp6 && break; \
+             sleep 0.25; done; for i in $(seq 1 10); do \
+             echo ping | nc -w 2 127.0.0.1 7777 && break; sleep 0.5; done; \
+             (sleep 15; kill $L) >/dev/null 2>&1 & K=$!; wait $L; \
+             kill $K 2>/dev/null; cat /tmp/got",
         ),
     )
     .await;
