@@ -27,8 +27,9 @@ use crate::{engine_error, one_line, status};
 /// How many inspects may say "not running, no exit code, no pid" before that is
 /// taken as the end (about two seconds at the 20 ms poll).
 const MAX_UNSTARTED_ANSWERS: u32 = 100;
-/// After the command ended, how long output may stay silent before we stop reading
-/// (a descriptor held by a process we could not kill must not hang the caller)...
+/// After the command ended, how long output may stay silent (counted from the end or
+/// the last output, whichever is later) before we stop reading (a descriptor held by a
+/// process we could not kill must not hang the caller)...
 const DRAIN_IDLE: Duration = Duration::from_millis(500);
 /// ...and how long we read at most.
 const DRAIN_MAX: Duration = Duration::from_secs(5);
@@ -355,6 +356,15 @@ struct Drive<'a> {
     next_poll: Instant,
 }
 
+/// Whether reading may stop `now`, the command having ended at `exited_at` with its
+/// output still open: after [`DRAIN_MAX`], or after [`DRAIN_IDLE`] of silence counted
+/// from the end at the earliest (output written just before the end may still be on its
+/// way through the engine).
+fn drained(exited_at: Instant, last_data: Instant, now: Instant) -> bool {
+    now.duration_since(exited_at) > DRAIN_MAX
+        || now.duration_since(last_data.max(exited_at)) > DRAIN_IDLE
+}
+
 /// Whether the driver goes on reading.
 enum Flow {
     Continue,
@@ -388,7 +398,7 @@ impl<'a> Drive<'a> {
             return true;
         }
         if let Some(at) = self.exited_at {
-            if at.elapsed() > DRAIN_MAX || self.last_data.elapsed() > DRAIN_IDLE {
+            if drained(at, self.last_data, Instant::now()) {
                 tracing::warn!(container = %self.inner.name,
                     "command output still open after the command ended; stopped reading");
                 return true;
@@ -707,5 +717,19 @@ mod tests {
              exec: \"nosuch\": executable file not found in $PATH: unknown"
         ));
         assert!(!is_exec_failure("hello"));
+    }
+
+    #[test]
+    fn the_drain_after_the_end_counts_silence_from_the_end_at_the_earliest() {
+        let end = Instant::now();
+        let ms = Duration::from_millis;
+        // Silent for a second before the end: its last words may still be on their way.
+        assert!(!drained(end, end - ms(1000), end + ms(10)));
+        assert!(!drained(end, end - ms(1000), end + ms(400)));
+        assert!(drained(end, end - ms(1000), end + ms(600)));
+        // Output after the end restarts the silence...
+        assert!(!drained(end, end + ms(300), end + ms(700)));
+        // ...but no longer than the cap.
+        assert!(drained(end, end + ms(4900), end + ms(5100)));
     }
 }

@@ -659,6 +659,26 @@ async fn network_none_has_only_loopback_and_the_hosts_loopback_is_unreachable() 
     );
 }
 
+/// Output a command writes just before it ends reaches the caller even when a child it
+/// left behind holds its output open: the drain after the end waits for a silence
+/// counted from the end, not from the last output before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_written_at_the_end_arrives_while_a_left_child_holds_the_pipe() {
+    let Some(env) = env_or_skip("late_output").await else {
+        return;
+    };
+    let ws = env.workspace("late");
+    let rt = env
+        .provider
+        .create(env.spec_for(&ws, false, NetworkPolicy::None, "late"))
+        .await
+        .unwrap();
+    for i in 0..5 {
+        let r = run(&*rt, sh("(sleep 3) & sleep 1; echo late-marker")).await;
+        assert!(text(&r.stdout).contains("late-marker"), "try {i}: {r:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_shows_none_of_the_worker_environment() {
     let Some(env) = env_or_skip("env_shows_none_of_the_worker_environment").await else {
