@@ -421,3 +421,88 @@ async fn a_fifo_planted_as_gitignore_never_stalls_a_command_or_its_workspace() {
     assert_eq!(status, StatusCode::OK, "{body}");
     assert_eq!(points().await, before + 1);
 }
+
+/// The advisory locks and lease rows the server holds in the test's database.
+async fn locks_held(env: &TestEnv) -> (i64, i64) {
+    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.lock_leases")
+        .fetch_one(&env.pool)
+        .await
+        .unwrap();
+    let advisory: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks l JOIN pg_database d ON d.oid = l.database
+          WHERE l.locktype = 'advisory' AND d.datname = current_database()",
+    )
+    .fetch_one(&env.pool)
+    .await
+    .unwrap();
+    (leases, advisory)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_inline_call_frees_its_lock_and_announces_its_outcome_after_answering() {
+    let env =
+        env_or_skip!("an_inline_call_frees_its_lock_and_announces_its_outcome_after_answering");
+    let url = fixture(&env);
+    let home = Server::start(&env).await;
+    let ws = home.acquire(ALICE, &url, "c1").await;
+    let mut done = sqlx::postgres::PgListener::connect_with(&env.pool)
+        .await
+        .unwrap();
+    done.listen("grove_command_done").await.unwrap();
+
+    let write = json!({"path": "w.txt", "content": "one\n"});
+    let (status, body) = tool(&home, ALICE, &ws, "write_file", write, None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = exec(&home, ALICE, &ws, json!({"argv": ["true"]})).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+
+    // Each answer came before its unlock; the unlocks and their announcements follow.
+    let recorded: Vec<String> = sqlx::query_scalar(
+        "SELECT command_id::text FROM grove.commands
+          WHERE payload->>'workspace_id' = $1 AND kind IN ('tool', 'exec')",
+    )
+    .bind(&ws)
+    .fetch_all(&env.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded.len(),
+        2,
+        "the write and the exec are recorded: {recorded:?}"
+    );
+    let mut announced = std::collections::BTreeSet::new();
+    while !recorded.iter().all(|id| announced.contains(id)) {
+        let note = tokio::time::timeout(std::time::Duration::from_secs(10), done.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("not announced within 10 s: {recorded:?}, saw {announced:?}")
+            })
+            .unwrap();
+        announced.insert(note.payload().to_string());
+    }
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let held = locks_held(&env).await;
+        if held == (0, 0) {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "locks still held 10 s after the answers: {held:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+
+    // The next call of the same workspace takes the lock as usual.
+    let (status, body) = tool(
+        &home,
+        ALICE,
+        &ws,
+        "read_file",
+        json!({"path": "w.txt"}),
+        None,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["content"], "one\n");
+}

@@ -21,6 +21,7 @@ mod incremental;
 mod pack;
 mod repack;
 mod rewind;
+mod stores;
 mod tree_edit;
 mod watch;
 
@@ -43,7 +44,7 @@ use crate::saved::{add_alternate, copy_closure, private_dir};
 
 pub(crate) use pack::{loose_estimate, merge_packed_refs, pack};
 pub(crate) use rewind::rewind;
-pub(crate) use watch::{forget as forget_tracker, state as tracker_state};
+pub(crate) use watch::state as tracker_state;
 pub use watch::{WatchLimits, WatchState};
 
 /// The store's private index file (stat data of the last point's files).
@@ -59,6 +60,13 @@ const ATTRIBUTES: &str = "* -text -filter -ident -working-tree-encoding\n";
 const POINTS: &str = "refs/points/";
 /// The branch line of a point's message (absent: HEAD was detached).
 const BRANCH_LINE: &str = "branch: ";
+
+/// Drops workspace `id`'s change tracker (its watches and held index) and closes its
+/// kept store: released, evicted or destroyed.
+pub(crate) fn forget_tracker(id: Uuid) {
+    watch::forget(id);
+    stores::forget(id);
+}
 
 /// A point's commit message: the workspace, HEAD's branch, and a fresh id of the point
 /// itself, so two points of identical states (same tree, HEAD and second) are still two
@@ -298,7 +306,10 @@ fn point<F>(
 where
     F: FnOnce(&Repository, &git2::Tree<'_>) -> Result<Built, GitError>,
 {
-    let store = open_store(paths.store_dir, paths.cache_dir)?;
+    let store = match stores::take(workspace_id, paths.store_dir, paths.cache_dir) {
+        Some(store) => store,
+        None => open_store(paths.store_dir, paths.cache_dir)?,
+    };
     let ws = crate::trusted::open_workspace(paths.workspace_dir)?;
     let head = ws
         .head()
@@ -340,6 +351,11 @@ where
         dirty: built.plain != head_commit.tree_id() || !built.oversized.is_empty(),
         ignored_omitted: built.ignored_omitted,
     };
+    drop((head_commit, tree_obj));
+    // A walk gave the store an index to own: that store is not kept (see `held`).
+    if built.edited.is_some() {
+        stores::keep(workspace_id, paths.store_dir, paths.cache_dir, store);
+    }
     Ok((snap, built))
 }
 

@@ -247,6 +247,34 @@ impl AdvisoryLock {
         timeout: Duration,
         commit: LeaseCommit,
     ) -> Result<(Self, Option<WorkspaceRow>), StoreError> {
+        let (lock, ws, _) =
+            Self::acquire_workspace_inner(pool, id, shared, timeout, commit, None).await?;
+        Ok((lock, ws))
+    }
+
+    /// [`Self::acquire_workspace_with`] (exclusive) for a command that may be in the
+    /// ledger already: also whether `command_id` is, read in the same statement. Read
+    /// with the statement's snapshot, taken before the lock: a command recorded while
+    /// this one waited for the lock reads as unknown (its caller then finds it taken
+    /// when it records, as for any duplicate that raced it).
+    pub async fn acquire_workspace_for(
+        pool: &PgPool,
+        id: Uuid,
+        timeout: Duration,
+        commit: LeaseCommit,
+        command_id: Uuid,
+    ) -> Result<(Self, Option<WorkspaceRow>, bool), StoreError> {
+        Self::acquire_workspace_inner(pool, id, false, timeout, commit, Some(command_id)).await
+    }
+
+    async fn acquire_workspace_inner(
+        pool: &PgPool,
+        id: Uuid,
+        shared: bool,
+        timeout: Duration,
+        commit: LeaseCommit,
+        command_id: Option<Uuid>,
+    ) -> Result<(Self, Option<WorkspaceRow>, bool), StoreError> {
         let scope = LockScope::WorkspaceCommands;
         let key = lock_key(scope, &id.to_string());
         let mut guard = Self::checkout(pool, key, shared).await?;
@@ -256,7 +284,9 @@ impl AdvisoryLock {
         // the lock: never newer than the row, so at worst an append folded onto it finds
         // it stale and appends the usual way.
         let row = sqlx::query(
-            "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin
+            "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin,
+                    $8::uuid IS NOT NULL
+                        AND EXISTS (SELECT 1 FROM grove.commands c WHERE c.command_id = $8) AS known
                FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w",
         )
                 .bind(key)
@@ -266,6 +296,7 @@ impl AdvisoryLock {
                 .bind(guard.fence.holder)
                 .bind(millis(lease_length()))
                 .bind(flush)
+                .bind(command_id)
                 .fetch_optional(guard.conn())
                 .instrument(lock_span(scope, shared))
                 .await;
@@ -280,8 +311,12 @@ impl AdvisoryLock {
                 guard.held = crate::folded::HeldRows::workspace(ws.clone(), version);
             }
         }
+        let known = match &row {
+            Some(r) => r.try_get("known")?,
+            None => false,
+        };
         guard.keep_lease(started).await?;
-        Ok((guard, ws))
+        Ok((guard, ws, known))
     }
 
     /// Starts renewing the lease just taken. Its expiry was set by the database at some
@@ -415,6 +450,31 @@ impl AdvisoryLock {
         appended: bool,
     ) -> Result<(), StoreError> {
         self.release_inner(Some((command_id, appended))).await
+    }
+
+    /// [`Self::release_announcing`] in a task of its own, for a holder that answers its
+    /// caller as soon as its outcome is committed: the caller does not wait for the
+    /// unlock's round trip; a command of the same lock taken meanwhile waits for the
+    /// unlock as for any holder. A task dropped before it ran (its runtime shutting
+    /// down) drops the lock: its session closes and its lease expires by itself.
+    pub fn release_announcing_soon(self, command_id: Uuid, appended: bool) {
+        self.release_soon_inner(Some((command_id, appended)));
+    }
+
+    /// [`Self::release`] in a task of its own (see [`Self::release_announcing_soon`]).
+    pub fn release_soon(self) {
+        self.release_soon_inner(None);
+    }
+
+    fn release_soon_inner(self, announce: Option<(Uuid, bool)>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            if let Err(e) = self.release_inner(announce).await {
+                tracing::debug!(error = %e, "releasing a lock after its answer failed");
+            }
+        });
     }
 
     async fn release_inner(mut self, announce: Option<(Uuid, bool)>) -> Result<(), StoreError> {

@@ -1018,16 +1018,6 @@ fn started_inline(
     })
 }
 
-/// Whether `command_id` is in the ledger (whatever its state).
-pub async fn is_known(conn: &mut PgConnection, command_id: Uuid) -> Result<bool, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM grove.commands WHERE command_id = $1)")
-            .bind(command_id)
-            .fetch_one(conn)
-            .await?,
-    )
-}
-
 /// An outcome and the fences it is recorded under, as the ledger functions' arguments.
 struct OutcomeArgs {
     keys: Vec<i64>,

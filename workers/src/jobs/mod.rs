@@ -60,12 +60,40 @@ impl JobContext {
         shared: bool,
         commit: LeaseCommit,
     ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
-        let (ws, lock) = self.lock_workspace_any_with(id, shared, commit).await?;
+        let (ws, lock, _) = self
+            .lock_workspace_checked(id, shared, commit, None)
+            .await?;
+        Ok((ws, lock))
+    }
+
+    /// [`Self::lock_workspace_with`] (exclusive) for a command that runs without a
+    /// ledger row until it records: also whether `command_id` is in the ledger already,
+    /// from the same statement (see `AdvisoryLock::acquire_workspace_for`).
+    pub(crate) async fn lock_workspace_for(
+        &self,
+        id: Uuid,
+        commit: LeaseCommit,
+        command_id: Uuid,
+    ) -> Result<(WorkspaceRow, AdvisoryLock, bool), CommandError> {
+        self.lock_workspace_checked(id, false, commit, Some(command_id))
+            .await
+    }
+
+    async fn lock_workspace_checked(
+        &self,
+        id: Uuid,
+        shared: bool,
+        commit: LeaseCommit,
+        command_id: Option<Uuid>,
+    ) -> Result<(WorkspaceRow, AdvisoryLock, bool), CommandError> {
+        let (ws, lock, known) = self
+            .lock_workspace_any_with(id, shared, commit, command_id)
+            .await?;
         if !ws.state.has_files() {
             lock.release().await.ok();
             return Err(evicted(id));
         }
-        Ok((ws, lock))
+        Ok((ws, lock, known))
     }
 
     /// [`Self::lock_workspace`] that also accepts an evicted workspace (for destroy).
@@ -74,8 +102,10 @@ impl JobContext {
         id: Uuid,
         shared: bool,
     ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
-        self.lock_workspace_any_with(id, shared, LeaseCommit::Flushed)
-            .await
+        let (ws, lock, _) = self
+            .lock_workspace_any_with(id, shared, LeaseCommit::Flushed, None)
+            .await?;
+        Ok((ws, lock))
     }
 
     async fn lock_workspace_any_with(
@@ -83,17 +113,20 @@ impl JobContext {
         id: Uuid,
         shared: bool,
         commit: LeaseCommit,
-    ) -> Result<(WorkspaceRow, AdvisoryLock), CommandError> {
+        command_id: Option<Uuid>,
+    ) -> Result<(WorkspaceRow, AdvisoryLock, bool), CommandError> {
         // The lock and the row in one statement, on the lock's connection.
-        let (mut lock, ws) = AdvisoryLock::acquire_workspace_with(
-            &self.pool,
-            id,
-            shared,
-            self.config.lock_timeout,
-            commit,
-        )
-        .await
-        .map_err(store_error)?;
+        let timeout = self.config.lock_timeout;
+        let taken = match command_id {
+            Some(command_id) => {
+                AdvisoryLock::acquire_workspace_for(&self.pool, id, timeout, commit, command_id)
+                    .await
+            }
+            None => AdvisoryLock::acquire_workspace_with(&self.pool, id, shared, timeout, commit)
+                .await
+                .map(|(lock, ws)| (lock, ws, false)),
+        };
+        let (mut lock, ws, known) = taken.map_err(store_error)?;
         // Recovering an interrupted merge-back is an effect on the workspace's files:
         // its lease must be on disk first.
         if ws.is_some() && self.journal_path(id).exists() {
@@ -104,7 +137,7 @@ impl JobContext {
         }
         match ws {
             Some(ws) => match self.recover_merge_back(&ws).await {
-                Ok(()) => Ok((ws, lock)),
+                Ok(()) => Ok((ws, lock, known)),
                 Err(e) => {
                     lock.release().await.ok();
                     Err(e)

@@ -7,8 +7,9 @@
 //! events before the command runs, and its outcome after: two flushed commits. An edit
 //! that may not run twice (`create`, `str_replace`, `insert`) commits the row before the
 //! edit and its outcome after: two. `write_file`, which may run again, commits the row,
-//! its events and its outcome together after the write: one (a read of the ledger
-//! before the write answers a known command id without writing). The command's trace
+//! its events and its outcome together after the write: one (the lock's statement also
+//! reads whether the command id is known, which answers it without writing). The
+//! lock is freed after the answer, in a task of its own. The command's trace
 //! span, `grove.inline`, is a child of the request's (ADR 30). Every command runs in a
 //! task of its own, so a caller that goes away does not stop it half-way.
 
@@ -29,7 +30,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::metadata;
-use super::outcome::{close_started_execs, finish_patiently, record_handled};
+use super::outcome::{close_started_execs, finish_patiently, record_handled, Release};
 use crate::context::{correlation_of, internal, now, store_error, Handled, JobContext};
 use crate::jobs::exec::InlineExec;
 use crate::jobs::tools::tool_events;
@@ -139,7 +140,7 @@ async fn record(
             let answer = handled.result.clone();
             (
                 answer,
-                record_handled(deps, job, handled, now(), None)
+                record_handled(deps, job, handled, now(), None, Release::Soon)
                     .await
                     .map(drop),
             )
@@ -179,14 +180,18 @@ async fn tool(
 ) -> Result<Option<CommandResult>, CommandError> {
     // The lease rides on the call's first flushed commit (ADR 33): an edit's ledger row
     // before the edit, a `write_file`'s one commit after the write.
-    let (ws, mut lock) = deps
-        .lock_workspace_with(req.workspace_id, false, LeaseCommit::WithNextCommit)
+    let (ws, mut lock, known) = deps
+        .lock_workspace_for(req.workspace_id, LeaseCommit::WithNextCommit, command_id)
         .await?;
     if let Err(refused) = check_tool_target(deps, &ws, req) {
         lock.release().await.ok();
         return Err(refused);
     }
     if req.op.is_idempotent() {
+        if known {
+            lock.release().await.ok();
+            return Ok(None);
+        }
         return write_once(deps, command_id, command, req, ws, lock).await;
     }
     let queue_name = queue::node_queue(&deps.config.node);
@@ -271,9 +276,10 @@ fn check_tool_target(
 /// An idempotent write (`write_file`), its ledger row, job, events and outcome in one
 /// commit after the write: nothing is recorded before, so a process that dies leaves at
 /// most the file written, which a retry writes again; no transaction is open while the
-/// file is written and its point taken. A command id already known is answered from the
-/// ledger without writing; one that a queued duplicate took while this write ran (it
-/// waits for this lock) is answered from its outcome too, the file written by both.
+/// file is written and its point taken. A command id already known when the lock was
+/// taken is answered from the ledger without writing (by [`tool`]); one that a queued
+/// duplicate took meanwhile (while this one waited for the lock, or while it wrote) is
+/// answered from its outcome too, the file written by both.
 /// A failed write records nothing (as a refused route), so a retry runs again.
 async fn write_once(
     deps: &JobContext,
@@ -283,14 +289,8 @@ async fn write_once(
     ws: WorkspaceRow,
     mut lock: AdvisoryLock,
 ) -> Result<Option<CommandResult>, CommandError> {
-    // The point's base is read on another connection while the id is checked and the
-    // file written.
+    // The point's base is read on another connection while the file is written.
     let prefetch = deps.prefetch_point(&ws);
-    let known = queue::is_known(lock.conn(), command_id).await;
-    if !matches!(known, Ok(false)) {
-        lock.release().await.ok();
-        return known.map(|_| None).map_err(store_error);
-    }
     let output = match deps.run_tool(&ws, &req.op, None).await {
         Ok(output) => output,
         Err(e) => {
@@ -319,9 +319,7 @@ async fn write_once(
     };
     match recorded {
         Ok(true) => {
-            lock.release_announcing(command_id, !written.events.is_empty())
-                .await
-                .ok();
+            lock.release_announcing_soon(command_id, !written.events.is_empty());
             Ok(Some(written.outcome?))
         }
         Ok(false) => {

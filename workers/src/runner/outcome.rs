@@ -235,7 +235,7 @@ async fn run_job_inner(
             } else {
                 at
             };
-            record_handled(deps, job, handled, at, next).await
+            record_handled(deps, job, handled, at, next, Release::Now).await
         }
         Err(e) if e.transient && attempt < max_attempts => {
             let delay = queue::backoff(attempt);
@@ -258,6 +258,17 @@ async fn run_job_inner(
     }
 }
 
+/// When [`record_handled`] frees the first lock, once the outcome is recorded.
+#[derive(Clone, Copy)]
+pub(super) enum Release {
+    /// Before it returns (the queue: a worker stopping waits for its jobs, unlocks
+    /// included).
+    Now,
+    /// In a task of its own ([`AdvisoryLock::release_announcing_soon`]): an inline
+    /// command answers its caller without waiting for the unlock.
+    Soon,
+}
+
 /// Records a handled job's outcome with its events, its locks still held, and frees
 /// the locks after. First on the first lock's connection (no further checkout),
 /// announced in the round trip that frees that lock, claiming the worker's `next` jobs
@@ -270,6 +281,7 @@ pub(super) async fn record_handled(
     handled: Handled,
     at: chrono::DateTime<chrono::Utc>,
     next: Option<&queue::NextClaim<'_>>,
+    release: Release,
 ) -> Result<Vec<(ClaimedJob, Start)>, StoreError> {
     let md = metadata(deps, job, handled.correlation);
     let fences: Vec<Fence> = handled.locks.iter().map(|l| l.fence()).collect();
@@ -291,13 +303,16 @@ pub(super) async fn record_handled(
     };
     let res = match fast {
         Ok(finished) => {
-            let _ = if finished.recorded {
-                first
-                    .release_announcing(job.command_id, !done.events.is_empty())
-                    .await
-            } else {
-                first.release().await
-            };
+            let appended = !done.events.is_empty();
+            match (finished.recorded, release) {
+                (true, Release::Soon) => first.release_announcing_soon(job.command_id, appended),
+                (true, Release::Now) => {
+                    let _ = first.release_announcing(job.command_id, appended).await;
+                }
+                (false, _) => {
+                    let _ = first.release().await;
+                }
+            }
             Ok(finished.next)
         }
         Err(e) => {
@@ -317,7 +332,10 @@ pub(super) async fn record_handled(
         }
     };
     for lock in locks {
-        let _ = lock.release().await;
+        match release {
+            Release::Soon if res.is_ok() => lock.release_soon(),
+            _ => drop(lock.release().await),
+        }
     }
     res
 }

@@ -88,13 +88,14 @@ async fn commit(
     };
     let recorded = record_retrying(deps, &written, &mut lock).await;
     for other in locks {
-        other.release().await.ok();
+        match recorded {
+            Ok(true) => other.release_soon(),
+            _ => drop(other.release().await),
+        }
     }
     match recorded {
         Ok(true) => {
-            lock.release_announcing(command_id, !written.events.is_empty())
-                .await
-                .ok();
+            lock.release_announcing_soon(command_id, !written.events.is_empty());
             written.outcome.map(Some)
         }
         Ok(false) => {

@@ -32,7 +32,8 @@ pub(crate) struct Held {
 // mutex, or moved out of it by the one point that uses it. Its index has no owning
 // repository while it is held or moved: a walk's index is owned by the point's store
 // (`set_index`), and `point` drops that store (whose cleanup clears the owner) before
-// `settle` hands the index to the registry; the tracked path never sets an owner.
+// `settle` hands the index to the registry (a store outlives its point, kept open by
+// `stores`, only after a tracked point); the tracked path never sets an owner.
 // Calls on a held index (`add`, `remove_path`, `remove_dir`, `get_path`, `len`,
 // `write_tree_to` with an explicit repository) do not need one.
 unsafe impl Send for Held {}
