@@ -211,14 +211,12 @@ async fn a_lease_riding_on_the_next_commit_fences_like_a_flushed_one() {
     let err = lost
         .make_durable()
         .await
-        .err()
-        .expect("a lost lease was made durable");
+        .expect_err("a lost lease was made durable");
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
     let mut conn = env.pool.acquire().await.unwrap();
     let err = grove_postgres::store::check_fences(&mut conn, &[fence])
         .await
-        .err()
-        .expect("a write under a lost lease passed the fence");
+        .expect_err("a write under a lost lease passed the fence");
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
     let _ = lost.release().await;
 }

@@ -180,18 +180,25 @@ async fn tool(
 ) -> Result<Option<CommandResult>, CommandError> {
     // The lease rides on the call's first flushed commit (ADR 33): an edit's ledger row
     // before the edit, a `write_file`'s one commit after the write.
-    let (ws, mut lock, known) = deps
-        .lock_workspace_for(req.workspace_id, LeaseCommit::WithNextCommit, command_id)
-        .await?;
+    let commit = LeaseCommit::WithNextCommit;
+    let (ws, mut lock, known) = if req.op.is_idempotent() {
+        deps.lock_workspace_for(req.workspace_id, commit, command_id)
+            .await?
+    } else {
+        let (ws, lock) = deps
+            .lock_workspace_with(req.workspace_id, false, commit)
+            .await?;
+        (ws, lock, false)
+    };
     if let Err(refused) = check_tool_target(deps, &ws, req) {
         lock.release().await.ok();
         return Err(refused);
     }
+    if known {
+        lock.release().await.ok();
+        return Ok(None);
+    }
     if req.op.is_idempotent() {
-        if known {
-            lock.release().await.ok();
-            return Ok(None);
-        }
         return write_once(deps, command_id, command, req, ws, lock).await;
     }
     let queue_name = queue::node_queue(&deps.config.node);

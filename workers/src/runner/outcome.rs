@@ -334,7 +334,9 @@ pub(super) async fn record_handled(
     for lock in locks {
         match release {
             Release::Soon if res.is_ok() => lock.release_soon(),
-            _ => drop(lock.release().await),
+            _ => {
+                let _ = lock.release().await;
+            }
         }
     }
     res

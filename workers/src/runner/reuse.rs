@@ -90,7 +90,9 @@ async fn commit(
     for other in locks {
         match recorded {
             Ok(true) => other.release_soon(),
-            _ => drop(other.release().await),
+            _ => {
+                let _ = other.release().await;
+            }
         }
     }
     match recorded {

@@ -222,13 +222,16 @@ fn a_deleted_directory_is_exact_without_a_walk() {
     t.assert_exact("deleted directories");
 }
 
+/// A named change made to a tracked workspace.
+type Step = (&'static str, Box<dyn Fn(&Tracked)>);
+
 /// A tracked point edits the last point's tree along the changed paths (ADR 35): each
 /// change that reshapes the tree, compared with a full walk.
 #[test]
 fn tree_reshaping_changes_are_exact_without_a_walk() {
     use std::os::unix::fs::PermissionsExt;
     let mut t = Tracked::new(None);
-    let steps: Vec<(&str, Box<dyn Fn(&Tracked)>)> = vec![
+    let steps: Vec<Step> = vec![
         (
             "a file replaced by a directory of its name",
             Box::new(|t| {
