@@ -241,6 +241,19 @@ pub fn host_processes_matching(needle: &str) -> Vec<u32> {
 }
 
 /// Waits until no host process mentions `needle`, panicking after `within`.
+/// Waits until a process whose command line holds `needle` runs on the host: a
+/// command's first output (`echo started; sleep …`) can come before the processes it
+/// starts next exist.
+async fn assert_processes_appear(needle: &str, within: Duration, what: &str) {
+    let deadline = Instant::now() + within;
+    while host_processes_matching(needle).is_empty() {
+        if Instant::now() >= deadline {
+            panic!("{what}: no process running `{needle}` within {within:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn assert_processes_gone(needle: &str, within: Duration, what: &str) {
     let deadline = Instant::now() + within;
     loop {
@@ -694,10 +707,12 @@ pub async fn dropping_an_exec_stream_kills_the_command(h: &dyn Harness) -> Outco
         Some(Ok(ExecChunk::Output { .. })) => {}
         other => panic!("expected the 'started' chunk, got {other:?}"),
     }
-    assert!(
-        !host_processes_matching(&nap).is_empty(),
-        "the command should be running"
-    );
+    assert_processes_appear(
+        &nap,
+        Duration::from_secs(5),
+        "the command should be running",
+    )
+    .await;
     drop(stream);
     assert_processes_gone(&nap, Duration::from_secs(3), "after dropping the stream").await;
     Outcome::Passed
@@ -1044,10 +1059,8 @@ pub async fn killing_a_session_ends_it_and_a_poll_reports_the_exit(h: &dyn Harne
         o.contains("started\n")
     })
     .await;
-    assert!(
-        !host_processes_matching(&nap).is_empty(),
-        "the session's processes should be running"
-    );
+    let what = "the session's processes should be running";
+    assert_processes_appear(&nap, Duration::from_secs(5), what).await;
 
     sessions.kill(&id).await.expect("kill");
     let (_, exit) = poll_until(sessions, &id, &mut cursor, "the end after kill", |_, e| {
