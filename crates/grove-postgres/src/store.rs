@@ -156,8 +156,7 @@ pub async fn check_fences(
     if fences.is_empty() {
         return Ok(());
     }
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
+    let (keys, holders) = fence_arrays(fences);
     let held: Vec<i64> = sqlx::query_scalar(
         "SELECT l.key FROM grove.lock_leases l
            JOIN unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
@@ -188,8 +187,7 @@ pub async fn end_leases(
     if fences.is_empty() {
         return Ok(());
     }
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
+    let (keys, holders) = fence_arrays(fences);
     sqlx::query(
         "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
           WHERE l.key = f.key AND l.holder = f.holder",
@@ -199,4 +197,9 @@ pub async fn end_leases(
     .execute(conn)
     .await?;
     Ok(())
+}
+
+/// The keys and holders of `fences`, as the parallel arrays the statements unnest.
+fn fence_arrays(fences: &[crate::locks::Fence]) -> (Vec<i64>, Vec<uuid::Uuid>) {
+    fences.iter().map(|f| (f.key, f.holder)).unzip()
 }
