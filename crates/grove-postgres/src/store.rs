@@ -156,7 +156,8 @@ pub async fn check_fences(
     if fences.is_empty() {
         return Ok(());
     }
-    let (keys, holders) = fence_arrays(fences);
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
     let held: Vec<i64> = sqlx::query_scalar(
         "SELECT l.key FROM grove.lock_leases l
            JOIN unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
@@ -187,7 +188,8 @@ pub async fn end_leases(
     if fences.is_empty() {
         return Ok(());
     }
-    let (keys, holders) = fence_arrays(fences);
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
     sqlx::query(
         "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
           WHERE l.key = f.key AND l.holder = f.holder",
@@ -197,9 +199,4 @@ pub async fn end_leases(
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// The keys and holders of `fences`, as the parallel arrays the statements unnest.
-fn fence_arrays(fences: &[crate::locks::Fence]) -> (Vec<i64>, Vec<uuid::Uuid>) {
-    fences.iter().map(|f| (f.key, f.holder)).unzip()
 }
