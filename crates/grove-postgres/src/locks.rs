@@ -287,20 +287,29 @@ impl AdvisoryLock {
         // The row's version (xmin) is read with the statement's snapshot, taken before
         // the lock: never newer than the row, so at worst an append folded onto it finds
         // it stale and appends the usual way.
-        let query = sqlx::query(
+        // Two texts, so that each keeps one plan per connection: a parameter that is
+        // sometimes NULL would make Postgres plan every execution afresh.
+        let sql = if command_id.is_some() {
             "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin,
-                    $8::uuid IS NOT NULL
-                        AND EXISTS (SELECT 1 FROM grove.commands c WHERE c.command_id = $8) AS known
-               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w",
-        )
-        .bind(key)
-        .bind(shared)
-        .bind(millis(timeout))
-        .bind(id)
-        .bind(guard.fence.holder)
-        .bind(millis(lease_length()))
-        .bind(flush)
-        .bind(command_id);
+                    EXISTS (SELECT 1 FROM grove.commands c WHERE c.command_id = $8) AS known
+               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w"
+        } else {
+            "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin,
+                    false AS known
+               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w"
+        };
+        let query = sqlx::query(sql)
+            .bind(key)
+            .bind(shared)
+            .bind(millis(timeout))
+            .bind(id)
+            .bind(guard.fence.holder)
+            .bind(millis(lease_length()))
+            .bind(flush);
+        let query = match command_id {
+            Some(command_id) => query.bind(command_id),
+            None => query,
+        };
         let row = query
             .fetch_optional(guard.conn())
             .instrument(lock_span(scope, shared))
