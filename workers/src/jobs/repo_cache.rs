@@ -114,18 +114,6 @@ impl JobContext {
         if !existing.as_ref().is_some_and(|row| need.usable(row)) {
             return Ok(None);
         }
-        self.use_shared_locked(url, need, commit).await
-    }
-
-    /// [`Self::use_shared`] without the read before the lock: the row is read once,
-    /// under the shared lock. For a caller that expects the cache to be usable (an
-    /// inline ensure); one that is not pays a shared lock it frees at once.
-    async fn use_shared_locked(
-        &self,
-        url: &RepoUrl,
-        need: &CacheNeed,
-        commit: LeaseCommit,
-    ) -> Result<Option<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>)>, CommandError> {
         let mut shared = self
             .lock_with(
                 LockScope::RepoCache,
@@ -186,7 +174,7 @@ impl JobContext {
         };
         // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let used = self
-            .use_shared_locked(&url, &need, LeaseCommit::WithNextCommit)
+            .use_shared(&url, &need, LeaseCommit::WithNextCommit)
             .await?;
         Ok(used.map(|(row, events, lock)| Handled {
             result: Ok(CommandResult::RepoCache(row)),
