@@ -337,30 +337,11 @@ async fn an_inline_record_is_fenced_idempotent_and_whole() {
         ledger(id).await.unwrap(),
         Some(("succeeded".into(), Some("Done".into())))
     );
-    // The recorded outcome ended the lease in its own commit (ADR 39).
-    let fence = lock.fence();
-    let leases: i64 =
-        sqlx::query_scalar("SELECT count(*) FROM grove.lock_leases WHERE key = $1 AND holder = $2")
-            .bind(fence.key)
-            .bind(fence.holder)
-            .fetch_one(&env.pool)
-            .await
-            .unwrap();
-    assert_eq!(leases, 0, "the record deletes its lock's lease");
-    lock.lease_ended();
-    lock.release().await.unwrap();
-    let mut lock = take().await.unwrap();
     assert!(
         !record(&mut lock, id, &command, &md, &outcome)
             .await
             .unwrap(),
         "a taken command id writes nothing"
     );
-    let kept: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.lock_leases WHERE key = $1")
-        .bind(lock.fence().key)
-        .fetch_one(&env.pool)
-        .await
-        .unwrap();
-    assert_eq!(kept, 1, "a record that writes nothing keeps the lease");
     lock.release().await.unwrap();
 }

@@ -131,9 +131,6 @@ pub struct AdvisoryLock {
     /// The workspace row read with a workspace lock, and the rows its holder wrote
     /// since, at their versions (ADR 36): what the holder's next append folds onto.
     held: crate::folded::HeldRows,
-    /// Whether a recorded outcome deleted the lease in its own transaction (ADR 39):
-    /// the release then only frees the advisory lock.
-    ended: bool,
 }
 
 pub(crate) fn millis(d: Duration) -> i32 {
@@ -183,7 +180,6 @@ impl AdvisoryLock {
             flushed: true,
             lease: None,
             held: Default::default(),
-            ended: false,
         })
     }
 
@@ -287,33 +283,23 @@ impl AdvisoryLock {
         // The row's version (xmin) is read with the statement's snapshot, taken before
         // the lock: never newer than the row, so at worst an append folded onto it finds
         // it stale and appends the usual way.
-        // Two texts, so that each keeps one plan per connection: a parameter that is
-        // sometimes NULL would make Postgres plan every execution afresh.
-        let sql = if command_id.is_some() {
+        let row = sqlx::query(
             "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin,
-                    EXISTS (SELECT 1 FROM grove.commands c WHERE c.command_id = $8) AS known
-               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w"
-        } else {
-            "SELECT w.*, (SELECT x.xmin::text FROM grove.sandbox_workspaces x WHERE x.id = w.id) AS row_xmin,
-                    false AS known
-               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w"
-        };
-        let query = sqlx::query(sql)
-            .bind(key)
-            .bind(shared)
-            .bind(millis(timeout))
-            .bind(id)
-            .bind(guard.fence.holder)
-            .bind(millis(lease_length()))
-            .bind(flush);
-        let query = match command_id {
-            Some(command_id) => query.bind(command_id),
-            None => query,
-        };
-        let row = query
-            .fetch_optional(guard.conn())
-            .instrument(lock_span(scope, shared))
-            .await;
+                    $8::uuid IS NOT NULL
+                        AND EXISTS (SELECT 1 FROM grove.commands c WHERE c.command_id = $8) AS known
+               FROM grove.lock_workspace_leased($1, $2, $3, $4, $5, $6, $7) w",
+        )
+                .bind(key)
+                .bind(shared)
+                .bind(millis(timeout))
+                .bind(id)
+                .bind(guard.fence.holder)
+                .bind(millis(lease_length()))
+                .bind(flush)
+                .bind(command_id)
+                .fetch_optional(guard.conn())
+                .instrument(lock_span(scope, shared))
+                .await;
         waited(scope, &row, started);
         let row = row.map_err(|e| busy(e, scope, timeout))?;
         guard.taken = true;
@@ -450,17 +436,6 @@ impl AdvisoryLock {
         self.held = Default::default();
     }
 
-    /// Records that an outcome committed under this lock deleted its lease (ADR 39):
-    /// renewing stops, and the release frees only the advisory lock. Call it only once
-    /// that commit succeeded; the lock stays held until it is released.
-    pub fn lease_ended(&mut self) {
-        if let Some(lease) = self.lease.take() {
-            lease.renewer.abort();
-        }
-        self.taken = false;
-        self.ended = true;
-    }
-
     /// Frees the lock and returns the connection to the pool.
     pub async fn release(self) -> Result<(), StoreError> {
         self.release_inner(None).await
@@ -510,9 +485,6 @@ impl AdvisoryLock {
         if let Some(lease) = &lease {
             lease.renewer.abort();
         }
-        if self.ended {
-            return self.unlock_only(conn, announce).await;
-        }
         let function = if self.shared {
             "pg_advisory_unlock_shared"
         } else {
@@ -558,46 +530,6 @@ impl AdvisoryLock {
                 drop(conn.detach());
                 forget_lease(&self.pool, self.fence);
                 Err(e)
-            }
-        }
-    }
-}
-
-impl AdvisoryLock {
-    /// The release of a lock whose lease its outcome ended (ADR 39): one prepared
-    /// statement frees the advisory lock and sends the announcements, which Postgres
-    /// delivers when that statement commits.
-    async fn unlock_only(
-        self,
-        mut conn: PoolConnection<Postgres>,
-        announce: Option<(Uuid, bool)>,
-    ) -> Result<(), StoreError> {
-        let key = self.fence.key;
-        let sql = match (self.shared, announce) {
-            (false, None) => "SELECT pg_advisory_unlock($1)",
-            (true, None) => "SELECT pg_advisory_unlock_shared($1)",
-            (false, Some((_, false))) => "SELECT pg_notify($2, $3), pg_advisory_unlock($1)",
-            (true, Some((_, false))) => "SELECT pg_notify($2, $3), pg_advisory_unlock_shared($1)",
-            (false, Some((_, true))) => {
-                "SELECT pg_notify($2, $3), pg_notify($4, ''), pg_advisory_unlock($1)"
-            }
-            (true, Some((_, true))) => {
-                "SELECT pg_notify($2, $3), pg_notify($4, ''), pg_advisory_unlock_shared($1)"
-            }
-        };
-        let mut query = sqlx::query(sql).bind(key);
-        if let Some((id, appended)) = announce {
-            query = query.bind(crate::queue::DONE_CHANNEL).bind(id.to_string());
-            if appended {
-                query = query.bind(crate::store::EVENTS_CHANNEL);
-            }
-        }
-        match query.execute(&mut *conn).await {
-            Ok(_) => Ok(()),
-            Err(e) => {
-                // The lock may still be held: close the session rather than pool it.
-                drop(conn.detach());
-                Err(e.into())
             }
         }
     }

@@ -686,7 +686,6 @@ pub async fn finish_claiming(
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
             Err(e) => return Err(e),
         }
-        store::end_leases(&mut tx, fences).await?;
         let began = std::time::SystemTime::now();
         let rows = match next {
             Some(next) => claim_in(&mut tx, done.worker_id, next).await?,

@@ -178,25 +178,3 @@ pub async fn check_fences(
         )))
     }
 }
-
-/// Deletes the leases of `fences` in the transaction of the outcome recorded under them
-/// (ADR 39): once it commits, their holder frees only the advisory locks.
-pub async fn end_leases(
-    conn: &mut PgConnection,
-    fences: &[crate::locks::Fence],
-) -> Result<(), StoreError> {
-    if fences.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
-    sqlx::query(
-        "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
-          WHERE l.key = f.key AND l.holder = f.holder",
-    )
-    .bind(&keys)
-    .bind(&holders)
-    .execute(conn)
-    .await?;
-    Ok(())
-}

@@ -127,9 +127,9 @@ impl JobContext {
 
     /// The cheap case of an acquire, for running it inline (ADR 34): the key's
     /// workspace exists on this node, whole, so the queued handler would only re-acquire
-    /// it. Decided on the row read under the key's lock, as the queued handler takes
-    /// it; `None` (the lock released) when it is not the cheap case, and the acquire
-    /// takes the queue.
+    /// it. Decided on a read without a lock first (anything else costs no lock), then
+    /// again on the key's lock, as the queued handler takes it; `None` (the lock
+    /// released) when it is not the cheap case, and the acquire takes the queue.
     pub(crate) async fn reacquire_inline(
         &self,
         c: &AcquireWorkspace,
@@ -141,10 +141,16 @@ impl JobContext {
             let dir_exists = row.is_some_and(|r| PathBuf::from(&r.local_path).is_dir());
             reacquires_inline(node, c, row, dir_exists)
         };
-        // The row is read once, under the lock: an acquire the queue must take (a new
-        // key, a workspace to restore) pays a lock it frees at once, on a path that
-        // clones or checks out anyway. Its one effect is its flushed commit, which the
-        // lease rides on (ADR 35).
+        let seen = {
+            let mut conn = self.conn().await?;
+            rows::workspace_by_key(&mut conn, &key)
+                .await
+                .map_err(store_error)?
+        };
+        if !cheap(seen.as_ref()) {
+            return Ok(None);
+        }
+        // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let mut key_lock = self
             .lock_with(
                 LockScope::WorkspaceKey,

@@ -375,7 +375,6 @@ pub(super) async fn record_write(
         match recorded {
             Ok(Some((_, version))) => {
                 lock.absorb(folded, version);
-                lock.lease_ended();
                 return Ok(true);
             }
             Ok(None) => return Ok(false),
@@ -401,6 +400,5 @@ pub(super) async fn record_write(
     }
     tx.commit().await?;
     lock.forget_rows();
-    lock.lease_ended();
     Ok(true)
 }

@@ -270,7 +270,7 @@ pub(super) enum Release {
 }
 
 /// Records a handled job's outcome with its events, its locks still held, and frees
-/// the locks after (a recorded outcome ended their leases, ADR 39). First on the first lock's connection (no further checkout),
+/// the locks after. First on the first lock's connection (no further checkout),
 /// announced in the round trip that frees that lock, claiming the worker's `next` jobs
 /// in the same transaction (ADR 33); if that connection failed (the database restarted
 /// while the effect ran), through [`finish_patiently`], which claims nothing. Every
@@ -301,15 +301,9 @@ pub(super) async fn record_handled(
         Some(finished) => finished,
         None => queue::finish_claiming(first.conn(), &done, &fences, next).await,
     };
-    let mut ended = false;
     let res = match fast {
         Ok(finished) => {
             let appended = !done.events.is_empty();
-            if finished.recorded {
-                // The outcome's commit deleted every lock's lease (ADR 39).
-                first.lease_ended();
-                ended = true;
-            }
             match (finished.recorded, release) {
                 (true, Release::Soon) => first.release_announcing_soon(job.command_id, appended),
                 (true, Release::Now) => {
@@ -337,10 +331,7 @@ pub(super) async fn record_handled(
             res.map(|()| Vec::new())
         }
     };
-    for mut lock in locks {
-        if ended {
-            lock.lease_ended();
-        }
+    for lock in locks {
         match release {
             Release::Soon if res.is_ok() => lock.release_soon(),
             _ => {
