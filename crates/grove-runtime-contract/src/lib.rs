@@ -240,7 +240,6 @@ pub fn host_processes_matching(needle: &str) -> Vec<u32> {
         .collect()
 }
 
-/// Waits until no host process mentions `needle`, panicking after `within`.
 /// Waits until a process whose command line holds `needle` runs on the host: a
 /// command's first output (`echo started; sleep …`) can come before the processes it
 /// starts next exist.
@@ -254,6 +253,7 @@ async fn assert_processes_appear(needle: &str, within: Duration, what: &str) {
     }
 }
 
+/// Waits until no host process mentions `needle`, panicking after `within`.
 async fn assert_processes_gone(needle: &str, within: Duration, what: &str) {
     let deadline = Instant::now() + within;
     loop {
