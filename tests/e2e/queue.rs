@@ -479,7 +479,7 @@ async fn a_job_claimed_with_an_outcome_is_started_and_recovered_like_any_claimed
 
 /// An outcome that appends no events is one statement with its next claim
 /// (`grove.finish_claiming`, ADR 37): under a lock whose lease is gone it writes
-/// nothing and claims nothing; under a live lock it records and claims.
+/// nothing and claims nothing; under a live lock it records, claims and ends the lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing() {
     use grove_core::commands::{Command, CommandResult};
@@ -567,7 +567,8 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
     );
     drop(lost);
 
-    let live = lock(uuid::Uuid::now_v7().to_string()).await;
+    let live_key = uuid::Uuid::now_v7().to_string();
+    let mut live = lock(live_key.clone()).await;
     let finished = queue::finish_claiming(&mut conn, &done, &[live.fence()], Some(&next))
         .await
         .unwrap();
@@ -576,5 +577,146 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
     let claimed: Vec<_> = finished.next.iter().map(|(j, _)| j.command_id).collect();
     assert_eq!(claimed, vec![ids[1]]);
     assert_eq!(ledger_and_job(pool, ids[1]).await.0, "running");
-    live.release().await.unwrap();
+    // The recorded outcome ended the lock's lease in its commit (ADR 39) ...
+    let leases: i64 = sqlx::query_scalar("SELECT count(*) FROM grove.lock_leases WHERE key = $1")
+        .bind(live.fence().key)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert_eq!(leases, 0, "the outcome deletes its lock's lease");
+    // ... so a holder that dies between that commit and its unlock blocks no one for
+    // the lease's length (10 s): the next taker waits only for the session to end.
+    live.lease_ended();
+    drop(live);
+    let next_holder = AdvisoryLock::acquire(
+        pool,
+        LockScope::WorkspaceCommands,
+        &live_key,
+        false,
+        Duration::from_secs(3),
+    )
+    .await
+    .expect("taken once the dead holder's session ended");
+    next_holder.release().await.unwrap();
+}
+
+/// An outcome with events ends its locks' leases in its transaction too
+/// (`store::end_fences`, ADR 39): when one of two locks lost its lease nothing is
+/// written and the other lease is kept (the deletes roll back with the outcome); when
+/// both hold, the outcome and its events are recorded and both leases are gone.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_outcome_with_events_ends_every_lease_or_none() {
+    use grove_core::commands::{Command, CommandResult};
+    use grove_core::events::Event;
+    use grove_postgres::locks::{AdvisoryLock, LockScope};
+    use grove_postgres::queue::{self, Outcome};
+    use grove_postgres::StoreError;
+    let env = env_or_skip!("an_outcome_with_events_ends_every_lease_or_none");
+    let pool = &env.pool;
+    let q = queue::node_queue("endedleases");
+    queue::register_worker(pool, "w-ended", std::slice::from_ref(&q))
+        .await
+        .unwrap();
+    let id = uuid::Uuid::now_v7();
+    let mut conn = pool.acquire().await.unwrap();
+    let hibernate = Command::HibernateRuntime {
+        workspace_id: uuid::Uuid::now_v7(),
+    };
+    queue::enqueue(&mut conn, id, &hibernate, &q, None)
+        .await
+        .unwrap();
+    let (job, _) = queue::claim_and_start(pool, "w-ended", &q, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .next()
+        .expect("a due job");
+    let lock = || async {
+        let key = uuid::Uuid::now_v7().to_string();
+        AdvisoryLock::acquire(
+            pool,
+            LockScope::WorkspaceCommands,
+            &key,
+            false,
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+    };
+    let leases = |a: &AdvisoryLock, b: &AdvisoryLock| {
+        let keys = vec![a.fence().key, b.fence().key];
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM grove.lock_leases WHERE key = ANY($1)",
+            )
+            .bind(keys)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+        }
+    };
+    let runtime_id = uuid::Uuid::now_v7();
+    let events = vec![Event::RuntimeDestroyed {
+        runtime_id,
+        reason: "test".into(),
+    }];
+    let ok: Result<CommandResult, grove_core::error::CommandError> = Ok(CommandResult::Done);
+    let md = grove_core::events::Metadata {
+        command_id: id,
+        correlation: Default::default(),
+        worker_id: "w-ended".into(),
+        node: "endedleases".into(),
+    };
+    let done = Outcome {
+        job: &job,
+        worker_id: "w-ended",
+        outcome: &ok,
+        events: &events,
+        metadata: &md,
+        at: chrono::Utc::now(),
+    };
+    let logged = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM grove.events WHERE command_id = $1")
+            .bind(id)
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+
+    let (kept, lost) = (lock().await, lock().await);
+    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
+        .bind(lost.fence().key)
+        .bind(lost.fence().holder)
+        .execute(pool)
+        .await
+        .unwrap();
+    let fenced =
+        queue::finish_claiming(&mut conn, &done, &[kept.fence(), lost.fence()], None).await;
+    assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
+    assert_eq!(ledger_and_job(pool, id).await.0, "running");
+    assert_eq!(logged().await, 0, "no event of a fenced outcome");
+    assert_eq!(
+        leases(&kept, &lost).await,
+        1,
+        "the live lock keeps its lease"
+    );
+    kept.release().await.unwrap();
+    drop(lost);
+
+    let (mut a, mut b) = (lock().await, lock().await);
+    let finished = queue::finish_claiming(&mut conn, &done, &[a.fence(), b.fence()], None)
+        .await
+        .unwrap();
+    assert!(finished.recorded);
+    assert_eq!(ledger_and_job(pool, id).await.0, "succeeded");
+    assert_eq!(logged().await, 1);
+    assert_eq!(
+        leases(&a, &b).await,
+        0,
+        "the outcome's commit ended both leases"
+    );
+    a.lease_ended();
+    b.lease_ended();
+    a.release().await.unwrap();
+    b.release().await.unwrap();
 }

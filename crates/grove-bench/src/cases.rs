@@ -593,8 +593,15 @@ async fn fake_workspaces(ctx: &Ctx, count: usize) -> Result<Vec<Uuid>> {
 
 /// One grove round: `jobs` hibernate_runtime commands (workspaces without a runtime)
 /// already queued, then `k` in-process workers of concurrency 1 sharing a pool of
-/// `pool_size`. Jobs per second over the ledger's first start to last finish.
-async fn grove_round(ctx: &Ctx, ws: &[Uuid], k: usize, pool_size: u32, jobs: usize) -> Result<f64> {
+/// `pool_size`. Jobs per second over the ledger's first start to last finish, and the
+/// WAL written per job while the workers ran.
+async fn grove_round(
+    ctx: &Ctx,
+    ws: &[Uuid],
+    k: usize,
+    pool_size: u32,
+    jobs: usize,
+) -> Result<(f64, f64)> {
     let queue = grove_postgres::queue::node_queue(TP_NODE);
     let mut ids = Vec::with_capacity(jobs);
     for j in 0..jobs {
@@ -607,6 +614,7 @@ async fn grove_round(ctx: &Ctx, ws: &[Uuid], k: usize, pool_size: u32, jobs: usi
         .max_connections(pool_size)
         .connect_with((*ctx.pool.connect_options()).clone())
         .await?;
+    let wal_before = wal_lsn(&ctx.pool).await?;
     let mut workers = Vec::new();
     for _ in 0..k {
         workers.push(RunningWorker::start(pool.clone(), &ctx.home, TP_NODE, 1, None).await);
@@ -627,6 +635,7 @@ async fn grove_round(ctx: &Ctx, ws: &[Uuid], k: usize, pool_size: u32, jobs: usi
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+    let wal = (wal_lsn(&ctx.pool).await? - wal_before) as f64 / jobs as f64;
     for w in workers {
         w.stop().await;
     }
@@ -642,12 +651,22 @@ async fn grove_round(ctx: &Ctx, ws: &[Uuid], k: usize, pool_size: u32, jobs: usi
     if failed > 0 {
         bail!("{failed} throughput jobs failed");
     }
-    Ok(jobs as f64 / span)
+    Ok((jobs as f64 / span, wal))
+}
+
+/// The cluster's WAL insert position in bytes: WAL written between two reads.
+async fn wal_lsn(pool: &sqlx::PgPool) -> Result<i64> {
+    Ok(
+        sqlx::query_scalar("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint")
+            .fetch_one(pool)
+            .await?,
+    )
 }
 
 /// One floor round: `k` tasks, each looping claim (`FOR UPDATE SKIP LOCKED`) → append
-/// one event → complete, in one transaction per job, on a pool of `pool_size`.
-async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result<f64> {
+/// one event → complete, in one transaction per job, on a pool of `pool_size`; with
+/// the WAL written per job.
+async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result<(f64, f64)> {
     sqlx::query("TRUNCATE bench.jobs")
         .execute(&ctx.pool)
         .await?;
@@ -661,6 +680,7 @@ async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result
         .max_connections(pool_size)
         .connect_with((*ctx.pool.connect_options()).clone())
         .await?;
+    let wal_before = wal_lsn(&ctx.pool).await?;
     let mut tasks = Vec::new();
     for _ in 0..k {
         let pool = pool.clone();
@@ -699,13 +719,14 @@ async fn floor_round(ctx: &Ctx, k: usize, pool_size: u32, jobs: usize) -> Result
     for t in tasks {
         t.await??;
     }
+    let wal = (wal_lsn(&ctx.pool).await? - wal_before) as f64 / jobs as f64;
     pool.close().await;
     let span: f64 = sqlx::query_scalar(
         "SELECT extract(epoch FROM max(done_at) - min(claimed_at))::float8 FROM bench.jobs",
     )
     .fetch_one(&ctx.pool)
     .await?;
-    Ok(jobs as f64 / span)
+    Ok((jobs as f64 / span, wal))
 }
 
 async fn jobs_throughput(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
@@ -725,10 +746,14 @@ async fn jobs_throughput(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
     for k in [1usize, 2, 4] {
         // The pool size `grove worker` gives itself for this concurrency (2c + 6).
         let pool_size = (2 * k + 6) as u32;
-        let (mut g, mut f) = (vec![], vec![]);
+        let (mut g, mut f, mut gw, mut fw) = (vec![], vec![], vec![], vec![]);
         for _ in 0..ctx.args.rounds.max(1) {
-            g.push(grove_round(ctx, &ws, k, pool_size, jobs).await?);
-            f.push(floor_round(ctx, k, pool_size, jobs).await?);
+            let (per_s, wal) = grove_round(ctx, &ws, k, pool_size, jobs).await?;
+            g.push(per_s);
+            gw.push(wal);
+            let (per_s, wal) = floor_round(ctx, k, pool_size, jobs).await?;
+            f.push(per_s);
+            fw.push(wal);
         }
         let per_job = |v: &[f64]| v.iter().map(|r| 1000.0 / r).collect::<Vec<_>>();
         let (gm, fm) = (per_job(&g), per_job(&f));
@@ -738,6 +763,9 @@ async fn jobs_throughput(ctx: &mut Ctx, out: &mut Out) -> Result<()> {
         row.insert("grove_per_s".into(), round(gps));
         row.insert("floor_per_s".into(), round(fps));
         row.insert("share_of_floor".into(), round(gps / fps));
+        // What each job writes to the WAL, whose flush the outcome's commit waits for.
+        row.insert("grove_wal_bytes_per_job".into(), round(pct(&gw, 50.0)));
+        row.insert("floor_wal_bytes_per_job".into(), round(pct(&fw, 50.0)));
         row.insert("workers".into(), json!(k));
         row.insert("pool_size".into(), json!(pool_size));
         row.insert("job".into(), json!("hibernate_runtime, no runtime"));

@@ -131,6 +131,9 @@ pub struct AdvisoryLock {
     /// The workspace row read with a workspace lock, and the rows its holder wrote
     /// since, at their versions (ADR 36): what the holder's next append folds onto.
     held: crate::folded::HeldRows,
+    /// Whether a recorded outcome deleted the lease in its own transaction (ADR 39):
+    /// the release then only frees the advisory lock.
+    ended: bool,
 }
 
 pub(crate) fn millis(d: Duration) -> i32 {
@@ -180,6 +183,7 @@ impl AdvisoryLock {
             flushed: true,
             lease: None,
             held: Default::default(),
+            ended: false,
         })
     }
 
@@ -436,6 +440,18 @@ impl AdvisoryLock {
         self.held = Default::default();
     }
 
+    /// Records that an outcome committed under this lock deleted its lease (ADR 39,
+    /// `queue::finish_fenced`): renewing stops, and the release frees only the advisory
+    /// lock. Call it only once that commit succeeded; the lock stays held until it is
+    /// released (or dropped: its session closes).
+    pub fn lease_ended(&mut self) {
+        if let Some(lease) = self.lease.take() {
+            lease.renewer.abort();
+        }
+        self.taken = false;
+        self.ended = true;
+    }
+
     /// Frees the lock and returns the connection to the pool.
     pub async fn release(self) -> Result<(), StoreError> {
         self.release_inner(None).await
@@ -485,6 +501,9 @@ impl AdvisoryLock {
         if let Some(lease) = &lease {
             lease.renewer.abort();
         }
+        if self.ended {
+            return self.unlock_only(conn, announce).await;
+        }
         let function = if self.shared {
             "pg_advisory_unlock_shared"
         } else {
@@ -530,6 +549,46 @@ impl AdvisoryLock {
                 drop(conn.detach());
                 forget_lease(&self.pool, self.fence);
                 Err(e)
+            }
+        }
+    }
+}
+
+impl AdvisoryLock {
+    /// The release of a lock whose lease its outcome ended (ADR 39): one prepared
+    /// statement frees the advisory lock and sends the announcements, which Postgres
+    /// delivers when that statement commits.
+    async fn unlock_only(
+        mut self,
+        mut conn: PoolConnection<Postgres>,
+        announce: Option<(Uuid, bool)>,
+    ) -> Result<(), StoreError> {
+        self.ended = false;
+        let sql = match (self.shared, announce) {
+            (false, None) => "SELECT pg_advisory_unlock($1)",
+            (true, None) => "SELECT pg_advisory_unlock_shared($1)",
+            (false, Some((_, false))) => "SELECT pg_notify($2, $3), pg_advisory_unlock($1)",
+            (true, Some((_, false))) => "SELECT pg_notify($2, $3), pg_advisory_unlock_shared($1)",
+            (false, Some((_, true))) => {
+                "SELECT pg_notify($2, $3), pg_notify($4, ''), pg_advisory_unlock($1)"
+            }
+            (true, Some((_, true))) => {
+                "SELECT pg_notify($2, $3), pg_notify($4, ''), pg_advisory_unlock_shared($1)"
+            }
+        };
+        let mut query = sqlx::query(sql).bind(self.fence.key);
+        if let Some((id, appended)) = announce {
+            query = query.bind(crate::queue::DONE_CHANNEL).bind(id.to_string());
+            if appended {
+                query = query.bind(crate::store::EVENTS_CHANNEL);
+            }
+        }
+        match query.execute(&mut *conn).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                // The lock may still be held: close the session rather than pool it.
+                drop(conn.detach());
+                Err(e.into())
             }
         }
     }

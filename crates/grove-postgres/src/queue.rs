@@ -594,8 +594,9 @@ pub async fn finish_on(
 }
 
 /// [`finish_on`] for an outcome reached under locks: it commits only if every lock in
-/// `fences` still holds its lease (`store::check_fences`), else [`StoreError::Fenced`]
-/// and nothing is written.
+/// `fences` still holds its lease, else [`StoreError::Fenced`] and nothing is written.
+/// Its commit ends those leases (`store::end_fences`, ADR 39): each holder then only
+/// frees its advisory lock ([`crate::locks::AdvisoryLock::lease_ended`]).
 #[allow(clippy::too_many_arguments)]
 pub async fn finish_fenced(
     conn: &mut PgConnection,
@@ -677,22 +678,21 @@ pub async fn finish_claiming(
     let (rows, began) = loop {
         tries += 1;
         let mut tx = sqlx::Connection::begin(&mut *conn).await?;
-        store::check_fences(&mut tx, fences).await?;
-        if !record_outcome(&mut *tx, job, done.worker_id, done.outcome).await? {
-            return superseded();
+        let began = std::time::SystemTime::now();
+        let written = record_with_events(&mut tx, done, fences, next).await;
+        if let Ok(Some(rows)) = written {
+            tx.commit().await?;
+            break (rows, began);
         }
-        match store::append(&mut tx, done.events, done.metadata, done.at).await {
-            Ok(()) => {}
+        // Rolled back now, not when the connection is next used: its row locks (the
+        // leases it deleted, the ledger row) would hold up a retry made through another
+        // connection, and the holder's own release.
+        let _ = tx.rollback().await;
+        match written {
+            Ok(_) => return superseded(),
             Err(StoreError::Conflict(_)) if tries < 3 => continue,
             Err(e) => return Err(e),
         }
-        let began = std::time::SystemTime::now();
-        let rows = match next {
-            Some(next) => claim_in(&mut tx, done.worker_id, next).await?,
-            None => Vec::new(),
-        };
-        tx.commit().await?;
-        break (rows, began);
     };
     crate::telemetry::finished(
         job.kind,
@@ -704,6 +704,26 @@ pub async fn finish_claiming(
         recorded: true,
         next: claimed(conn, rows, began).await,
     })
+}
+
+/// The writes of [`finish_claiming`] with events, in its transaction: the leases ended,
+/// the outcome, the events, the next claim. `None` when another attempt owns the
+/// command (nothing written).
+async fn record_with_events(
+    tx: &mut PgConnection,
+    done: &Outcome<'_>,
+    fences: &[crate::locks::Fence],
+    next: Option<&NextClaim<'_>>,
+) -> Result<Option<Vec<sqlx::postgres::PgRow>>, StoreError> {
+    store::end_fences(&mut *tx, fences).await?;
+    if !record_outcome(&mut *tx, done.job, done.worker_id, done.outcome).await? {
+        return Ok(None);
+    }
+    store::append(&mut *tx, done.events, done.metadata, done.at).await?;
+    match next {
+        Some(next) => claim_in(tx, done.worker_id, next).await.map(Some),
+        None => Ok(Some(Vec::new())),
+    }
 }
 
 /// The jobs an outcome's commit claimed, started ([`starts`]); none when they cannot be

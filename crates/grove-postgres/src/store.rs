@@ -168,12 +168,41 @@ pub async fn check_fences(
     .bind(&holders)
     .fetch_all(conn)
     .await?;
-    if held.len() == fences.len() {
+    all_held(fences, held.len())
+}
+
+/// [`check_fences`] for an outcome that ends its locks' leases (ADR 39): deletes each
+/// fence's lease in the caller's transaction, [`StoreError::Fenced`] when one is gone.
+/// The caller writes nothing and rolls back on that error, so nothing is deleted unless
+/// its outcome commits; after the commit each holder only frees its advisory lock.
+pub async fn end_fences(
+    conn: &mut PgConnection,
+    fences: &[crate::locks::Fence],
+) -> Result<(), StoreError> {
+    if fences.is_empty() {
+        return Ok(());
+    }
+    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
+    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
+    let ended: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
+          WHERE l.key = f.key AND l.holder = f.holder
+         RETURNING l.key",
+    )
+    .bind(&keys)
+    .bind(&holders)
+    .fetch_all(conn)
+    .await?;
+    all_held(fences, ended.len())
+}
+
+fn all_held(fences: &[crate::locks::Fence], held: usize) -> Result<(), StoreError> {
+    if held == fences.len() {
         Ok(())
     } else {
         Err(StoreError::Fenced(format!(
             "{} of {} locks lost their lease while the database was unreachable",
-            fences.len() - held.len(),
+            fences.len() - held,
             fences.len()
         )))
     }

@@ -270,7 +270,7 @@ pub(super) enum Release {
 }
 
 /// Records a handled job's outcome with its events, its locks still held, and frees
-/// the locks after. First on the first lock's connection (no further checkout),
+/// the locks after (a queued job's outcome ends their leases, ADR 39). First on the first lock's connection (no further checkout),
 /// announced in the round trip that frees that lock, claiming the worker's `next` jobs
 /// in the same transaction (ADR 33); if that connection failed (the database restarted
 /// while the effect ran), through [`finish_patiently`], which claims nothing. Every
@@ -297,10 +297,19 @@ pub(super) async fn record_handled(
     let Some(mut first) = locks.next() else {
         return record_unlocked(deps, &done, next).await;
     };
-    let fast = match finish_folded(&mut first, &done, &fences, next).await {
-        Some(finished) => finished,
-        None => queue::finish_claiming(first.conn(), &done, &fences, next).await,
+    let (fast, ends_leases) = match finish_folded(&mut first, &done, &fences, next).await {
+        Some(finished) => (finished, false),
+        None => (
+            queue::finish_claiming(first.conn(), &done, &fences, next).await,
+            true,
+        ),
     };
+    // An outcome recorded by `finish_claiming` deleted every lock's lease in its commit
+    // (ADR 39): each lock is then only unlocked.
+    let ended = ends_leases && matches!(&fast, Ok(f) if f.recorded);
+    if ended {
+        first.lease_ended();
+    }
     let res = match fast {
         Ok(finished) => {
             let appended = !done.events.is_empty();
@@ -331,7 +340,10 @@ pub(super) async fn record_handled(
             res.map(|()| Vec::new())
         }
     };
-    for lock in locks {
+    for mut lock in locks {
+        if ended {
+            lock.lease_ended();
+        }
         match release {
             Release::Soon if res.is_ok() => lock.release_soon(),
             _ => {
