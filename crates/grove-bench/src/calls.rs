@@ -320,6 +320,7 @@ fn emit_counted(
     if let Some(f) = flushes_per_call {
         row.insert("wal_flushes_per_call".into(), round(f));
     }
+    tag_exec_path(&mut row, call);
     out.emit(row);
 }
 
@@ -334,7 +335,22 @@ fn emit(
     let mut row = latency(&format!("{via}_{call}@{fleet}"), &times.0, &times.1);
     row.insert("floor_is".into(), json!(floor_is));
     row.insert("workspaces".into(), json!(fleet));
+    tag_exec_path(&mut row, call);
     out.emit(row);
+}
+
+/// An exec row says which way the in-process server ran its commands: through the exec
+/// agent (`grove-sandboxd`, found as the server finds it) or a sandbox per exec, which
+/// is several times slower (a bench binary copied without the agent beside it).
+fn tag_exec_path(row: &mut serde_json::Map<String, Value>, call: &str) {
+    if !call.starts_with("exec_") {
+        return;
+    }
+    let path = match grove_local::LocalRuntimeProvider::find_agent() {
+        Ok(agent) => format!("exec agent {}", agent.display()),
+        Err(why) => format!("a sandbox per exec ({why})"),
+    };
+    row.insert("exec_path".into(), json!(path));
 }
 
 async fn checked_exec(api: &Api, path: &str, body: Value) -> Result<()> {
