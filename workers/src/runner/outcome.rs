@@ -270,11 +270,13 @@ pub(super) enum Release {
 }
 
 /// Records a handled job's outcome with its events, its locks still held, and frees
-/// the locks after (a queued job's outcome ends their leases, ADR 39). First on the first lock's connection (no further checkout),
-/// announced in the round trip that frees that lock, claiming the worker's `next` jobs
-/// in the same transaction (ADR 33); if that connection failed (the database restarted
-/// while the effect ran), through [`finish_patiently`], which claims nothing. Every
-/// write checks that the locks still hold their leases. Returns the jobs claimed.
+/// the locks after (an outcome recorded by `queue::finish_claiming` ended their leases,
+/// ADR 39, so each is only unlocked). First on the first lock's connection (no further
+/// checkout), announced in the round trip that frees that lock, claiming the worker's
+/// `next` jobs in the same transaction (ADR 33); if that connection failed (the
+/// database restarted while the effect ran), through [`finish_patiently`], which claims
+/// nothing. Every write checks that the locks still hold their leases. Returns the jobs
+/// claimed.
 pub(super) async fn record_handled(
     deps: &JobContext,
     job: &ClaimedJob,
