@@ -482,34 +482,15 @@ async fn a_job_claimed_with_an_outcome_is_started_and_recovered_like_any_claimed
 /// nothing and claims nothing; under a live lock it records, claims and ends the lease.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing() {
-    use grove_core::commands::{Command, CommandResult};
+    use grove_core::commands::CommandResult;
     use grove_postgres::locks::{AdvisoryLock, LockScope};
     use grove_postgres::queue::{self, NextClaim, Outcome};
     use grove_postgres::StoreError;
     let env =
         env_or_skip!("an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing");
     let pool = &env.pool;
-    let q = queue::node_queue("fencedoutcome");
-    queue::register_worker(pool, "w-fenced", std::slice::from_ref(&q))
-        .await
-        .unwrap();
-    let ids: Vec<uuid::Uuid> = (0..2).map(|_| uuid::Uuid::now_v7()).collect();
+    let (q, ids, first) = hibernates_first_claimed(pool, "fencedoutcome", "w-fenced", 2).await;
     let mut conn = pool.acquire().await.unwrap();
-    for id in &ids {
-        let hibernate = Command::HibernateRuntime {
-            workspace_id: uuid::Uuid::now_v7(),
-        };
-        queue::enqueue(&mut conn, *id, &hibernate, &q, None)
-            .await
-            .unwrap();
-    }
-    let (first, _) = queue::claim_and_start(pool, "w-fenced", &q, 1)
-        .await
-        .unwrap()
-        .into_iter()
-        .next()
-        .expect("a due job");
-    assert_eq!(first.command_id, ids[0]);
     let key = uuid::Uuid::now_v7().to_string();
     let lock = |k: String| async move {
         AdvisoryLock::acquire(
@@ -606,31 +587,16 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
 /// both hold, the outcome and its events are recorded and both leases are gone.
 #[tokio::test(flavor = "multi_thread")]
 async fn an_outcome_with_events_ends_every_lease_or_none() {
-    use grove_core::commands::{Command, CommandResult};
+    use grove_core::commands::CommandResult;
     use grove_core::events::Event;
     use grove_postgres::locks::{AdvisoryLock, LockScope};
     use grove_postgres::queue::{self, Outcome};
     use grove_postgres::StoreError;
     let env = env_or_skip!("an_outcome_with_events_ends_every_lease_or_none");
     let pool = &env.pool;
-    let q = queue::node_queue("endedleases");
-    queue::register_worker(pool, "w-ended", std::slice::from_ref(&q))
-        .await
-        .unwrap();
-    let id = uuid::Uuid::now_v7();
+    let (_, ids, job) = hibernates_first_claimed(pool, "endedleases", "w-ended", 1).await;
+    let id = ids[0];
     let mut conn = pool.acquire().await.unwrap();
-    let hibernate = Command::HibernateRuntime {
-        workspace_id: uuid::Uuid::now_v7(),
-    };
-    queue::enqueue(&mut conn, id, &hibernate, &q, None)
-        .await
-        .unwrap();
-    let (job, _) = queue::claim_and_start(pool, "w-ended", &q, 1)
-        .await
-        .unwrap()
-        .into_iter()
-        .next()
-        .expect("a due job");
     let lock = || async {
         let key = uuid::Uuid::now_v7().to_string();
         AdvisoryLock::acquire(
@@ -719,4 +685,38 @@ async fn an_outcome_with_events_ends_every_lease_or_none() {
     b.lease_ended();
     a.release().await.unwrap();
     b.release().await.unwrap();
+}
+
+/// `n` hibernate commands enqueued on `node`'s queue and the first claimed by `worker`:
+/// the queue, the command ids in order, the claimed job.
+async fn hibernates_first_claimed(
+    pool: &sqlx::PgPool,
+    node: &str,
+    worker: &str,
+    n: usize,
+) -> (String, Vec<uuid::Uuid>, grove_postgres::queue::ClaimedJob) {
+    use grove_core::commands::Command;
+    use grove_postgres::queue;
+    let q = queue::node_queue(node);
+    queue::register_worker(pool, worker, std::slice::from_ref(&q))
+        .await
+        .unwrap();
+    let ids: Vec<uuid::Uuid> = (0..n).map(|_| uuid::Uuid::now_v7()).collect();
+    let mut conn = pool.acquire().await.unwrap();
+    for id in &ids {
+        let hibernate = Command::HibernateRuntime {
+            workspace_id: uuid::Uuid::now_v7(),
+        };
+        queue::enqueue(&mut conn, *id, &hibernate, &q, None)
+            .await
+            .unwrap();
+    }
+    let (first, _) = queue::claim_and_start(pool, worker, &q, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .next()
+        .expect("a due job");
+    assert_eq!(first.command_id, ids[0]);
+    (q, ids, first)
 }

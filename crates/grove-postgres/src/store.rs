@@ -153,22 +153,15 @@ pub async fn check_fences(
     conn: &mut PgConnection,
     fences: &[crate::locks::Fence],
 ) -> Result<(), StoreError> {
-    if fences.is_empty() {
-        return Ok(());
-    }
-    let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
-    let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
-    let held: Vec<i64> = sqlx::query_scalar(
+    leases_held(
+        conn,
+        fences,
         "SELECT l.key FROM grove.lock_leases l
            JOIN unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
              ON l.key = f.key AND l.holder = f.holder
          FOR KEY SHARE OF l",
     )
-    .bind(&keys)
-    .bind(&holders)
-    .fetch_all(conn)
-    .await?;
-    all_held(fences, held.len())
+    .await
 }
 
 /// [`check_fences`] for an outcome that ends its locks' leases (ADR 39): deletes each
@@ -179,30 +172,39 @@ pub async fn end_fences(
     conn: &mut PgConnection,
     fences: &[crate::locks::Fence],
 ) -> Result<(), StoreError> {
+    leases_held(
+        conn,
+        fences,
+        "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
+          WHERE l.key = f.key AND l.holder = f.holder
+         RETURNING l.key",
+    )
+    .await
+}
+
+/// Runs `sql` (keys as `$1`, holders as `$2`; one row per lease found) for `fences`:
+/// [`StoreError::Fenced`] unless it found every lease.
+async fn leases_held(
+    conn: &mut PgConnection,
+    fences: &[crate::locks::Fence],
+    sql: &'static str,
+) -> Result<(), StoreError> {
     if fences.is_empty() {
         return Ok(());
     }
     let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
     let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
-    let ended: Vec<i64> = sqlx::query_scalar(
-        "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
-          WHERE l.key = f.key AND l.holder = f.holder
-         RETURNING l.key",
-    )
-    .bind(&keys)
-    .bind(&holders)
-    .fetch_all(conn)
-    .await?;
-    all_held(fences, ended.len())
-}
-
-fn all_held(fences: &[crate::locks::Fence], held: usize) -> Result<(), StoreError> {
-    if held == fences.len() {
+    let held: Vec<i64> = sqlx::query_scalar(sql)
+        .bind(&keys)
+        .bind(&holders)
+        .fetch_all(conn)
+        .await?;
+    if held.len() == fences.len() {
         Ok(())
     } else {
         Err(StoreError::Fenced(format!(
             "{} of {} locks lost their lease while the database was unreachable",
-            fences.len() - held,
+            fences.len() - held.len(),
             fences.len()
         )))
     }
