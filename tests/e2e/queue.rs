@@ -491,19 +491,7 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
     let pool = &env.pool;
     let (q, ids, first) = hibernates_first_claimed(pool, "fencedoutcome", "w-fenced", 2).await;
     let mut conn = pool.acquire().await.unwrap();
-    let key = uuid::Uuid::now_v7().to_string();
-    let lock = |k: String| async move {
-        AdvisoryLock::acquire(
-            pool,
-            LockScope::WorkspaceCommands,
-            &k,
-            false,
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap()
-    };
-    let lost = lock(key.clone()).await;
+    let lost = workspace_lock(pool, &fresh_key()).await;
     // The lease lapsed and was taken over while the holder was away.
     sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
         .bind(lost.fence().key)
@@ -548,8 +536,8 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
     );
     drop(lost);
 
-    let live_key = uuid::Uuid::now_v7().to_string();
-    let mut live = lock(live_key.clone()).await;
+    let live_key = fresh_key();
+    let mut live = workspace_lock(pool, &live_key).await;
     let finished = queue::finish_claiming(&mut conn, &done, &[live.fence()], Some(&next))
         .await
         .unwrap();
@@ -589,7 +577,7 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
 async fn an_outcome_with_events_ends_every_lease_or_none() {
     use grove_core::commands::CommandResult;
     use grove_core::events::Event;
-    use grove_postgres::locks::{AdvisoryLock, LockScope};
+    use grove_postgres::locks::AdvisoryLock;
     use grove_postgres::queue::{self, Outcome};
     use grove_postgres::StoreError;
     let env = env_or_skip!("an_outcome_with_events_ends_every_lease_or_none");
@@ -597,18 +585,6 @@ async fn an_outcome_with_events_ends_every_lease_or_none() {
     let (_, ids, job) = hibernates_first_claimed(pool, "endedleases", "w-ended", 1).await;
     let id = ids[0];
     let mut conn = pool.acquire().await.unwrap();
-    let lock = || async {
-        let key = uuid::Uuid::now_v7().to_string();
-        AdvisoryLock::acquire(
-            pool,
-            LockScope::WorkspaceCommands,
-            &key,
-            false,
-            Duration::from_secs(5),
-        )
-        .await
-        .unwrap()
-    };
     let leases = |a: &AdvisoryLock, b: &AdvisoryLock| {
         let keys = vec![a.fence().key, b.fence().key];
         async move {
@@ -649,7 +625,10 @@ async fn an_outcome_with_events_ends_every_lease_or_none() {
             .unwrap()
     };
 
-    let (kept, lost) = (lock().await, lock().await);
+    let (kept, lost) = (
+        workspace_lock(pool, &fresh_key()).await,
+        workspace_lock(pool, &fresh_key()).await,
+    );
     sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
         .bind(lost.fence().key)
         .bind(lost.fence().holder)
@@ -669,7 +648,10 @@ async fn an_outcome_with_events_ends_every_lease_or_none() {
     kept.release().await.unwrap();
     drop(lost);
 
-    let (mut a, mut b) = (lock().await, lock().await);
+    let (mut a, mut b) = (
+        workspace_lock(pool, &fresh_key()).await,
+        workspace_lock(pool, &fresh_key()).await,
+    );
     let finished = queue::finish_claiming(&mut conn, &done, &[a.fence(), b.fence()], None)
         .await
         .unwrap();
@@ -719,4 +701,23 @@ async fn hibernates_first_claimed(
         .expect("a due job");
     assert_eq!(first.command_id, ids[0]);
     (q, ids, first)
+}
+
+/// A `workspace_commands` lock on `key`, taken within 5 s.
+async fn workspace_lock(pool: &sqlx::PgPool, key: &str) -> grove_postgres::locks::AdvisoryLock {
+    use grove_postgres::locks::{AdvisoryLock, LockScope};
+    AdvisoryLock::acquire(
+        pool,
+        LockScope::WorkspaceCommands,
+        key,
+        false,
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+}
+
+/// A lock key no other test uses.
+fn fresh_key() -> String {
+    uuid::Uuid::now_v7().to_string()
 }
