@@ -3,8 +3,8 @@
 -- the worker then frees only the advisory locks, in one prepared statement, instead of
 -- a transaction of its own that deleted each lease before the unlock. A check that
 -- finds a lease gone writes nothing, as before, and deletes nothing; nothing is deleted
--- unless the outcome commits. The inline paths (grove.record_inline,
--- grove.finish_folded) keep their leases until their holder's release.
+-- unless the outcome commits. grove.record_inline and grove.finish_folded (the inline
+-- paths' usual records) keep their leases until their holder's release.
 
 CREATE OR REPLACE FUNCTION grove.finish_claiming(
     p_keys bigint[], p_holders uuid[],

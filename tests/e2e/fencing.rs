@@ -134,7 +134,7 @@ async fn writes_under_a_lock_whose_lease_was_taken_over_are_refused() {
     let fence = lock.fence();
     {
         let mut tx = sqlx::Connection::begin(lock.conn()).await.unwrap();
-        grove_postgres::store::check_fences(&mut tx, &[fence])
+        grove_postgres::store::end_fences(&mut tx, &[fence])
             .await
             .expect("a held lease passes");
         tx.rollback().await.unwrap();
@@ -146,7 +146,7 @@ async fn writes_under_a_lock_whose_lease_was_taken_over_are_refused() {
         .await
         .unwrap();
     let mut tx = sqlx::Connection::begin(lock.conn()).await.unwrap();
-    let err = grove_postgres::store::check_fences(&mut tx, &[fence])
+    let err = grove_postgres::store::end_fences(&mut tx, &[fence])
         .await
         .expect_err("a lost lease must refuse the write");
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
@@ -214,7 +214,7 @@ async fn a_lease_riding_on_the_next_commit_fences_like_a_flushed_one() {
         .expect_err("a lost lease was made durable");
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");
     let mut conn = env.pool.acquire().await.unwrap();
-    let err = grove_postgres::store::check_fences(&mut conn, &[fence])
+    let err = grove_postgres::store::end_fences(&mut conn, &[fence])
         .await
         .expect_err("a write under a lost lease passed the fence");
     assert!(matches!(err, StoreError::Fenced(_)), "{err:?}");

@@ -85,7 +85,8 @@ pub fn lease_margin(lease: Duration) -> Duration {
 }
 
 /// A lock's fencing identity: one acquisition of one key. Writes made under the lock
-/// check that it still holds the lease ([`crate::store::check_fences`]).
+/// check that it still holds the lease (the functions that record an outcome, and
+/// [`crate::store::end_fences`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Fence {
     pub key: i64,

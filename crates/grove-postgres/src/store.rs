@@ -145,60 +145,30 @@ pub fn announce_appended_soon(pool: &PgPool) {
 }
 
 /// Checks, inside the caller's transaction, that every lock in `fences` still holds its
-/// lease, and keeps those leases from being taken over (`FOR KEY SHARE`: a takeover
-/// deletes the row) until the transaction ends. A lease that expired but that no one
-/// took over still counts: nothing else ran under the lock meanwhile, and its holder
-/// stopped its effect before the expiry. [`StoreError::Fenced`] otherwise.
-pub async fn check_fences(
-    conn: &mut PgConnection,
-    fences: &[crate::locks::Fence],
-) -> Result<(), StoreError> {
-    leases_held(
-        conn,
-        fences,
-        "SELECT l.key FROM grove.lock_leases l
-           JOIN unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
-             ON l.key = f.key AND l.holder = f.holder
-         FOR KEY SHARE OF l",
-    )
-    .await
-}
-
-/// [`check_fences`] for an outcome that ends its locks' leases (ADR 39): deletes each
-/// fence's lease in the caller's transaction, [`StoreError::Fenced`] when one is gone.
-/// The caller writes nothing and rolls back on that error, so nothing is deleted unless
-/// its outcome commits; after the commit each holder only frees its advisory lock.
+/// lease, and ends those leases (ADR 39): deletes them, so no one can take them over
+/// until the transaction ends, and once it commits each holder only frees its advisory
+/// lock. A lease that expired but that no one took over still counts: nothing else ran
+/// under the lock meanwhile, and its holder stopped its effect before the expiry.
+/// [`StoreError::Fenced`] when one is gone: the caller writes nothing and rolls back,
+/// so nothing is deleted unless its outcome commits.
 pub async fn end_fences(
     conn: &mut PgConnection,
     fences: &[crate::locks::Fence],
-) -> Result<(), StoreError> {
-    leases_held(
-        conn,
-        fences,
-        "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
-          WHERE l.key = f.key AND l.holder = f.holder
-         RETURNING l.key",
-    )
-    .await
-}
-
-/// Runs `sql` (keys as `$1`, holders as `$2`; one row per lease found) for `fences`:
-/// [`StoreError::Fenced`] unless it found every lease.
-async fn leases_held(
-    conn: &mut PgConnection,
-    fences: &[crate::locks::Fence],
-    sql: &'static str,
 ) -> Result<(), StoreError> {
     if fences.is_empty() {
         return Ok(());
     }
     let keys: Vec<i64> = fences.iter().map(|f| f.key).collect();
     let holders: Vec<uuid::Uuid> = fences.iter().map(|f| f.holder).collect();
-    let held: Vec<i64> = sqlx::query_scalar(sql)
-        .bind(&keys)
-        .bind(&holders)
-        .fetch_all(conn)
-        .await?;
+    let held: Vec<i64> = sqlx::query_scalar(
+        "DELETE FROM grove.lock_leases l USING unnest($1::bigint[], $2::uuid[]) AS f(key, holder)
+          WHERE l.key = f.key AND l.holder = f.holder
+         RETURNING l.key",
+    )
+    .bind(&keys)
+    .bind(&holders)
+    .fetch_all(conn)
+    .await?;
     if held.len() == fences.len() {
         Ok(())
     } else {

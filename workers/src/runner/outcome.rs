@@ -307,10 +307,11 @@ pub(super) async fn record_handled(
         ),
     };
     // An outcome recorded by `finish_claiming` deleted every lock's lease in its commit
-    // (ADR 39): each lock is then only unlocked.
-    let ended = ends_leases && matches!(&fast, Ok(f) if f.recorded);
-    if ended {
+    // (ADR 39): no lock renews it any more, and each is then only unlocked.
+    let mut rest: Vec<AdvisoryLock> = locks.collect();
+    if ends_leases && matches!(&fast, Ok(f) if f.recorded) {
         first.lease_ended();
+        rest.iter_mut().for_each(AdvisoryLock::lease_ended);
     }
     let res = match fast {
         Ok(finished) => {
@@ -342,10 +343,7 @@ pub(super) async fn record_handled(
             res.map(|()| Vec::new())
         }
     };
-    for mut lock in locks {
-        if ended {
-            lock.lease_ended();
-        }
+    for lock in rest {
         match release {
             Release::Soon if res.is_ok() => lock.release_soon(),
             _ => {
