@@ -493,12 +493,7 @@ async fn an_outcome_whose_lock_lost_its_lease_records_nothing_and_claims_nothing
     let mut conn = pool.acquire().await.unwrap();
     let lost = workspace_lock(pool, &fresh_key()).await;
     // The lease lapsed and was taken over while the holder was away.
-    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
-        .bind(lost.fence().key)
-        .bind(lost.fence().holder)
-        .execute(pool)
-        .await
-        .unwrap();
+    lease_taken_over(pool, &lost).await;
     let ok: Result<CommandResult, grove_core::error::CommandError> = Ok(CommandResult::Done);
     let md = grove_core::events::Metadata {
         command_id: ids[0],
@@ -629,12 +624,7 @@ async fn an_outcome_with_events_ends_every_lease_or_none() {
         workspace_lock(pool, &fresh_key()).await,
         workspace_lock(pool, &fresh_key()).await,
     );
-    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
-        .bind(lost.fence().key)
-        .bind(lost.fence().holder)
-        .execute(pool)
-        .await
-        .unwrap();
+    lease_taken_over(pool, &lost).await;
     let fenced =
         queue::finish_claiming(&mut conn, &done, &[kept.fence(), lost.fence()], None).await;
     assert!(matches!(fenced, Err(StoreError::Fenced(_))), "{fenced:?}");
@@ -720,4 +710,14 @@ async fn workspace_lock(pool: &sqlx::PgPool, key: &str) -> grove_postgres::locks
 /// A lock key no other test uses.
 fn fresh_key() -> String {
     uuid::Uuid::now_v7().to_string()
+}
+
+/// What a takeover does to `lock`'s lease row once it expired: deletes it.
+async fn lease_taken_over(pool: &sqlx::PgPool, lock: &grove_postgres::locks::AdvisoryLock) {
+    sqlx::query("DELETE FROM grove.lock_leases WHERE key = $1 AND holder = $2")
+        .bind(lock.fence().key)
+        .bind(lock.fence().holder)
+        .execute(pool)
+        .await
+        .unwrap();
 }
