@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from conftest import ALICE, BOB, OPS, SHOTS, Grove
-from selenium.common.exceptions import NoAlertPresentException
+from selenium.common.exceptions import NoAlertPresentException, WebDriverException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support import expected_conditions as ec
 from selenium.webdriver.support.ui import WebDriverWait
@@ -29,7 +29,14 @@ def sign_in(driver, grove: Grove, token: str) -> None:
     assert driver.current_url.endswith("/ui/login"), "no cookie: redirected to the login form"
     driver.find_element(By.ID, "token").send_keys(token)
     driver.find_element(By.ID, "sign-in").click()
-    WebDriverWait(driver, 10).until(ec.presence_of_element_located((By.ID, "viewer")))
+    navigating(driver, 10).until(ec.presence_of_element_located((By.ID, "viewer")))
+
+
+def navigating(driver, seconds: float) -> WebDriverWait:
+    """A wait across a page load. While the old page unloads, ChromeDriver may answer a
+    query with an "inspector error" rather than a stale reference or no element: that too
+    means "not yet"."""
+    return WebDriverWait(driver, seconds, ignored_exceptions=(WebDriverException,))
 
 
 def shot(driver, name: str) -> None:
@@ -103,14 +110,14 @@ def test_workspaces_and_events_pages_render_for_an_operator(grove: Grove, browse
         browser.refresh()
     browser.find_element(By.ID, "search").send_keys("alice")
     browser.find_element(By.CSS_SELECTOR, "form.search button").click()
-    WebDriverWait(browser, 10).until(ec.url_contains("q=alice"))
+    navigating(browser, 10).until(ec.url_contains("q=alice"))
     assert grove.workspace[:8] in browser.find_element(By.ID, "workspaces").text
     shot(browser, "workspaces")
     browser.get(grove.base + "/ui/events")
     run = browser.find_element(By.ID, "run-verify")
     run.click()
     # The form's POST redirects to a new page: wait for it before reading the result.
-    WebDriverWait(browser, 10).until(ec.staleness_of(run))
+    navigating(browser, 10).until(ec.staleness_of(run))
     deadline = time.time() + 30
     while "differences" not in browser.find_element(By.ID, "verify-result").text:
         assert time.time() < deadline, browser.find_element(By.ID, "verify-result").text
@@ -138,7 +145,7 @@ def test_an_operator_opens_a_steps_diff_and_rewinds_after_confirming(grove: Grov
 
     # The last step's diff: its file and its added line.
     browser.find_element(By.CSS_SELECTOR, f"#point-{last} a.diff-link").click()
-    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "patch")))
+    navigating(browser, 10).until(ec.presence_of_element_located((By.ID, "patch")))
     assert "notes.txt" in browser.find_element(By.ID, "diff-files").text
     assert "+second" in browser.find_element(By.ID, "patch").text
     shot(browser, "diff")
@@ -146,17 +153,17 @@ def test_an_operator_opens_a_steps_diff_and_rewinds_after_confirming(grove: Grov
     # Rewind to the step before it: a confirmation first, then the new point.
     browser.get(page)
     browser.find_element(By.ID, f"rewind-{before}").click()
-    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, "confirm-rewind")))
+    navigating(browser, 10).until(ec.presence_of_element_located((By.ID, "confirm-rewind")))
     assert f"to point {before}" in browser.find_element(By.TAG_NAME, "h1").text
     content = grove.api(f"/v1/workspaces/{grove.workspace}/tools/read_file", ALICE,
                         {"path": "notes.txt"})["content"]
     assert content == "<b>first</b>\nsecond\n", "asking changed nothing"
     browser.find_element(By.ID, "confirm-rewind").click()
-    WebDriverWait(browser, 20).until(ec.presence_of_element_located((By.ID, "new-point")))
+    navigating(browser, 20).until(ec.presence_of_element_located((By.ID, "new-point")))
     new = int(browser.find_element(By.ID, "new-point").text)
     assert new > last
     browser.find_element(By.ID, "back").click()
-    WebDriverWait(browser, 10).until(ec.presence_of_element_located((By.ID, f"point-{new}")))
+    navigating(browser, 10).until(ec.presence_of_element_located((By.ID, f"point-{new}")))
     item = browser.execute_script(
         "return document.getElementById(arguments[0]).parentElement.innerText;", f"point-{new}"
     )
