@@ -28,6 +28,7 @@ mod pulls;
 mod queue;
 mod read_lock;
 mod reader;
+mod recent_use;
 mod remote;
 mod remote_placement;
 mod replay;

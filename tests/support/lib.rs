@@ -202,6 +202,9 @@ impl TestEnv {
             // No scheduled eviction sweeps unless a test asks for them (they would add
             // ledger rows and events to tests that count them).
             .env("GROVE_EVICT_SCHEDULE", "off")
+            // Every warm acquire and ensure records its use, so tests that count those
+            // events see each one; tests of the recent-use answer (ADR 40) set a window.
+            .env("GROVE_RECORD_USE_AFTER", "0")
             .kill_on_drop(true);
         // The Docker exec agent is opt-in: a run that sets it (to try the suites with
         // the agent) passes it on.

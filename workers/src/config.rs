@@ -134,7 +134,15 @@ pub struct EvictionSettings {
     /// `GROVE_EVICT_IGNORED_BUDGET_BYTES`: ignored files kept per saved workspace, in
     /// total bytes; the rest are named in the eviction's events.
     pub ignored_budget_bytes: u64,
+    /// `GROVE_RECORD_USE_AFTER` (seconds, default 60): a warm acquire or ensure of
+    /// something whose last use was recorded less than this long ago answers without
+    /// recording another (ADR 40); 0 records every use. Capped by
+    /// [`EvictionPolicy::use_staleness_bound_secs`] ([`Self::recent_use_window`]).
+    pub record_use_after: Duration,
 }
+
+/// Default for `GROVE_RECORD_USE_AFTER`.
+pub const DEFAULT_RECORD_USE_AFTER: Duration = Duration::from_secs(60);
 
 /// Default for `GROVE_EVICT_IGNORED_BUDGET_BYTES` (64 MiB).
 pub const DEFAULT_IGNORED_BUDGET: u64 = 64 << 20;
@@ -148,11 +156,20 @@ impl Default for EvictionSettings {
             allow_clock_override: false,
             test_pause: None,
             ignored_budget_bytes: DEFAULT_IGNORED_BUDGET,
+            record_use_after: DEFAULT_RECORD_USE_AFTER,
         }
     }
 }
 
 impl EvictionSettings {
+    /// How recent a recorded use must be for a warm acquire or ensure to answer without
+    /// recording another (ADR 40): `record_use_after`, but never more than the policy
+    /// lets a last use be stale.
+    pub fn recent_use_window(&self) -> Duration {
+        let bound = Duration::from_secs(self.policy.use_staleness_bound_secs());
+        self.record_use_after.min(bound)
+    }
+
     /// Reads the settings from the process environment.
     pub fn from_env() -> Result<Self, String> {
         Self::from_lookup(|k| std::env::var(k).ok().filter(|v| !v.is_empty()))
@@ -186,6 +203,9 @@ impl EvictionSettings {
                     "GROVE_EVICT_IGNORED_BUDGET_BYTES: expected bytes (like 67108864 or 64MiB), got {v:?}"
                 )),
             })?;
+        }
+        if let Some(v) = get("GROVE_RECORD_USE_AFTER") {
+            s.record_use_after = Duration::from_secs(secs("GROVE_RECORD_USE_AFTER", v)?);
         }
         s.allow_clock_override = get("GROVE_ALLOW_CLOCK_OVERRIDE").is_some_and(|v| v == "1");
         if let Some(v) = get("GROVE_TEST_EVICT_PAUSE_MS") {
@@ -357,5 +377,23 @@ mod tests {
         );
         assert!(settings(&[("GROVE_EVICT_SCHEDULE", "every tuesday")]).is_err());
         assert!(settings(&[("GROVE_TTL_TASK", "0")]).is_err());
+    }
+
+    #[test]
+    fn the_recent_use_window_is_the_setting_capped_by_the_policy() {
+        let window = |env: &[(&str, &str)]| settings(env).unwrap().recent_use_window();
+        assert_eq!(window(&[]), Duration::from_secs(60));
+        assert_eq!(window(&[("GROVE_RECORD_USE_AFTER", "0")]), Duration::ZERO);
+        assert_eq!(
+            window(&[("GROVE_RECORD_USE_AFTER", "3600")]),
+            Duration::from_secs(150),
+            "a quarter of the 600 s grace"
+        );
+        assert_eq!(
+            window(&[("GROVE_PRESSURE_GRACE", "0")]),
+            Duration::ZERO,
+            "no grace: every use recorded"
+        );
+        assert!(settings(&[("GROVE_RECORD_USE_AFTER", "a minute")]).is_err());
     }
 }

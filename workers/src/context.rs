@@ -32,6 +32,15 @@ pub struct Handled {
     pub correlation: Correlation,
 }
 
+/// The cheap case of a warm acquire or an ensure (ADR 34, ADR 40).
+pub enum Reuse {
+    /// A use recorded recently enough (ADR 40): the answer is the row as it stands,
+    /// with nothing recorded and no lock held.
+    Recent(CommandResult),
+    /// A use to record: the handler's events and answer, under its lock (ADR 34).
+    Record(Handled),
+}
+
 /// The ports and settings every handler uses.
 pub struct JobContext {
     pub pool: PgPool,

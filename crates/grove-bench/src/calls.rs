@@ -150,7 +150,9 @@ async fn grep_floor(dir: &Path) -> Result<()> {
 }
 
 /// Warm acquire and a second ensure over HTTP, each next to the same command
-/// submitted in-process.
+/// submitted in-process. Back to back, each finds its use recorded within the worker's
+/// recent-use window (ADR 40) unless `GROVE_RECORD_USE_AFTER=0` (every use recorded);
+/// the rows say which (`record_use_after_secs`).
 async fn queued_rows(ctx: &Ctx, api: &Api, fleet: usize, out: &mut Out) -> Result<()> {
     let n = ctx.args.calls_n;
     let conversation = format!("w{}", fleet - 1);
@@ -321,6 +323,10 @@ fn emit_counted(
         row.insert("wal_flushes_per_call".into(), round(f));
     }
     tag_exec_path(&mut row, call);
+    if matches!(call, "warm_acquire" | "second_ensure") {
+        let window = crate::ctx::record_use_after().as_secs();
+        row.insert("record_use_after_secs".into(), json!(window));
+    }
     out.emit(row);
 }
 

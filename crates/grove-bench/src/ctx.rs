@@ -24,6 +24,19 @@ pub(crate) fn ms(t: Instant) -> f64 {
     t.elapsed().as_secs_f64() * 1000.0
 }
 
+/// The bench's worker's recent-use window (ADR 40): `GROVE_RECORD_USE_AFTER` seconds,
+/// as `grove serve` reads it (0: every warm acquire and ensure is recorded), else the
+/// default.
+pub(crate) fn record_use_after() -> std::time::Duration {
+    std::env::var("GROVE_RECORD_USE_AFTER")
+        .ok()
+        .and_then(|v| v.trim().parse().ok())
+        .map_or(
+            grove_workers::config::DEFAULT_RECORD_USE_AFTER,
+            std::time::Duration::from_secs,
+        )
+}
+
 /// A worker running on a tokio task until its shutdown fires.
 pub(crate) struct RunningWorker {
     stop: oneshot::Sender<()>,
@@ -61,6 +74,7 @@ impl RunningWorker {
         // The TTL sweep case plans with a clock four days ahead.
         config.eviction.allow_clock_override = true;
         config.docker_image = image;
+        config.eviction.record_use_after = record_use_after();
         // The fixtures are file:// repositories next to $GROVE_HOME: allow-listed, as an
         // operator would list them (the bench submits as an API caller would).
         config.local_repos = grove_core::local_repo::LocalRepoPolicy::new(

@@ -168,6 +168,25 @@ pub enum PolicyError {
 }
 
 impl EvictionPolicy {
+    /// How stale a workspace's or cache's recorded last use may be without changing
+    /// what a sweep decides soon after it (ADR 40): a quarter of the shortest age any
+    /// workspace or cache is judged by (the pressure grace and the workspace TTLs). A use
+    /// this recent still protects for at least three quarters of the grace; a grace of 0
+    /// gives 0 (every use is recorded).
+    pub fn use_staleness_bound_secs(&self) -> u64 {
+        let t = &self.workspace_ttl;
+        [
+            self.pressure_grace_secs,
+            t.analysis_secs,
+            t.task_secs,
+            t.edit_secs,
+        ]
+        .into_iter()
+        .min()
+        .unwrap_or(0)
+            / 4
+    }
+
     pub fn validate(&self) -> Result<(), PolicyError> {
         let (low, high) = (self.low_water, self.high_water);
         if !(low > 0.0 && low < high && high <= 1.0) {
@@ -1698,6 +1717,25 @@ mod tests {
         );
         let back: Plan = serde_json::from_value(serde_json::to_value(&plan).unwrap()).unwrap();
         assert_eq!(back, plan);
+    }
+
+    #[test]
+    fn a_recorded_use_may_be_stale_by_a_quarter_of_the_shortest_judged_age() {
+        let default = EvictionPolicy::default();
+        assert_eq!(default.use_staleness_bound_secs(), 150, "600 s grace / 4");
+        let short_ttl = EvictionPolicy {
+            workspace_ttl: WorkspaceTtls {
+                analysis_secs: 200,
+                ..WorkspaceTtls::default()
+            },
+            ..EvictionPolicy::default()
+        };
+        assert_eq!(short_ttl.use_staleness_bound_secs(), 50);
+        let no_grace = EvictionPolicy {
+            pressure_grace_secs: 0,
+            ..EvictionPolicy::default()
+        };
+        assert_eq!(no_grace.use_staleness_bound_secs(), 0, "every use recorded");
     }
 
     #[test]

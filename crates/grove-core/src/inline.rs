@@ -19,6 +19,9 @@
 //! Every other acquire or ensure (a create, a restore, a fetch, a remote placement)
 //! takes the queue under the same command id.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
 use futures::future::BoxFuture;
 use uuid::Uuid;
 
@@ -28,6 +31,7 @@ use crate::error::CommandError;
 use crate::model::WorkspaceRow;
 use crate::placement::Placement;
 use crate::ports::GitToken;
+use crate::state::WorkspaceState;
 use crate::tools::{ToolOp, ToolOutput};
 
 /// Runs read tools against workspaces of one node, in the calling process.
@@ -103,6 +107,22 @@ pub fn reacquires_inline(
             acquire_step(existing, node, None, dir_exists),
             Ok(AcquireStep::Reacquire)
         )
+}
+
+/// Whether a use of a workspace or cache last recorded at `last_used_at` is recent
+/// enough at `at` that a warm acquire or ensure answers without recording another
+/// (ADR 40): younger than `window` (a clock that went back counts as age 0). A `window`
+/// of zero records every use.
+pub fn use_is_recent(last_used_at: DateTime<Utc>, at: DateTime<Utc>, window: Duration) -> bool {
+    let age = (at - last_used_at).to_std().unwrap_or_default();
+    age < window
+}
+
+/// Whether a warm acquire of `ws` (which [`reacquires_inline`] accepts) answers from its
+/// row without recording (ADR 40): the workspace is `ready` (a released one turns ready
+/// only by a recorded acquire) and its last recorded use is recent ([`use_is_recent`]).
+pub fn reacquire_is_recent(ws: &WorkspaceRow, at: DateTime<Utc>, window: Duration) -> bool {
+    ws.state == WorkspaceState::Ready && use_is_recent(ws.last_used_at, at, window)
 }
 
 /// Whether `op` is a file write tool that runs inline (ADR 31): `create`,
@@ -291,6 +311,35 @@ mod tests {
                 "{node} {recorded:?} dir={dir} {runtime:?}"
             );
         }
+    }
+
+    #[test]
+    fn a_warm_acquire_answers_unrecorded_only_for_a_ready_workspace_used_within_the_window() {
+        let at = chrono::Utc::now();
+        let minute = Duration::from_secs(60);
+        let used = |state: &str, ago_secs: i64| {
+            let mut ws = row(WorkspaceMode::Edit, "n1", state);
+            ws.last_used_at = at - chrono::Duration::seconds(ago_secs);
+            ws
+        };
+        assert!(reacquire_is_recent(&used("ready", 5), at, minute));
+        assert!(
+            reacquire_is_recent(&used("ready", -30), at, minute),
+            "clock went back"
+        );
+        assert!(
+            !reacquire_is_recent(&used("ready", 60), at, minute),
+            "window is strict"
+        );
+        assert!(!reacquire_is_recent(&used("ready", 3600), at, minute));
+        assert!(
+            !reacquire_is_recent(&used("released", 5), at, minute),
+            "turns ready"
+        );
+        assert!(
+            !reacquire_is_recent(&used("ready", 0), at, Duration::ZERO),
+            "0: record"
+        );
     }
 
     #[test]

@@ -152,6 +152,16 @@ pub async fn trace_parent(pool: &PgPool, command_id: Uuid) -> Result<Option<Stri
     )
 }
 
+/// Whether the ledger holds `command_id` (a retry, or an id used for another command).
+pub async fn is_known(pool: &PgPool, command_id: Uuid) -> Result<bool, StoreError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM grove.commands WHERE command_id = $1)")
+            .bind(command_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// Reads a command's status from the ledger.
 pub async fn status(
     conn: &mut PgConnection,

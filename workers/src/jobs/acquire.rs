@@ -8,7 +8,7 @@ use grove_core::commands::{AcquireWorkspace, CommandResult};
 use grove_core::decide::acquire::{acquire_step, AcquireStep};
 use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event};
-use grove_core::inline::reacquires_inline;
+use grove_core::inline::{reacquire_is_recent, reacquires_inline};
 use grove_core::model::{branch_for, Capabilities, RepoCacheRow, WorkspaceMode, WorkspaceRow};
 use grove_core::ports::{GitToken, RemoteWorkspaceRequest};
 use grove_core::validate::RepoUrl;
@@ -18,7 +18,9 @@ use grove_postgres::rows;
 use uuid::Uuid;
 
 use super::repo_cache::cache_created;
-use crate::context::{blocking, fold_cache, fold_workspace, store_error, Handled, JobContext};
+use crate::context::{
+    blocking, fold_cache, fold_workspace, store_error, Handled, JobContext, Reuse,
+};
 
 impl JobContext {
     pub async fn acquire_workspace(
@@ -127,14 +129,16 @@ impl JobContext {
 
     /// The cheap case of an acquire, for running it inline (ADR 34): the key's
     /// workspace exists on this node, whole, so the queued handler would only re-acquire
-    /// it. Decided on a read without a lock first (anything else costs no lock), then
-    /// again on the key's lock, as the queued handler takes it; `None` (the lock
-    /// released) when it is not the cheap case, and the acquire takes the queue.
+    /// it. Decided on a read without a lock first (anything else costs no lock): a
+    /// ready workspace whose use was recorded within the recent-use window is the
+    /// answer as it stands (ADR 40); else decided again on the key's lock, as the queued
+    /// handler takes it. `None` (the lock released) when it is not the cheap case, and
+    /// the acquire takes the queue.
     pub(crate) async fn reacquire_inline(
         &self,
         c: &AcquireWorkspace,
         at: DateTime<Utc>,
-    ) -> Result<Option<Handled>, CommandError> {
+    ) -> Result<Option<Reuse>, CommandError> {
         let node = &self.config.node;
         let key = c.key(node);
         let cheap = |row: Option<&WorkspaceRow>| {
@@ -147,8 +151,11 @@ impl JobContext {
                 .await
                 .map_err(store_error)?
         };
-        if !cheap(seen.as_ref()) {
+        let Some(seen) = seen.filter(|row| cheap(Some(row))) else {
             return Ok(None);
+        };
+        if reacquire_is_recent(&seen, at, self.config.eviction.recent_use_window()) {
+            return Ok(Some(Reuse::Recent(CommandResult::Workspace(seen))));
         }
         // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let mut key_lock = self
@@ -171,7 +178,8 @@ impl JobContext {
                 // Its record folds onto the row read here (ADR 36).
                 key_lock.hold(HeldRows::workspace(row.clone(), version));
                 let correlation = acquire_correlation(c);
-                self.reacquired(row, key_lock, correlation, at).map(Some)
+                self.reacquired(row, key_lock, correlation, at)
+                    .map(|handled| Some(Reuse::Record(handled)))
             }
             // Changed while we waited for the lock (evicted, destroyed): the queue.
             _ => {

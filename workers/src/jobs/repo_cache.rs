@@ -8,6 +8,7 @@ use chrono::{DateTime, Utc};
 use grove_core::commands::{CommandResult, EnsureRepoCache};
 use grove_core::error::CommandError;
 use grove_core::events::{Correlation, Event};
+use grove_core::inline::use_is_recent;
 use grove_core::model::RepoCacheRow;
 use grove_core::ports::GitToken;
 use grove_core::state::RepoCacheState;
@@ -17,7 +18,7 @@ use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
 
-use crate::context::{blocking, fold_cache, store_error, Handled, JobContext};
+use crate::context::{blocking, fold_cache, store_error, Handled, JobContext, Reuse};
 
 impl JobContext {
     async fn cache_by_identity(
@@ -114,6 +115,17 @@ impl JobContext {
         if !existing.as_ref().is_some_and(|row| need.usable(row)) {
             return Ok(None);
         }
+        self.use_locked(url, need, commit).await
+    }
+
+    /// [`Self::use_shared`] once an unlocked read found the cache usable: the shared
+    /// lock, the row read again under it, and `repo_cache.used`.
+    async fn use_locked(
+        &self,
+        url: &RepoUrl,
+        need: &CacheNeed,
+        commit: LeaseCommit,
+    ) -> Result<Option<(RepoCacheRow, Vec<Event>, Option<AdvisoryLock>)>, CommandError> {
         let mut shared = self
             .lock_with(
                 LockScope::RepoCache,
@@ -153,15 +165,17 @@ impl JobContext {
 
     /// The cheap case of an ensure, for running it inline (ADR 34): the cache exists,
     /// is fresh, was cloned with the caller's credentials (or none) and has its files,
-    /// so the queued handler would only use it: `repo_cache.used` under the cache's
-    /// shared lock, as [`Self::ensure_repo_cache`] takes it. `None` (no lock held) when a
-    /// clone or a fetch is needed: the ensure takes the queue.
+    /// so the queued handler would only use it. If its use was recorded within the
+    /// recent-use window, the row as it stands is the answer (ADR 40); else
+    /// `repo_cache.used` under the cache's shared lock, as [`Self::ensure_repo_cache`]
+    /// takes it. `None` (no lock held) when a clone or a fetch is needed: the ensure
+    /// takes the queue.
     pub(crate) async fn use_cache_inline(
         &self,
         c: &EnsureRepoCache,
         token: Option<&GitToken>,
         at: DateTime<Utc>,
-    ) -> Result<Option<Handled>, CommandError> {
+    ) -> Result<Option<Reuse>, CommandError> {
         if c.fetch {
             return Ok(None);
         }
@@ -172,15 +186,31 @@ impl JobContext {
             freshness: self.config.cache_freshness,
             scope: self.auth_scope(token).await?,
         };
+        let Some(seen) = self
+            .cache_by_identity(url.identity())
+            .await?
+            .filter(|row| need.usable(row))
+        else {
+            return Ok(None);
+        };
+        if use_is_recent(
+            seen.last_used_at,
+            at,
+            self.config.eviction.recent_use_window(),
+        ) {
+            return Ok(Some(Reuse::Recent(CommandResult::RepoCache(seen))));
+        }
         // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let used = self
-            .use_shared(&url, &need, LeaseCommit::WithNextCommit)
+            .use_locked(&url, &need, LeaseCommit::WithNextCommit)
             .await?;
-        Ok(used.map(|(row, events, lock)| Handled {
-            result: Ok(CommandResult::RepoCache(row)),
-            events,
-            locks: lock.into_iter().collect(),
-            correlation: Correlation::default(),
+        Ok(used.map(|(row, events, lock)| {
+            Reuse::Record(Handled {
+                result: Ok(CommandResult::RepoCache(row)),
+                events,
+                locks: lock.into_iter().collect(),
+                correlation: Correlation::default(),
+            })
         }))
     }
 

@@ -4,15 +4,18 @@
 //!
 //! A warm acquire (the key's workspace exists, whole, on this node) and an ensure of a
 //! cache fresh enough to need no fetch only record that they used what exists: both may
-//! run again, so nothing is recorded before the decision. Under the lock the queued
-//! handler takes (the key's, exclusive; the cache's, shared), the handler's own
-//! decision code builds the events and the answer; then one transaction on the lock's
-//! connection holds the fence check, the ledger row and job and the outcome (one
-//! statement, `grove.record_inline`), then the events: the commit path of an inline
-//! `write_file` ([`super::inline::record_write`]). Anything else (a create, a restore, a fetch, a
-//! clone) records nothing here and answers `None`: the caller submits the command to
-//! the queue under the same command id. So does a command id already in the ledger,
-//! whose recorded outcome the queue's wait answers.
+//! run again, so nothing is recorded before the decision. Where that use was recorded
+//! within the recent-use window, not even that: the row is the answer (ADR 40).
+//!
+//! Otherwise, under the lock the queued handler takes (the key's, exclusive; the
+//! cache's, shared), the handler's own decision code builds the events and the answer;
+//! then one transaction on the lock's connection holds the fence check, the ledger row
+//! and job and the outcome (one statement, `grove.record_inline`), then the events: the
+//! commit path of an inline `write_file` ([`super::inline::record_write`]). Anything
+//! else (a create, a restore, a fetch, a clone) records nothing here and answers
+//! `None`: the caller submits the command to the queue under the same command id. So
+//! does a command id already in the ledger, whose recorded outcome the queue's wait
+//! answers.
 
 use std::sync::Arc;
 
@@ -21,12 +24,12 @@ use grove_core::error::CommandError;
 use grove_core::ports::GitToken;
 use grove_postgres::locks::AdvisoryLock;
 use grove_postgres::trace_context::TARGET;
-use grove_postgres::StoreError;
+use grove_postgres::{queue, StoreError};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use super::inline::{inline_metadata, record_write, Written};
-use crate::context::{internal, now, store_error, Handled, JobContext};
+use crate::context::{internal, now, store_error, Handled, JobContext, Reuse};
 
 /// Runs [`reuse`] in a task of its own, so a caller that goes away does not stop it
 /// between its lock and its commit.
@@ -55,15 +58,30 @@ async fn reuse(
     // the queued handler refuses it.
     deps.check_repo_source(command, command_id).await?;
     let at = now();
-    let handled = match command {
+    let reused = match command {
         Command::AcquireWorkspace(c) => deps.reacquire_inline(c, at).await?,
         Command::EnsureRepoCache(c) => deps.use_cache_inline(c, token, at).await?,
         _ => None,
     };
-    match handled {
-        Some(handled) => commit(deps, command_id, command, handled).await,
+    match reused {
+        Some(Reuse::Record(handled)) => commit(deps, command_id, command, handled).await,
+        Some(Reuse::Recent(result)) => recent(deps, command_id, result).await,
         None => Ok(None),
     }
+}
+
+/// A use recorded recently enough answers as the row stands (ADR 40), unless the
+/// command id is in the ledger already: a retry answers its recorded outcome, and an
+/// id used for another command is refused, both by the queue's path.
+async fn recent(
+    deps: &JobContext,
+    command_id: Uuid,
+    result: CommandResult,
+) -> Result<Option<CommandResult>, CommandError> {
+    let known = queue::is_known(&deps.pool, command_id)
+        .await
+        .map_err(store_error)?;
+    Ok((!known).then_some(result))
 }
 
 /// Records a decided reuse in one commit on its lock's connection, fenced by that lock,
