@@ -323,10 +323,6 @@ fn emit_counted(
         row.insert("wal_flushes_per_call".into(), round(f));
     }
     tag_exec_path(&mut row, call);
-    if matches!(call, "warm_acquire" | "second_ensure") {
-        let window = crate::ctx::record_use_after().as_secs();
-        row.insert("record_use_after_secs".into(), json!(window));
-    }
     out.emit(row);
 }
 
@@ -342,6 +338,10 @@ fn emit(
     row.insert("floor_is".into(), json!(floor_is));
     row.insert("workspaces".into(), json!(fleet));
     tag_exec_path(&mut row, call);
+    if matches!(call, "warm_acquire" | "second_ensure") {
+        let window = crate::ctx::record_use_after().as_secs();
+        row.insert("record_use_after_secs".into(), json!(window));
+    }
     out.emit(row);
 }
 
