@@ -4,12 +4,14 @@
 //! no event, no lock; a released workspace or a use older than the window is recorded
 //! as before; another user's identical call never reaches the workspace; a known
 //! command id still answers its recorded outcome or is refused as another command's;
-//! `replay --verify` stays exact.
+//! a workspace whose lock is held exclusively (an eviction or an exec under way) is not
+//! answered from its row; `replay --verify` stays exact.
 
 use std::time::Duration;
 
 use grove_e2e::http::{Server, ALICE, BOB};
 use grove_e2e::TestEnv;
+use grove_postgres::locks::{lock_key, LockScope};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -172,5 +174,41 @@ async fn a_known_command_id_answers_its_record_or_is_refused_on_the_recent_path(
     assert_eq!(status, StatusCode::CONFLICT, "{refused}");
     assert_eq!(all_events(&env).await, events, "nothing recorded");
     assert_eq!(ledger_rows(&env, "ensure_repo_cache").await, 0);
+    replay_ok(&env).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_held_exclusively_is_not_answered_from_its_row() {
+    let env = env_or_skip!("a_workspace_held_exclusively_is_not_answered_from_its_row");
+    let url = fixture(&env);
+    let home = Server::start_with(&env, MINUTE).await;
+    let created = home.acquire(ALICE, &url, "c1").await;
+    let before = env.count_events("workspace.acquired").await;
+
+    // Another session holds the workspace's command lock, as an eviction saving its
+    // work or an exec does: the acquire takes the locked path and records its use.
+    let mut holder = env.pool.acquire().await.unwrap();
+    let key = lock_key(LockScope::WorkspaceCommands, &created);
+    sqlx::query("SELECT pg_advisory_lock($1)")
+        .bind(key)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+    let answer = post_ok(&home, "/v1/sessions", ALICE, session(&url, "c1")).await;
+    assert_eq!(answer["session_id"], created.as_str());
+    assert_eq!(
+        env.count_events("workspace.acquired").await,
+        before + 1,
+        "not answered from the row while the lock is held"
+    );
+    sqlx::query("SELECT pg_advisory_unlock($1)")
+        .bind(key)
+        .execute(&mut *holder)
+        .await
+        .unwrap();
+
+    // Free again (and its use just recorded): answered from the row.
+    post_ok(&home, "/v1/sessions", ALICE, session(&url, "c1")).await;
+    assert_eq!(env.count_events("workspace.acquired").await, before + 1);
     replay_ok(&env).await;
 }

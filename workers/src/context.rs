@@ -35,8 +35,12 @@ pub struct Handled {
 /// The cheap case of a warm acquire or an ensure (ADR 34, ADR 40).
 pub enum Reuse {
     /// A use recorded recently enough (ADR 40): the answer is the row as it stands,
-    /// with nothing recorded and no lock held.
-    Recent(CommandResult),
+    /// with nothing recorded and no lock held, if none of `locks` (advisory lock keys:
+    /// those a destroy or an eviction of it holds) is held exclusively right now.
+    Recent {
+        result: CommandResult,
+        locks: Vec<i64>,
+    },
     /// A use to record: the handler's events and answer, under its lock (ADR 34).
     Record(Handled),
 }

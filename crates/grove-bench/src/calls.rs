@@ -152,7 +152,7 @@ async fn grep_floor(dir: &Path) -> Result<()> {
 /// Warm acquire and a second ensure over HTTP, each next to the same command
 /// submitted in-process. Back to back, each finds its use recorded within the worker's
 /// recent-use window (ADR 40) unless `GROVE_RECORD_USE_AFTER=0` (every use recorded);
-/// the rows say which (`record_use_after_secs`).
+/// the rows say which (`recent_use_window_secs`: 0 records every use).
 async fn queued_rows(ctx: &Ctx, api: &Api, fleet: usize, out: &mut Out) -> Result<()> {
     let n = ctx.args.calls_n;
     let conversation = format!("w{}", fleet - 1);
@@ -339,8 +339,12 @@ fn emit(
     row.insert("workspaces".into(), json!(fleet));
     tag_exec_path(&mut row, call);
     if matches!(call, "warm_acquire" | "second_ensure") {
-        let window = crate::ctx::record_use_after().as_secs();
-        row.insert("record_use_after_secs".into(), json!(window));
+        let settings = grove_workers::config::EvictionSettings {
+            record_use_after: crate::ctx::record_use_after(),
+            ..Default::default()
+        };
+        let window = settings.recent_use_window().as_secs();
+        row.insert("recent_use_window_secs".into(), json!(window));
     }
     out.emit(row);
 }

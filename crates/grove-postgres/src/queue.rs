@@ -152,14 +152,24 @@ pub async fn trace_parent(pool: &PgPool, command_id: Uuid) -> Result<Option<Stri
     )
 }
 
-/// Whether the ledger holds `command_id` (a retry, or an id used for another command).
-pub async fn is_known(pool: &PgPool, command_id: Uuid) -> Result<bool, StoreError> {
-    Ok(
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM grove.commands WHERE command_id = $1)")
-            .bind(command_id)
-            .fetch_one(pool)
-            .await?,
+/// Whether an answer that records nothing may be given now (ADR 40): the ledger does
+/// not hold `command_id` (a retry, or an id used for another command), and no one holds
+/// or waits for any of the advisory locks `lock_keys` exclusively (each is taken shared
+/// and dropped within this one statement).
+pub async fn unrecorded_and_unlocked(
+    pool: &PgPool,
+    command_id: Uuid,
+    lock_keys: &[i64],
+) -> Result<bool, StoreError> {
+    Ok(sqlx::query_scalar(
+        "SELECT NOT EXISTS (SELECT 1 FROM grove.commands WHERE command_id = $1)
+            AND coalesce((SELECT bool_and(pg_try_advisory_xact_lock_shared(k))
+                          FROM unnest($2::int8[]) AS k), true)",
     )
+    .bind(command_id)
+    .bind(lock_keys)
+    .fetch_one(pool)
+    .await?)
 }
 
 /// Reads a command's status from the ledger.

@@ -13,7 +13,7 @@ use grove_core::model::{branch_for, Capabilities, RepoCacheRow, WorkspaceMode, W
 use grove_core::ports::{GitToken, RemoteWorkspaceRequest};
 use grove_core::validate::RepoUrl;
 use grove_postgres::folded::HeldRows;
-use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
+use grove_postgres::locks::{lock_key, AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
 
@@ -155,7 +155,13 @@ impl JobContext {
             return Ok(None);
         };
         if reacquire_is_recent(&seen, at, self.config.eviction.recent_use_window()) {
-            return Ok(Some(Reuse::Recent(CommandResult::Workspace(seen))));
+            // A destroy holds the key's lock, an eviction the workspace's.
+            let locks = vec![
+                lock_key(LockScope::WorkspaceKey, &key.lock_string()),
+                lock_key(LockScope::WorkspaceCommands, &seen.id.to_string()),
+            ];
+            let result = CommandResult::Workspace(seen);
+            return Ok(Some(Reuse::Recent { result, locks }));
         }
         // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let mut key_lock = self

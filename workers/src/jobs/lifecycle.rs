@@ -119,7 +119,8 @@ impl JobContext {
 
     pub async fn destroy_workspace(&self, workspace_id: Uuid) -> Result<Handled, CommandError> {
         // The key lock first (as acquire takes it), so an acquire of the same key either
-        // finishes before the destroy or starts after it and creates afresh.
+        // finishes before the destroy or starts after it and creates afresh (an acquire
+        // answered from the row, ADR 40, checks that no one holds this lock).
         let key = self.workspace(workspace_id).await?.key();
         let key_lock = self
             .lock(LockScope::WorkspaceKey, &key.lock_string(), false)

@@ -14,7 +14,7 @@ use grove_core::ports::GitToken;
 use grove_core::state::RepoCacheState;
 use grove_core::validate::RepoUrl;
 use grove_postgres::folded::HeldRows;
-use grove_postgres::locks::{AdvisoryLock, LeaseCommit, LockScope};
+use grove_postgres::locks::{lock_key, AdvisoryLock, LeaseCommit, LockScope};
 use grove_postgres::rows;
 use uuid::Uuid;
 
@@ -193,12 +193,12 @@ impl JobContext {
         else {
             return Ok(None);
         };
-        if use_is_recent(
-            seen.last_used_at,
-            at,
-            self.config.eviction.recent_use_window(),
-        ) {
-            return Ok(Some(Reuse::Recent(CommandResult::RepoCache(seen))));
+        let window = self.config.eviction.recent_use_window();
+        if use_is_recent(seen.last_used_at, at, window) {
+            // An eviction of the cache holds its lock exclusively.
+            let locks = vec![lock_key(LockScope::RepoCache, &self.cache_lock_key(&url))];
+            let result = CommandResult::RepoCache(seen);
+            return Ok(Some(Reuse::Recent { result, locks }));
         }
         // Its one effect is its flushed commit, which the lease rides on (ADR 35).
         let used = self

@@ -65,23 +65,26 @@ async fn reuse(
     };
     match reused {
         Some(Reuse::Record(handled)) => commit(deps, command_id, command, handled).await,
-        Some(Reuse::Recent(result)) => recent(deps, command_id, result).await,
+        Some(Reuse::Recent { result, locks }) => recent(deps, command_id, result, &locks).await,
         None => Ok(None),
     }
 }
 
 /// A use recorded recently enough answers as the row stands (ADR 40), unless the
-/// command id is in the ledger already: a retry answers its recorded outcome, and an
-/// id used for another command is refused, both by the queue's path.
+/// command id is in the ledger already (a retry answers its recorded outcome, and an
+/// id used for another command is refused, both by the queue's path) or one of `locks`
+/// is held exclusively (a destroy or an eviction under way, or the workspace's own
+/// exec: the queue's handler waits for it under the key's lock, then decides).
 async fn recent(
     deps: &JobContext,
     command_id: Uuid,
     result: CommandResult,
+    locks: &[i64],
 ) -> Result<Option<CommandResult>, CommandError> {
-    let known = queue::is_known(&deps.pool, command_id)
+    let free = queue::unrecorded_and_unlocked(&deps.pool, command_id, locks)
         .await
         .map_err(store_error)?;
-    Ok((!known).then_some(result))
+    Ok(free.then_some(result))
 }
 
 /// Records a decided reuse in one commit on its lock's connection, fenced by that lock,
