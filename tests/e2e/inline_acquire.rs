@@ -13,18 +13,18 @@ use serde_json::{json, Value};
 
 use crate::env_or_skip;
 
-fn fixture(env: &TestEnv) -> String {
+pub(crate) fn fixture(env: &TestEnv) -> String {
     env.fixture_repo("fixture", &[("src/lib.rs", "pub fn alpha() {}\n")])
 }
 
-fn session(url: &str, conversation: &str) -> Value {
+pub(crate) fn session(url: &str, conversation: &str) -> Value {
     json!({
         "project_id": "p1", "repo_name": "o/fixture", "repo_url": url,
         "base_ref": "main", "mode": "edit", "conversation_id": conversation,
     })
 }
 
-fn ensure(url: &str) -> Value {
+pub(crate) fn ensure(url: &str) -> Value {
     json!({"repo_name": "o/fixture", "repo_url": url})
 }
 
@@ -35,7 +35,7 @@ fn with_key(mut body: Value, key: &str) -> Value {
 
 /// An answer without what differs between two calls of the same command: its command
 /// id and the times it stamps.
-fn stable(mut answer: Value) -> Value {
+pub(crate) fn stable(mut answer: Value) -> Value {
     answer.as_object_mut().unwrap().remove("command_id");
     for row in ["workspace", "repo_cache"] {
         if let Some(row) = answer.get_mut(row).and_then(Value::as_object_mut) {
@@ -83,7 +83,7 @@ async fn events_of_command(env: &TestEnv, command_id: &str) -> Vec<String> {
     .unwrap()
 }
 
-async fn replay_ok(env: &TestEnv) {
+pub(crate) async fn replay_ok(env: &TestEnv) {
     let verify = env.grove(&["replay", "--verify"]).await;
     assert!(verify.status.success(), "{:?}", grove_e2e::text(&verify));
 }

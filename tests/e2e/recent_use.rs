@@ -16,37 +16,10 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 use crate::env_or_skip;
+use crate::inline_acquire::{ensure, fixture, replay_ok, session, stable};
 
 /// A window no test outlives.
 const MINUTE: &[(&str, &str)] = &[("GROVE_RECORD_USE_AFTER", "60")];
-
-fn fixture(env: &TestEnv) -> String {
-    env.fixture_repo("fixture", &[("src/lib.rs", "pub fn alpha() {}\n")])
-}
-
-fn session(url: &str, conversation: &str) -> Value {
-    json!({
-        "project_id": "p1", "repo_name": "o/fixture", "repo_url": url,
-        "base_ref": "main", "mode": "edit", "conversation_id": conversation,
-    })
-}
-
-fn ensure(url: &str) -> Value {
-    json!({"repo_name": "o/fixture", "repo_url": url})
-}
-
-/// An answer without its command id and the times a recorded use stamps.
-fn stable(mut answer: Value) -> Value {
-    answer.as_object_mut().unwrap().remove("command_id");
-    for row in ["workspace", "repo_cache"] {
-        if let Some(row) = answer.get_mut(row).and_then(Value::as_object_mut) {
-            for volatile in ["last_used_at", "updated_at"] {
-                row.remove(volatile);
-            }
-        }
-    }
-    answer
-}
 
 async fn ledger_rows(env: &TestEnv, kind: &str) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM grove.commands WHERE kind = $1")
@@ -67,11 +40,6 @@ async fn post_ok(server: &Server, path: &str, token: &str, body: Value) -> Value
     let (status, answer) = server.post(path, token, body).await;
     assert_eq!(status, StatusCode::OK, "{path}: {answer}");
     answer
-}
-
-async fn replay_ok(env: &TestEnv) {
-    let verify = env.grove(&["replay", "--verify"]).await;
-    assert!(verify.status.success(), "{:?}", grove_e2e::text(&verify));
 }
 
 #[tokio::test(flavor = "multi_thread")]
