@@ -95,7 +95,8 @@ async fn a_recently_used_workspace_and_cache_answer_as_the_queue_does_recording_
 async fn a_released_workspace_and_a_use_older_than_the_window_are_recorded() {
     let env = env_or_skip!("a_released_workspace_and_a_use_older_than_the_window_are_recorded");
     let url = fixture(&env);
-    let home = Server::start_with(&env, &[("GROVE_RECORD_USE_AFTER", "1")]).await;
+    // A window long enough for two calls on a loaded machine, short enough to outwait.
+    let home = Server::start_with(&env, &[("GROVE_RECORD_USE_AFTER", "5")]).await;
     let created = home.acquire(ALICE, &url, "c1").await;
     let before = env.count_events("workspace.acquired").await;
 
@@ -112,7 +113,7 @@ async fn a_released_workspace_and_a_use_older_than_the_window_are_recorded() {
     post_ok(&home, "/v1/sessions", ALICE, session(&url, "c1")).await;
     assert_eq!(env.count_events("workspace.acquired").await, before + 1);
     let used = env.count_events("repo_cache.used").await;
-    tokio::time::sleep(Duration::from_millis(1100)).await;
+    tokio::time::sleep(Duration::from_millis(5100)).await;
     post_ok(&home, "/v1/sessions", ALICE, session(&url, "c1")).await;
     assert_eq!(env.count_events("workspace.acquired").await, before + 2);
     post_ok(&home, "/v1/repo-caches/ensure", ALICE, ensure(&url)).await;
