@@ -390,8 +390,12 @@ fn record_path(dir: &Path) -> Result<PathBuf, GitError> {
 
 /// Records that the workspace at `dir` borrows `cache_objects` (an absolute path).
 /// Written right after the workspace is moved into place (before any sandbox sees it).
+/// A record half-written by an attempt that died (its partial sibling) is removed
+/// first: callers hold the workspace's creation lock, so no live attempt owns it.
 pub(crate) fn record_cache(dir: &Path, cache_objects: &Path) -> Result<(), GitError> {
     let path = record_path(dir)?;
+    crate::fsutil::remove_stale_partials(&path)
+        .map_err(|e| map_io("cannot remove a stale workspace record", &e))?;
     let tmp = crate::fsutil::partial_sibling(&path)
         .map_err(|e| map_io("cannot name a workspace record", &e))?;
     let mut bytes = cache_objects.as_os_str().as_bytes().to_vec();
@@ -410,9 +414,13 @@ pub(crate) fn record_cache(dir: &Path, cache_objects: &Path) -> Result<(), GitEr
     Ok(())
 }
 
-/// Removes the record of a workspace that is gone.
+/// Removes the record of a workspace that is gone, and any half-written one an attempt
+/// that died left beside it.
 pub(crate) fn forget_cache(dir: &Path) -> Result<(), GitError> {
-    match std::fs::remove_file(record_path(dir)?) {
+    let path = record_path(dir)?;
+    crate::fsutil::remove_stale_partials(&path)
+        .map_err(|e| map_io("cannot remove a stale workspace record", &e))?;
+    match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
             Err(map_io("cannot remove the workspace record", &e))
         }
@@ -673,6 +681,36 @@ mod tests {
         repo.commit(Some("HEAD"), &sig, &sig, "empty", &tree, &[])
             .unwrap();
         dir.join(".git")
+    }
+
+    #[test]
+    fn a_record_half_written_by_a_dead_attempt_is_removed_by_the_next_record_and_by_forget() {
+        let dir = tempfile::tempdir().unwrap();
+        let ws = dir.path().join("edit-c1");
+        std::fs::create_dir(&ws).unwrap();
+        let stale = || {
+            dir.path()
+                .join("..edit-c1.grove-cache.partial-0123456789abcdef")
+        };
+        // A neighbour's record and its partial stay: they are another workspace's.
+        let other = dir
+            .path()
+            .join("..edit-c10.grove-cache.partial-0123456789abcdef");
+        std::fs::write(&other, "/elsewhere\n").unwrap();
+
+        std::fs::write(stale(), "/half").unwrap();
+        record_cache(&ws, Path::new("/cache/objects")).unwrap();
+        assert!(!stale().exists(), "the next record removes it");
+        let record = dir.path().join(".edit-c1.grove-cache");
+        assert_eq!(
+            std::fs::read_to_string(&record).unwrap(),
+            "/cache/objects\n"
+        );
+
+        std::fs::write(stale(), "/half").unwrap();
+        forget_cache(&ws).unwrap();
+        assert!(!stale().exists() && !record.exists(), "forget removes both");
+        assert!(other.exists(), "another workspace's is left alone");
     }
 
     #[test]
